@@ -1,0 +1,107 @@
+//! Which instruction set the kernels use, detected once.
+
+use std::sync::OnceLock;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avx512")]
+    UnknownIsa(String),
+    #[error("PYRAMID_ISA={requested} was requested but this CPU lacks it (best available: {available})")]
+    IsaUnavailable { requested: Isa, available: Isa },
+    #[error("thread count must be at least 1")]
+    ZeroThreads,
+}
+
+/// Kernel families, in increasing capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA.
+    Avx2,
+    /// AVX-512 F/BW/VL (+ VNNI where present, used by the integer kernels).
+    Avx512,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, KernelError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(Isa::Scalar),
+            "avx2" => Ok(Isa::Avx2),
+            "avx512" => Ok(Isa::Avx512),
+            _ => Err(KernelError::UnknownIsa(s.to_string())),
+        }
+    }
+
+    /// The best family this CPU supports.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Every family usable on this CPU; tests run each against the scalar oracle.
+    pub fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&isa| isa <= best)
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+static ACTIVE: OnceLock<Isa> = OnceLock::new();
+
+/// Resolves `PYRAMID_ISA` against the CPU. Binaries call this first so a bad value is
+/// reported; kernels then use [`active`].
+pub fn init_from_env() -> Result<Isa, KernelError> {
+    let chosen = resolve_env()?;
+    Ok(*ACTIVE.get_or_init(|| chosen))
+}
+
+fn resolve_env() -> Result<Isa, KernelError> {
+    Ok(match std::env::var("PYRAMID_ISA") {
+        Ok(v) if !v.trim().is_empty() => {
+            let requested = Isa::parse(&v)?;
+            let available = Isa::detect();
+            if requested > available {
+                return Err(KernelError::IsaUnavailable {
+                    requested,
+                    available,
+                });
+            }
+            requested
+        }
+        _ => Isa::detect(),
+    })
+}
+
+/// The family kernels dispatch to. If [`init_from_env`] was never called (library use,
+/// tests), a valid `PYRAMID_ISA` is still honoured and an invalid one ignored.
+pub fn active() -> Isa {
+    *ACTIVE.get_or_init(|| resolve_env().unwrap_or_else(|_| Isa::detect()))
+}

@@ -1,0 +1,21 @@
+//! Pure compute on slices, no model knowledge.
+//!
+//! - [`isa`]: the instruction set chosen once at start-up (runtime detection, `PYRAMID_ISA`
+//!   override); every kernel has a portable scalar version that is the test oracle, with
+//!   AVX2 and AVX-512 versions beside it.
+//! - [`ThreadPool`]: persistent workers, so a forward pass does not pay thread start-up
+//!   for each of its hundreds of matmuls.
+//! - [`matmul`]: `out = a · wᵀ` with weights stored row-major as `[n_out, n_in]`, the
+//!   layout GGUF uses, so both operands stream contiguously along `k`.
+//! - [`ops`]: RMSNorm, RoPE, softmax, SwiGLU and the small vector helpers attention uses.
+//!
+//! Invariant: kernels neither allocate nor return `Result`; callers check shapes once and
+//! kernels `debug_assert!` them.
+
+pub mod isa;
+pub mod matmul;
+pub mod ops;
+pub mod threadpool;
+
+pub use isa::{Isa, KernelError};
+pub use threadpool::{split_range, ThreadPool};

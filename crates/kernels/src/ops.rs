@@ -1,0 +1,161 @@
+//! Element-wise and row-wise operations of a transformer layer.
+//!
+//! These are memory-light next to the matmuls, so one portable version serves; loops are
+//! written with independent accumulators so the compiler can vectorise them without
+//! reassociating floating-point sums.
+
+/// `out = x / rms(x) * weight`, one row of `weight.len()` elements at a time.
+pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
+    let n_embd = weight.len();
+    debug_assert!(x.len() == out.len() && x.len() % n_embd == 0);
+    for (out_row, x_row) in out.chunks_exact_mut(n_embd).zip(x.chunks_exact(n_embd)) {
+        let mean_sq = dot(x_row, x_row) / n_embd as f32;
+        let scale = 1.0 / (mean_sq + eps).sqrt();
+        for ((o, &v), &g) in out_row.iter_mut().zip(x_row).zip(weight) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// Dot product with eight independent partial sums.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8 * 8;
+    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] * cb[l];
+        }
+    }
+    let mut sum = acc.iter().sum::<f32>();
+    for (x, y) in a[chunks..].iter().zip(&b[chunks..]) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// `y += alpha * x`.
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// `x += y`.
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// In-place softmax; a row of all `-inf` (fully masked) is left as zeros rather than NaN.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// SwiGLU: `gate = silu(gate) * up`, the feed-forward activation of Llama and Qwen2.
+pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    debug_assert_eq!(gate.len(), up.len());
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// How RoPE pairs the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: Llama as stored in GGUF (Q/K rows were permuted at conversion).
+    Interleaved,
+    /// Halves `(i, i + d/2)`: Qwen2 and other "NeoX" models.
+    Neox,
+}
+
+/// Inverse frequencies `base^(-2i/d)` for `i < n_rot/2`, computed as the reference does in f32.
+pub fn rope_inv_freq(n_rot: usize, base: f32) -> Vec<f32> {
+    (0..n_rot / 2)
+        .map(|i| 1.0 / base.powf((2 * i) as f32 / n_rot as f32))
+        .collect()
+}
+
+/// Rotates every head in `x` (`[n_head, head_dim]`) for position `pos`; only the first
+/// `2 * inv_freq.len()` dimensions of each head rotate.
+pub fn rope_in_place(x: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32], style: RopeStyle) {
+    debug_assert!(x.len() % head_dim == 0 && 2 * inv_freq.len() <= head_dim);
+    let n_rot = 2 * inv_freq.len();
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, &freq) in inv_freq.iter().enumerate() {
+            let theta = pos as f32 * freq;
+            let (sin, cos) = theta.sin_cos();
+            let (a, b) = match style {
+                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + n_rot / 2),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softmax_sums_to_one_and_handles_full_mask() {
+        let mut x = [1.0, 2.0, 3.0, f32::NEG_INFINITY];
+        softmax_in_place(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert_eq!(x[3], 0.0);
+        let mut masked = [f32::NEG_INFINITY; 3];
+        softmax_in_place(&mut masked);
+        assert_eq!(masked, [0.0; 3]);
+    }
+
+    #[test]
+    fn rms_norm_gives_unit_rms() {
+        let x = [3.0, -4.0, 0.0, 5.0];
+        let mut out = [0.0; 4];
+        rms_norm(&mut out, &x, &[1.0; 4], 0.0);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_is_identity_at_zero() {
+        let inv_freq = rope_inv_freq(8, 10000.0);
+        for style in [RopeStyle::Interleaved, RopeStyle::Neox] {
+            let orig: Vec<f32> = (0..16).map(|i| i as f32 * 0.1 - 0.5).collect();
+            let mut x = orig.clone();
+            rope_in_place(&mut x, 8, 0, &inv_freq, style);
+            assert_eq!(x, orig);
+            rope_in_place(&mut x, 8, 37, &inv_freq, style);
+            assert!((dot(&x, &x) - dot(&orig, &orig)).abs() < 1e-4);
+            assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn dot_matches_naive_on_ragged_lengths() {
+        for len in [0, 1, 7, 8, 9, 31] {
+            let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            let naive: f32 = a.iter().map(|v| v * v).sum();
+            assert_eq!(dot(&a, &a), naive);
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Hyper-parameters read from GGUF metadata.
+
+use pyramid_gguf::Metadata;
+use pyramid_kernels::ops::RopeStyle;
+
+use crate::{ModelError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+}
+
+impl Architecture {
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "llama" => Ok(Self::Llama),
+            "qwen2" => Ok(Self::Qwen2),
+            other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+        }
+    }
+
+    /// Llama GGUFs store Q/K rows permuted for interleaved pairs; Qwen2 keeps NeoX halves.
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Self::Llama => RopeStyle::Interleaved,
+            Self::Qwen2 => RopeStyle::Neox,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub arch: Architecture,
+    pub name: String,
+    pub n_vocab: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    /// Context length the model was trained for: the hard limit on positions.
+    pub n_ctx_train: usize,
+    pub n_rot: usize,
+    pub rope_base: f32,
+    pub rms_eps: f32,
+}
+
+impl ModelConfig {
+    /// Reads the hyper-parameters; `n_vocab` comes from the token list (or embedding
+    /// rows, checked against it when weights load).
+    pub fn from_metadata(md: &Metadata) -> Result<Self> {
+        let arch_name = md.get_str("general.architecture")?;
+        let arch = Architecture::from_name(arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let n_embd = md.get_usize(&key("embedding_length"))?;
+        let n_head = md.get_usize(&key("attention.head_count"))?;
+        let n_head_kv = md
+            .opt(&key("attention.head_count_kv"), |m, k| m.get_usize(k))?
+            .unwrap_or(n_head);
+        if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+            return Err(ModelError::BadConfig(format!(
+                "head_count {n_head} is not a positive multiple of head_count_kv {n_head_kv}"
+            )));
+        }
+        if n_embd % n_head != 0 {
+            return Err(ModelError::BadConfig(format!(
+                "embedding_length {n_embd} is not divisible by head_count {n_head}"
+            )));
+        }
+        let head_dim = md
+            .opt(&key("attention.key_length"), |m, k| m.get_usize(k))?
+            .unwrap_or(n_embd / n_head);
+        let n_rot = md
+            .opt(&key("rope.dimension_count"), |m, k| m.get_usize(k))?
+            .unwrap_or(head_dim);
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(ModelError::BadConfig(format!(
+                "rope.dimension_count {n_rot} must be even and at most head_dim {head_dim}"
+            )));
+        }
+        if let Some(scaling) = md.opt(&key("rope.scaling.type"), |m, k| m.get_str(k).map(str::to_owned))? {
+            if scaling != "none" {
+                return Err(ModelError::BadConfig(format!("RoPE scaling '{scaling}' is not supported")));
+            }
+        }
+        let n_vocab = match md.get_array("tokenizer.ggml.tokens") {
+            Ok(tokens) => tokens.len(),
+            Err(_) => md.get_usize(&key("vocab_size"))?,
+        };
+        let cfg = Self {
+            arch,
+            name: md
+                .opt("general.name", |m, k| m.get_str(k).map(str::to_owned))?
+                .unwrap_or_else(|| arch_name.to_string()),
+            n_vocab,
+            n_embd,
+            n_layer: md.get_usize(&key("block_count"))?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff: md.get_usize(&key("feed_forward_length"))?,
+            n_ctx_train: md.get_usize(&key("context_length"))?,
+            n_rot,
+            rope_base: md.opt(&key("rope.freq_base"), |m, k| m.get_f32(k))?.unwrap_or(10_000.0),
+            rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+        };
+        for (what, v) in [
+            ("n_vocab", cfg.n_vocab),
+            ("n_layer", cfg.n_layer),
+            ("n_ff", cfg.n_ff),
+            ("n_ctx_train", cfg.n_ctx_train),
+            ("head_dim", cfg.head_dim),
+        ] {
+            if v == 0 {
+                return Err(ModelError::BadConfig(format!("{what} is 0")));
+            }
+        }
+        Ok(cfg)
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}

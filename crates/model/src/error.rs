@@ -1,0 +1,25 @@
+use pyramid_gguf::GgufError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    UnsupportedArchitecture(String),
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        expected: Vec<u64>,
+        found: Vec<u64>,
+    },
+    #[error("invalid model hyper-parameter: {0}")]
+    BadConfig(String),
+    #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]
+    TokenOutOfRange { id: u32, n_vocab: usize },
+    #[error("context length exceeded: {needed} tokens needed, the model supports {n_ctx}")]
+    ContextLengthExceeded { needed: usize, n_ctx: usize },
+    #[error("empty input: at least one token is needed")]
+    EmptyInput,
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

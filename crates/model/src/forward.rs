@@ -1,0 +1,205 @@
+//! The f32 reference forward pass: the readable definition every fast path is checked
+//! against. One function per block of the model, top to bottom.
+
+use pyramid_kernels::matmul::matmul;
+use pyramid_kernels::ops::{add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place};
+use pyramid_kernels::{split_range, ThreadPool};
+
+use crate::kv_cache::KvCache;
+use crate::weights::{LayerWeights, Matrix};
+use crate::{Model, ModelError, Result};
+
+/// Which positions of a forward pass need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Only the last token: what generation needs.
+    Last,
+    /// Every token: what tests comparing prefill strategies need.
+    All,
+}
+
+/// Pointer to a buffer that threads fill in disjoint parts.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: every user writes a region no other thread touches, inside `ThreadPool::run`.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+/// Activations of one forward pass, reused between calls to avoid reallocating per token.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    x: Vec<f32>,    // [n_tokens, n_embd] residual stream
+    h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
+    q: Vec<f32>,    // [n_tokens, q_dim]
+    k: Vec<f32>,    // [n_tokens, kv_dim]
+    v: Vec<f32>,    // [n_tokens, kv_dim]
+    attn: Vec<f32>, // [n_tokens, q_dim]
+    o: Vec<f32>,    // [n_tokens, n_embd]
+    gate: Vec<f32>, // [n_tokens, n_ff]
+    up: Vec<f32>,   // [n_tokens, n_ff]
+}
+
+fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    buf.resize(len, 0.0);
+    &mut buf[..len]
+}
+
+impl Model {
+    /// Runs `tokens` at positions `kv.len()..` and appends their keys and values to `kv`.
+    /// Returns logits `[n_rows, n_vocab]` for the rows `which` selects.
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        scratch: &mut Scratch,
+        which: LogitsFor,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.config;
+        if tokens.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
+            return Err(ModelError::TokenOutOfRange { id, n_vocab: cfg.n_vocab });
+        }
+        let pos0 = kv.len();
+        if pos0 + tokens.len() > cfg.n_ctx_train {
+            return Err(ModelError::ContextLengthExceeded {
+                needed: pos0 + tokens.len(),
+                n_ctx: cfg.n_ctx_train,
+            });
+        }
+        kv.check_room(tokens.len())?;
+
+        let n = tokens.len();
+        let e = cfg.n_embd;
+        let x = sized(&mut scratch.x, n * e);
+        for (row, &id) in x.chunks_exact_mut(e).zip(tokens) {
+            row.copy_from_slice(self.weights.token_embd.row(id as usize));
+        }
+        for (layer_idx, layer) in self.weights.layers.iter().enumerate() {
+            self.attention_block(pool, layer_idx, layer, pos0, n, kv, scratch);
+            self.ffn_block(pool, layer, n, scratch);
+        }
+        kv.advance(n);
+
+        let rows = match which {
+            LogitsFor::Last => n - 1..n,
+            LogitsFor::All => 0..n,
+        };
+        let n_rows = rows.len();
+        let mut normed = vec![0.0; n_rows * e];
+        rms_norm(&mut normed, &scratch.x[rows.start * e..rows.end * e], &self.weights.output_norm, cfg.rms_eps);
+        let head = self.weights.output_head();
+        let mut logits = vec![0.0; n_rows * cfg.n_vocab];
+        matmul(pool, &normed, &head.data, &mut logits, n_rows, e, head.n_rows);
+        Ok(logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        pool: &ThreadPool,
+        layer_idx: usize,
+        layer: &LayerWeights,
+        pos0: usize,
+        n: usize,
+        kv: &mut KvCache,
+        s: &mut Scratch,
+    ) {
+        let cfg = &self.config;
+        let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        let h = sized(&mut s.h, n * e);
+        rms_norm(h, &s.x[..n * e], &layer.attn_norm, cfg.rms_eps);
+        let q = sized(&mut s.q, n * qd);
+        let k = sized(&mut s.k, n * kvd);
+        let v = sized(&mut s.v, n * kvd);
+        linear(pool, h, &layer.wq, layer.bq.as_deref(), q, n);
+        linear(pool, h, &layer.wk, layer.bk.as_deref(), k, n);
+        linear(pool, h, &layer.wv, layer.bv.as_deref(), v, n);
+
+        let style = cfg.arch.rope_style();
+        for t in 0..n {
+            let pos = pos0 + t;
+            rope_in_place(&mut q[t * qd..(t + 1) * qd], hd, pos, &self.rope_inv_freq, style);
+            rope_in_place(&mut k[t * kvd..(t + 1) * kvd], hd, pos, &self.rope_inv_freq, style);
+            kv.store(layer_idx, pos, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+        }
+
+        let attn = sized(&mut s.attn, n * qd);
+        attend(pool, cfg.n_head, cfg.n_head_kv, hd, layer_idx, pos0, q, kv, attn);
+
+        let o = sized(&mut s.o, n * e);
+        linear(pool, attn, &layer.wo, None, o, n);
+        add_in_place(&mut s.x[..n * e], o);
+    }
+
+    fn ffn_block(&self, pool: &ThreadPool, layer: &LayerWeights, n: usize, s: &mut Scratch) {
+        let cfg = &self.config;
+        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let h = sized(&mut s.h, n * e);
+        rms_norm(h, &s.x[..n * e], &layer.ffn_norm, cfg.rms_eps);
+        let gate = sized(&mut s.gate, n * ff);
+        let up = sized(&mut s.up, n * ff);
+        linear(pool, h, &layer.w_gate, None, gate, n);
+        linear(pool, h, &layer.w_up, None, up, n);
+        silu_mul_in_place(gate, up);
+        let o = sized(&mut s.o, n * e);
+        linear(pool, gate, &layer.w_down, None, o, n);
+        add_in_place(&mut s.x[..n * e], o);
+    }
+}
+
+/// `out[n, w.n_rows] = input[n, w.n_cols] · wᵀ (+ bias)`.
+fn linear(pool: &ThreadPool, input: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32], n: usize) {
+    matmul(pool, input, &w.data, out, n, w.n_cols, w.n_rows);
+    if let Some(b) = bias {
+        for row in out.chunks_exact_mut(w.n_rows) {
+            add_in_place(row, b);
+        }
+    }
+}
+
+/// Causal grouped-query attention for `n` new tokens at positions `pos0..pos0 + n`,
+/// whose keys and values are already in `kv`. Threads split the (token, head) pairs.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    pool: &ThreadPool,
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    layer_idx: usize,
+    pos0: usize,
+    q: &[f32],       // [n, n_head * head_dim]
+    kv: &KvCache,
+    out: &mut [f32], // [n, n_head * head_dim]
+) {
+    let qd = n_head * head_dim;
+    let n = q.len() / qd;
+    let group = n_head / n_head_kv;
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    let n_items = n * n_head;
+    pool.run(&|thread_idx| {
+        let out_ptr = out_ptr;
+        let mut scores = Vec::with_capacity(pos0 + n);
+        for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
+            let (t, head) = (item / n_head, item % n_head);
+            let n_pos = pos0 + t + 1; // causal: attend to itself and everything before
+            let kv_head = head / group;
+            let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
+            let keys = kv.keys(layer_idx, kv_head, n_pos);
+            let values = kv.values(layer_idx, kv_head, n_pos);
+            scores.clear();
+            scores.extend(keys.chunks_exact(head_dim).map(|k| dot(q_h, k) * scale));
+            softmax_in_place(&mut scores);
+            // SAFETY: (t, head) pairs are split disjointly between threads, so this
+            // head_dim-long slice of `out` is written by this thread only.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * qd + head * head_dim), head_dim) };
+            o.fill(0.0);
+            for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
+                axpy(o, p, v);
+            }
+        }
+    });
+}

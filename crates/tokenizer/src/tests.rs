@@ -1,0 +1,144 @@
+//! Unit tests on a toy vocabulary built in memory (the real models are in `tests/`).
+
+use pyramid_gguf::{Metadata, Value};
+
+use super::*;
+use crate::vocab::byte_level_encode;
+
+/// 256 byte tokens, three merges (`Ġt`, `he`, `Ġthe`), then added tokens:
+/// 259 `<|im_start|>` and 260 `<|im_end|>` (control), 261 `<tool>` (user-defined).
+fn toy_metadata() -> Metadata {
+    let mut pieces: Vec<String> = (0..=255u8).map(|b| byte_level_encode(&[b])).collect();
+    pieces.extend(["Ġt", "he", "Ġthe", "<|im_start|>", "<|im_end|>", "<tool>"].map(String::from));
+    let mut types = vec![1i32; pieces.len()];
+    types[259] = 3;
+    types[260] = 3;
+    types[261] = 4;
+    let strings = |v: Vec<String>| Value::Array(v.into_iter().map(Value::String).collect());
+    let mut md = Metadata::new();
+    md.insert("tokenizer.ggml.model", Value::String("gpt2".into()));
+    md.insert("tokenizer.ggml.pre", Value::String("smollm".into()));
+    md.insert("tokenizer.ggml.tokens", strings(pieces));
+    md.insert(
+        "tokenizer.ggml.token_type",
+        Value::Array(types.into_iter().map(Value::I32).collect()),
+    );
+    md.insert(
+        "tokenizer.ggml.merges",
+        strings(vec!["Ġ t".into(), "h e".into(), "Ġt he".into()]),
+    );
+    md.insert("tokenizer.ggml.bos_token_id", Value::U32(259));
+    md.insert("tokenizer.ggml.eos_token_id", Value::U32(260));
+    md
+}
+
+fn toy() -> Tokenizer {
+    Tokenizer::from_gguf(&toy_metadata()).unwrap()
+}
+
+#[test]
+fn added_tokens_are_parsed_only_when_asked() {
+    let tok = toy();
+    let ids = tok.encode("<|im_start|>the the<|im_end|>", true).unwrap();
+    assert_eq!(ids[0], 259);
+    assert_eq!(*ids.last().unwrap(), 260);
+    assert_eq!(ids[ids.len() - 2], 258); // "Ġthe"
+    let plain = tok.encode("<|im_start|>", false).unwrap();
+    assert_eq!(plain.len(), "<|im_start|>".len()); // one byte token per character
+    assert_eq!(tok.decode(&plain).unwrap(), "<|im_start|>");
+    // User-defined tokens are matched even without parse_special.
+    assert_eq!(tok.encode("<tool>", false).unwrap(), [261]);
+}
+
+#[test]
+fn encode_prompt_adds_bos_eos_only_when_metadata_says_so() {
+    let tok = toy();
+    assert_eq!(tok.encode_prompt("a").unwrap(), tok.encode("a", true).unwrap());
+    let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.add_bos_token", Value::Bool(true));
+    md.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
+    let tok = Tokenizer::from_gguf(&md).unwrap();
+    let ids = tok.encode_prompt("a").unwrap();
+    assert_eq!(ids.len(), 3);
+    assert_eq!((ids[0], ids[2]), (259, 260));
+}
+
+#[test]
+fn decode_matches_the_tokenizers_crate_on_normal_tokens() {
+    let tok = toy();
+    let ids = tok.encode("the théâtre 🚀\n\t x", false).unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), tok.decode_reference(&ids));
+    assert_eq!(tok.decode(&ids).unwrap(), "the théâtre 🚀\n\t x");
+}
+
+#[test]
+fn out_of_range_ids_are_errors() {
+    let tok = toy();
+    let n = tok.n_vocab() as u32;
+    let err = tok.decode(&[1, n]).unwrap_err();
+    assert!(matches!(err, TokenizerError::TokenOutOfRange { id, .. } if id == n), "{err}");
+    assert!(tok.token_bytes(n).is_none());
+    assert!(tok.token_piece(u32::MAX).is_none());
+    assert!(StreamDecoder::new().push(&tok, n).is_err());
+}
+
+#[test]
+fn stream_holds_back_partial_characters() {
+    let tok = toy();
+    // "🚀" is 4 bytes and the toy vocabulary has one token per byte.
+    let ids = tok.encode("a🚀b", false).unwrap();
+    let mut stream = StreamDecoder::new();
+    let chunks: Vec<String> = ids.iter().map(|&id| stream.push(&tok, id).unwrap()).collect();
+    assert_eq!(chunks, ["a", "", "", "", "🚀", "b"]);
+    assert!(!stream.has_pending());
+
+    // A lone lead byte followed by ASCII: replaced at once, like decode() does.
+    let lead = tok.encode("🚀", false).unwrap()[0];
+    let a = tok.encode("a", false).unwrap()[0];
+    let mut stream = StreamDecoder::new();
+    assert_eq!(stream.push(&tok, lead).unwrap(), "");
+    assert_eq!(stream.push(&tok, a).unwrap(), "\u{FFFD}a");
+    assert_eq!(tok.decode(&[lead, a]).unwrap(), "\u{FFFD}a");
+    // A truncated tail is flushed by finish().
+    assert_eq!(stream.push(&tok, lead).unwrap(), "");
+    assert!(stream.has_pending());
+    assert_eq!(stream.finish(), "\u{FFFD}");
+}
+
+#[test]
+fn end_of_generation_covers_eos_and_known_end_tokens() {
+    let tok = toy();
+    assert!(tok.is_end_of_generation(260));
+    assert!(!tok.is_end_of_generation(259));
+    assert_eq!(tok.end_of_generation_ids(), [260]);
+}
+
+#[test]
+fn unsupported_model_is_named() {
+    let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.model", Value::String("llama".into()));
+    let err = Tokenizer::from_gguf(&md).unwrap_err();
+    assert!(matches!(&err, TokenizerError::Unsupported(m) if m == "llama"), "{err}");
+    assert!(err.to_string().contains("'llama'"));
+}
+
+#[test]
+fn bad_metadata_is_reported_with_the_key() {
+    let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1)]));
+    let err = Tokenizer::from_gguf(&md).unwrap_err();
+    assert!(matches!(err, TokenizerError::LengthMismatch { len: 1, .. }), "{err}");
+
+    let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.eos_token_id", Value::U32(9999));
+    let err = Tokenizer::from_gguf(&md).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::SpecialIdOutOfRange { id: 9999, .. }),
+        "{err}"
+    );
+
+    let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.pad_token_id", Value::I32(-1));
+    md.insert("tokenizer.ggml.padding_token_id", Value::I32(-1));
+    assert_eq!(Tokenizer::from_gguf(&md).unwrap().pad_id(), None);
+}
