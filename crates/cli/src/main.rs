@@ -1,1 +1,53 @@
-fn main() {}
+//! `pyramid`: the command-line front end. Argument parsing and error reporting live here;
+//! everything else is in the library crates.
+
+mod commands;
+mod loader;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "pyramid", version, about = "On-device LLM inference from GGUF models")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt, streamed to stdout.
+    Run(commands::run::RunArgs),
+    /// Chat with a model in the terminal; the conversation's KV cache is kept between turns.
+    Chat(commands::chat::ChatArgs),
+    /// Show the token ids and pieces of a text.
+    Tokenize(commands::tokenize::TokenizeArgs),
+    /// Describe a GGUF file: architecture, hyper-parameters, tensor types.
+    Inspect(commands::inspect::InspectArgs),
+    /// List the models known by name and whether they are cached.
+    Models,
+    /// Download a known model into the cache.
+    Fetch(commands::models::FetchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = pyramid_kernels::isa::init_from_env()
+        .map_err(anyhow::Error::from)
+        .and_then(|_| match cli.command {
+            Command::Run(args) => commands::run::run(args),
+            Command::Chat(args) => commands::chat::run(args),
+            Command::Tokenize(args) => commands::tokenize::run(args),
+            Command::Inspect(args) => commands::inspect::run(args),
+            Command::Models => commands::models::list(),
+            Command::Fetch(args) => commands::models::fetch(args),
+        });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

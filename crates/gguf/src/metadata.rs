@@ -132,7 +132,8 @@ impl Metadata {
     /// An integer of any width that fits in `usize`.
     pub fn get_usize(&self, key: &str) -> Result<usize> {
         let n = self.get_u64(key)?;
-        usize::try_from(n).map_err(|_| GgufError::Invalid(format!("metadata '{key}' = {n} is too large")))
+        usize::try_from(n)
+            .map_err(|_| GgufError::Invalid(format!("metadata '{key}' = {n} is too large")))
     }
 
     pub fn get_f32(&self, key: &str) -> Result<f32> {
@@ -159,7 +160,10 @@ impl Metadata {
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
         self.get_array(key)?
             .iter()
-            .map(|v| v.as_str().ok_or_else(|| Self::wrong(key, "array of string", v)))
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| Self::wrong(key, "array of string", v))
+            })
             .collect()
     }
 

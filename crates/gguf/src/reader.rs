@@ -115,7 +115,9 @@ impl GgufFile {
             let value = cur.value(type_id, 0, &key)?;
             // Keys must be unique; silently keeping one of two values would hide corruption.
             if metadata.get(&key).is_some() {
-                return Err(GgufError::Corrupt(format!("metadata key '{key}' appears twice")));
+                return Err(GgufError::Corrupt(format!(
+                    "metadata key '{key}' appears twice"
+                )));
             }
             metadata.insert(key, value);
         }
@@ -135,10 +137,11 @@ impl GgufFile {
                 dims.push(cur.u64("tensor dimension")?);
             }
             let type_id = cur.u32("tensor type")?;
-            let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
-                tensor: name.clone(),
-                id: type_id,
-            })?;
+            let ggml_type =
+                GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType {
+                    tensor: name.clone(),
+                    id: type_id,
+                })?;
             let offset = cur.u64("tensor offset")?;
             // Rows (runs along dims[0]) must be whole blocks, or no row could be decoded alone.
             if dims[0] % ggml_type.block_len() as u64 != 0 {
@@ -151,7 +154,9 @@ impl GgufFile {
             let n_elements = dims
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| GgufError::Corrupt(format!("tensor '{name}' dimensions {dims:?} overflow")))?;
+                .ok_or_else(|| {
+                    GgufError::Corrupt(format!("tensor '{name}' dimensions {dims:?} overflow"))
+                })?;
             let n_bytes = ggml_type.bytes_for(n_elements).ok_or_else(|| {
                 GgufError::Corrupt(format!(
                     "tensor '{name}' has {n_elements} elements, not a whole number of {ggml_type} blocks of {}",
@@ -306,8 +311,12 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &'static str) -> Result<String> {
         let len = self.u64(what)?;
         let raw = self.take(len, what)?;
-        String::from_utf8(raw.to_vec())
-            .map_err(|_| GgufError::Corrupt(format!("{what} at offset {} is not UTF-8", self.pos as u64 - len)))
+        String::from_utf8(raw.to_vec()).map_err(|_| {
+            GgufError::Corrupt(format!(
+                "{what} at offset {} is not UTF-8",
+                self.pos as u64 - len
+            ))
+        })
     }
 
     fn value(&mut self, type_id: u32, depth: u32, key: &str) -> Result<Value> {
@@ -323,22 +332,32 @@ impl<'a> Cursor<'a> {
             7 => match self.array::<1>(W)?[0] {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                b => return Err(GgufError::Corrupt(format!("metadata '{key}': bool byte {b}"))),
+                b => {
+                    return Err(GgufError::Corrupt(format!(
+                        "metadata '{key}': bool byte {b}"
+                    )))
+                }
             },
             8 => Value::String(self.string(W)?),
             9 => {
                 if depth >= MAX_ARRAY_DEPTH {
-                    return Err(GgufError::Corrupt(format!("metadata '{key}': arrays nested too deep")));
+                    return Err(GgufError::Corrupt(format!(
+                        "metadata '{key}': arrays nested too deep"
+                    )));
                 }
                 let elem_type = self.u32("array element type")?;
                 let count = self.u64("array length")?;
                 let min_size = match elem_type {
                     0 | 1 | 7 => 1,
                     2 | 3 => 2,
-                    4 | 5 | 6 => 4,
+                    4..=6 => 4,
                     8 | 10 | 11 | 12 => 8,
                     9 => 12,
-                    t => return Err(GgufError::Corrupt(format!("metadata '{key}': unknown array element type {t}"))),
+                    t => {
+                        return Err(GgufError::Corrupt(format!(
+                            "metadata '{key}': unknown array element type {t}"
+                        )))
+                    }
                 };
                 self.check_count(count, min_size, "array")?;
                 let mut items = Vec::with_capacity(count as usize);
@@ -350,7 +369,11 @@ impl<'a> Cursor<'a> {
             10 => Value::U64(u64::from_le_bytes(self.array(W)?)),
             11 => Value::I64(i64::from_le_bytes(self.array(W)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(W)?)),
-            t => return Err(GgufError::Corrupt(format!("metadata '{key}': unknown value type {t}"))),
+            t => {
+                return Err(GgufError::Corrupt(format!(
+                    "metadata '{key}': unknown value type {t}"
+                )))
+            }
         })
     }
 }

@@ -48,8 +48,11 @@ impl GgufWriter {
         let key = key.into();
         check_value(&key, &value, 0)?;
         if key == ALIGNMENT_KEY {
-            alignment_of(&value)
-                .ok_or_else(|| GgufError::Invalid(format!("{ALIGNMENT_KEY} = {value:?} is not a power of two up to 2^20")))?;
+            alignment_of(&value).ok_or_else(|| {
+                GgufError::Invalid(format!(
+                    "{ALIGNMENT_KEY} = {value:?} is not a power of two up to 2^20"
+                ))
+            })?;
         }
         match self.metadata.iter_mut().find(|(k, _)| *k == key) {
             Some(entry) => entry.1 = value,
@@ -60,19 +63,30 @@ impl GgufWriter {
 
     /// Adds a tensor from raw bytes already in `ty`'s layout. `dims[0]` is the innermost
     /// dimension and must hold whole blocks, so every row can be dequantised alone.
-    pub fn add_tensor(&mut self, name: impl Into<String>, dims: &[u64], ty: GgmlType, bytes: Vec<u8>) -> Result<()> {
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
         let name = name.into();
         let n_elements = check_dims(&name, dims, ty)?;
-        let expected = ty.bytes_for(n_elements);
-        if expected != Some(bytes.len() as u64) {
+        let expected = ty.bytes_for(n_elements).ok_or_else(|| {
+            GgufError::Invalid(format!(
+                "tensor '{name}': {n_elements} elements of {ty} overflow"
+            ))
+        })?;
+        if expected != bytes.len() as u64 {
             return Err(GgufError::Invalid(format!(
-                "tensor '{name}': {n_elements} elements of {ty} need {} bytes, got {}",
-                expected.map_or_else(|| "a whole number of blocks and".to_string(), |n| n.to_string()),
+                "tensor '{name}': {n_elements} elements of {ty} need {expected} bytes, got {}",
                 bytes.len()
             )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
-            return Err(GgufError::Invalid(format!("tensor '{name}' was already added")));
+            return Err(GgufError::Invalid(format!(
+                "tensor '{name}' was already added"
+            )));
         }
         self.tensors.push(PendingTensor {
             name,
@@ -84,7 +98,13 @@ impl GgufWriter {
     }
 
     /// Adds a tensor from f32 values (GGML order), quantised to `ty` with [`quants::quantize`].
-    pub fn add_tensor_f32(&mut self, name: impl Into<String>, dims: &[u64], ty: GgmlType, values: &[f32]) -> Result<()> {
+    pub fn add_tensor_f32(
+        &mut self,
+        name: impl Into<String>,
+        dims: &[u64],
+        ty: GgmlType,
+        values: &[f32],
+    ) -> Result<()> {
         let name = name.into();
         let n_elements = check_dims(&name, dims, ty)?;
         if n_elements != values.len() as u64 {
@@ -118,7 +138,10 @@ impl GgufWriter {
     pub fn write_to_path(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let file_name = path.file_name().ok_or_else(|| {
-            GgufError::Invalid(format!("cannot write GGUF to {}: not a file path", path.display()))
+            GgufError::Invalid(format!(
+                "cannot write GGUF to {}: not a file path",
+                path.display()
+            ))
         })?;
         let mut tmp_name = std::ffi::OsString::from(".");
         tmp_name.push(file_name);
@@ -245,7 +268,9 @@ fn check_value(key: &str, v: &Value, depth: u32) -> Result<()> {
             )));
         }
     }
-    items.iter().try_for_each(|i| check_value(key, i, depth + 1))
+    items
+        .iter()
+        .try_for_each(|i| check_value(key, i, depth + 1))
 }
 
 fn put_string(out: &mut Vec<u8>, s: &str) {

@@ -56,7 +56,8 @@ fn load(ty: GgmlType, file: &str) -> Fixture {
         .join("tests/fixtures")
         .join(format!("{file}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let json: Json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let json: Json =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(json["type"], ty.name(), "{}", path.display());
     let field = |k: &str| json[k].as_str().map(str::to_string);
     let bytes = hex(&field("bytes_hex").expect("bytes_hex"));
@@ -129,8 +130,14 @@ fn quantize_matches_python_gguf() {
         // And back: our own quantised bytes decode to the Python floats.
         let mut out = vec![0f32; input.len()];
         dequantize(ty, &bytes, &mut out).expect("dequantises");
-        assert!(out.iter().zip(&f.expected).all(|(&a, &b)| same(a, b)), "{ty}");
+        assert!(
+            out.iter().zip(&f.expected).all(|(&a, &b)| same(a, b)),
+            "{ty}"
+        );
         checked += 1;
     }
-    assert_eq!(checked, 8, "every quantisable type has a Python-quantised fixture");
+    assert_eq!(
+        checked, 8,
+        "every quantisable type has a Python-quantised fixture"
+    );
 }

@@ -24,13 +24,28 @@ fn every_value_type() -> Vec<(&'static str, Value)> {
         ("t.bool.false", Value::Bool(false)),
         ("t.string", s("héllo, wörld ✓")),
         ("t.string.empty", s("")),
-        ("t.array.strings", Value::Array(vec![s("a"), s(""), s("<|im_start|>")])),
-        ("t.array.i32", Value::Array(vec![Value::I32(-1), Value::I32(0), Value::I32(7)])),
-        ("t.array.u8", Value::Array(vec![Value::U8(1), Value::U8(255)])),
+        (
+            "t.array.strings",
+            Value::Array(vec![s("a"), s(""), s("<|im_start|>")]),
+        ),
+        (
+            "t.array.i32",
+            Value::Array(vec![Value::I32(-1), Value::I32(0), Value::I32(7)]),
+        ),
+        (
+            "t.array.u8",
+            Value::Array(vec![Value::U8(1), Value::U8(255)]),
+        ),
         ("t.array.u64", Value::Array(vec![Value::U64(1 << 40)])),
-        ("t.array.f32", Value::Array(vec![Value::F32(0.5), Value::F32(-3.25)])),
+        (
+            "t.array.f32",
+            Value::Array(vec![Value::F32(0.5), Value::F32(-3.25)]),
+        ),
         ("t.array.f64", Value::Array(vec![Value::F64(1e300)])),
-        ("t.array.bool", Value::Array(vec![Value::Bool(true), Value::Bool(false)])),
+        (
+            "t.array.bool",
+            Value::Array(vec![Value::Bool(true), Value::Bool(false)]),
+        ),
         ("t.array.empty", Value::Array(vec![])),
         (
             "t.array.nested",
@@ -77,13 +92,15 @@ fn round_trip(alignment: Option<u32>) {
         w.add_metadata(k, v).expect("valid metadata");
     }
     if let Some(a) = alignment {
-        w.add_metadata("general.alignment", Value::U32(a)).expect("valid alignment");
+        w.add_metadata("general.alignment", Value::U32(a))
+            .expect("valid alignment");
     }
     let mut expected_bytes = Vec::new();
     for (i, (name, dims, ty)) in tensor_specs().into_iter().enumerate() {
         let n = dims.iter().product::<u64>() as usize;
         let values = ramp(n, i as u32);
-        w.add_tensor_f32(name, &dims, ty, &values).expect("adds tensor");
+        w.add_tensor_f32(name, &dims, ty, &values)
+            .expect("adds tensor");
         expected_bytes.push(quantize(ty, &values).expect("quantises"));
     }
     // A k-quant tensor from raw bytes (two random super-blocks with small scales).
@@ -118,7 +135,9 @@ fn round_trip(alignment: Option<u32>) {
     specs.push(("q4_k.matrix", vec![256, 2], GgmlType::Q4K));
     assert_eq!(file.tensors().len(), specs.len());
     let mut data_start = None;
-    for (((name, dims, ty), info), want_bytes) in specs.iter().zip(file.tensors()).zip(&expected_bytes) {
+    for (((name, dims, ty), info), want_bytes) in
+        specs.iter().zip(file.tensors()).zip(&expected_bytes)
+    {
         assert_eq!(&info.name, name);
         assert_eq!(&info.dims, dims, "{name}");
         assert_eq!(info.ggml_type, *ty, "{name}");
@@ -130,7 +149,9 @@ fn round_trip(alignment: Option<u32>) {
         let start = got.as_ptr() as usize - file.tensor_bytes(&file.tensors()[0]).as_ptr() as usize;
         assert_eq!(start as u64, info.offset, "{name} position");
         if data_start.is_none() {
-            data_start = bytes.windows(want_bytes.len()).position(|w| w == &want_bytes[..]);
+            data_start = bytes
+                .windows(want_bytes.len())
+                .position(|w| w == &want_bytes[..]);
         }
 
         let values = file.tensor_f32(name).expect("dequantises");
@@ -140,7 +161,11 @@ fn round_trip(alignment: Option<u32>) {
     }
     let data_start = data_start.expect("first tensor found in file") as u64;
     assert_eq!(data_start % align, 0, "data section alignment");
-    assert_eq!(bytes.len() as u64 % align, 0, "every tensor is padded, the last one too");
+    assert_eq!(
+        bytes.len() as u64 % align,
+        0,
+        "every tensor is padded, the last one too"
+    );
     // F32 survives exactly.
     assert_eq!(file.tensor_f32("f32.vector").expect("reads"), ramp(5, 0));
 }
@@ -164,9 +189,12 @@ fn round_trip_alignment_64() {
 fn alignment_changes_layout() {
     let build = |align: u32| {
         let mut w = GgufWriter::new();
-        w.add_metadata("general.alignment", Value::U32(align)).expect("valid");
-        w.add_tensor_f32("a", &[3], GgmlType::F32, &[1.0, 2.0, 3.0]).expect("adds");
-        w.add_tensor_f32("b", &[1], GgmlType::F32, &[4.0]).expect("adds");
+        w.add_metadata("general.alignment", Value::U32(align))
+            .expect("valid");
+        w.add_tensor_f32("a", &[3], GgmlType::F32, &[1.0, 2.0, 3.0])
+            .expect("adds");
+        w.add_tensor_f32("b", &[1], GgmlType::F32, &[4.0])
+            .expect("adds");
         GgufFile::from_bytes(w.to_bytes()).expect("parses")
     };
     assert_eq!(build(32).tensor_info("b").expect("present").offset, 32);
@@ -189,10 +217,16 @@ fn write_to_path_round_trips_and_leaves_no_temp_file() {
     let mut w = GgufWriter::new();
     w.add_metadata("general.architecture", Value::String("llama".into()))
         .expect("valid");
-    w.add_tensor_f32("w", &[32, 2], GgmlType::Q8_0, &ramp(64, 9)).expect("adds");
+    w.add_tensor_f32("w", &[32, 2], GgmlType::Q8_0, &ramp(64, 9))
+        .expect("adds");
     w.write_to_path(&path).expect("writes");
     let file = GgufFile::open(&path).expect("opens");
-    assert_eq!(file.metadata().get_str("general.architecture").expect("present"), "llama");
+    assert_eq!(
+        file.metadata()
+            .get_str("general.architecture")
+            .expect("present"),
+        "llama"
+    );
     assert_eq!(std::fs::read(&path).expect("reads"), w.to_bytes());
     let names: Vec<_> = std::fs::read_dir(&dir)
         .expect("lists")
@@ -202,7 +236,10 @@ fn write_to_path_round_trips_and_leaves_no_temp_file() {
 
     // A directory that does not exist: an error, and nothing written.
     let missing = dir.join("no/such/dir/x.gguf");
-    assert!(matches!(w.write_to_path(&missing), Err(GgufError::Write(_))));
+    assert!(matches!(
+        w.write_to_path(&missing),
+        Err(GgufError::Write(_))
+    ));
     std::fs::remove_dir_all(&dir).expect("cleans up");
 }
 
@@ -210,31 +247,72 @@ fn write_to_path_round_trips_and_leaves_no_temp_file() {
 fn writer_rejects_bad_input() {
     let mut w = GgufWriter::new();
     let invalid = |r: pyramid_gguf::Result<()>| matches!(r, Err(GgufError::Invalid(_)));
-    assert!(invalid(w.add_tensor("a", &[32], GgmlType::Q8_0, vec![0; 33])));
-    assert!(invalid(w.add_tensor("a", &[31], GgmlType::Q8_0, vec![0; 33])));
+    assert!(invalid(w.add_tensor(
+        "a",
+        &[32],
+        GgmlType::Q8_0,
+        vec![0; 33]
+    )));
+    assert!(invalid(w.add_tensor(
+        "a",
+        &[31],
+        GgmlType::Q8_0,
+        vec![0; 33]
+    )));
     assert!(invalid(w.add_tensor("a", &[], GgmlType::F32, vec![])));
-    assert!(invalid(w.add_tensor("a", &[1, 1, 1, 1, 1], GgmlType::F32, vec![0; 4])));
-    assert!(invalid(w.add_tensor("a", &[u64::MAX, 2], GgmlType::F32, vec![])));
+    assert!(invalid(w.add_tensor(
+        "a",
+        &[1, 1, 1, 1, 1],
+        GgmlType::F32,
+        vec![0; 4]
+    )));
+    assert!(invalid(w.add_tensor(
+        "a",
+        &[u64::MAX, 2],
+        GgmlType::F32,
+        vec![]
+    )));
     // Rows of 16 are not whole Q8_0 blocks even though 16 * 2 is one block.
-    assert!(invalid(w.add_tensor("a", &[16, 2], GgmlType::Q8_0, vec![0; 34])));
+    assert!(invalid(w.add_tensor(
+        "a",
+        &[16, 2],
+        GgmlType::Q8_0,
+        vec![0; 34]
+    )));
     assert!(invalid(w.add_tensor_f32("a", &[4], GgmlType::F32, &[1.0])));
     assert!(matches!(
         w.add_tensor_f32("a", &[256], GgmlType::Q4K, &[0.0; 256]),
         Err(GgufError::UnsupportedTensorType(GgmlType::Q4K))
     ));
-    w.add_tensor("a", &[4], GgmlType::F32, vec![0; 16]).expect("valid");
+    w.add_tensor("a", &[4], GgmlType::F32, vec![0; 16])
+        .expect("valid");
     assert!(invalid(w.add_tensor("a", &[4], GgmlType::F32, vec![0; 16])));
 
     let mixed = Value::Array(vec![Value::U32(1), Value::I32(1)]);
-    assert!(matches!(w.add_metadata("k", mixed), Err(GgufError::Invalid(_))));
+    assert!(matches!(
+        w.add_metadata("k", mixed),
+        Err(GgufError::Invalid(_))
+    ));
     let mut deep = Value::Array(vec![Value::U8(1)]);
     for _ in 0..4 {
         deep = Value::Array(vec![deep]);
     }
-    assert!(matches!(w.add_metadata("k", deep), Err(GgufError::Invalid(_))));
-    for bad in [Value::U32(48), Value::U32(0), Value::I64(-32), Value::F32(32.0), Value::U64(1 << 21)] {
+    assert!(matches!(
+        w.add_metadata("k", deep),
+        Err(GgufError::Invalid(_))
+    ));
+    for bad in [
+        Value::U32(48),
+        Value::U32(0),
+        Value::I64(-32),
+        Value::F32(32.0),
+        Value::U64(1 << 21),
+    ] {
         assert!(
-            matches!(w.add_metadata("general.alignment", bad.clone()), Err(GgufError::Invalid(_))),
+            matches!(
+                w.add_metadata("general.alignment", bad.clone()),
+                Err(GgufError::Invalid(_))
+            ),
             "{bad:?}"
         );
     }
@@ -329,7 +407,10 @@ fn empty_file() {
     std::fs::write(&path, b"").expect("writes");
     let e = err(GgufFile::open(&path));
     std::fs::remove_file(&path).expect("cleans up");
-    assert!(is_truncated(&e) || matches!(e, GgufError::Open { .. }), "{e}");
+    assert!(
+        is_truncated(&e) || matches!(e, GgufError::Open { .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -345,7 +426,10 @@ fn wrong_magic() {
     let mut bytes = Raw::header(3, 0, 0).0;
     bytes[..4].copy_from_slice(b"GGML");
     assert!(matches!(err(GgufFile::from_bytes(bytes)), GgufError::BadMagic(m) if &m == b"GGML"));
-    assert!(matches!(err(GgufFile::from_bytes(b"\x00\x01".to_vec())), GgufError::Truncated { .. }));
+    assert!(matches!(
+        err(GgufFile::from_bytes(b"\x00\x01".to_vec())),
+        GgufError::Truncated { .. }
+    ));
 }
 
 #[test]
@@ -362,12 +446,18 @@ fn unsupported_versions() {
 /// prefix lacks something the header promises.
 fn small_valid_file() -> Vec<u8> {
     let mut w = GgufWriter::new();
-    w.add_metadata("general.architecture", Value::String("llama".into())).expect("valid");
-    w.add_metadata("n", Value::U32(7)).expect("valid");
-    w.add_metadata("list", Value::Array(vec![Value::String("a".into()), Value::String("bc".into())]))
+    w.add_metadata("general.architecture", Value::String("llama".into()))
         .expect("valid");
-    w.add_tensor_f32("q", &[32], GgmlType::Q8_0, &ramp(32, 1)).expect("adds");
-    w.add_tensor_f32("f", &[8], GgmlType::F32, &ramp(8, 2)).expect("adds");
+    w.add_metadata("n", Value::U32(7)).expect("valid");
+    w.add_metadata(
+        "list",
+        Value::Array(vec![Value::String("a".into()), Value::String("bc".into())]),
+    )
+    .expect("valid");
+    w.add_tensor_f32("q", &[32], GgmlType::Q8_0, &ramp(32, 1))
+        .expect("adds");
+    w.add_tensor_f32("f", &[8], GgmlType::F32, &ramp(8, 2))
+        .expect("adds");
     w.to_bytes()
 }
 
@@ -418,7 +508,11 @@ fn huge_string_length() {
 fn huge_counts() {
     for elem_type in [0u32, 4, 8, 9, 12] {
         let mut r = Raw::header(3, 0, 1);
-        r.str(b"key").u32(9).u32(elem_type).u64(1 << 62).bytes(&[0; 64]);
+        r.str(b"key")
+            .u32(9)
+            .u32(elem_type)
+            .u64(1 << 62)
+            .bytes(&[0; 64]);
         assert!(is_truncated(&err(r.parse())), "element type {elem_type}");
     }
     assert!(is_truncated(&err(Raw::header(3, 1 << 62, 0).parse())));
@@ -454,7 +548,9 @@ fn tensor_data_past_end() {
 
     // A second tensor past the end of the data.
     let mut r = Raw::header(3, 2, 0);
-    r.tensor(b"a", &[8], 0, 0).tensor(b"b", &[8], 0, 32).data(32);
+    r.tensor(b"a", &[8], 0, 0)
+        .tensor(b"b", &[8], 0, 32)
+        .data(32);
     assert!(is_truncated(&err(r.parse())));
 }
 
@@ -490,7 +586,9 @@ fn rows_not_whole_blocks() {
 #[test]
 fn duplicate_tensor_names() {
     let mut r = Raw::header(3, 2, 0);
-    r.tensor(b"t", &[8], 0, 0).tensor(b"t", &[8], 0, 32).data(64);
+    r.tensor(b"t", &[8], 0, 0)
+        .tensor(b"t", &[8], 0, 32)
+        .data(64);
     assert!(is_corrupt(&err(r.parse())));
 }
 

@@ -32,7 +32,10 @@ fn open(file_name: &str) -> GgufFile {
 }
 
 fn spot_checks() -> Json {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/real_models.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/real_models.json"
+    );
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
@@ -51,15 +54,26 @@ fn f32s(hex: &str) -> Vec<f32> {
 fn check_model(file_name: &str, arch: &str, n_tensors: usize, n_blocks: u64) {
     let file = open(file_name);
     let meta = file.metadata();
-    assert_eq!(meta.get_str("general.architecture").expect("architecture"), arch);
-    assert_eq!(meta.get_u64(&format!("{arch}.block_count")).expect("block count"), n_blocks);
+    assert_eq!(
+        meta.get_str("general.architecture").expect("architecture"),
+        arch
+    );
+    assert_eq!(
+        meta.get_u64(&format!("{arch}.block_count"))
+            .expect("block count"),
+        n_blocks
+    );
     assert_eq!(file.tensors().len(), n_tensors, "{file_name} tensor count");
 
     let all = spot_checks();
     let expected = &all["models"][file_name];
     assert_eq!(expected["architecture"], arch);
     assert_eq!(expected["n_tensors"].as_u64(), Some(n_tensors as u64));
-    assert_eq!(expected["n_kv"].as_u64(), Some(meta.len() as u64), "{file_name} metadata count");
+    assert_eq!(
+        expected["n_kv"].as_u64(),
+        Some(meta.len() as u64),
+        "{file_name} metadata count"
+    );
 
     // Every tensor decodes, to finite values.
     for info in file.tensors() {
@@ -81,7 +95,11 @@ fn check_model(file_name: &str, arch: &str, n_tensors: usize, n_blocks: u64) {
         let info = file.tensor_info(name).expect("spot-checked tensor exists");
         assert_eq!(c["type"], info.ggml_type.name(), "{name}");
         let values = file.tensor_f32(name).expect("decodes");
-        assert_eq!(Some(values.len() as u64), c["n_elements"].as_u64(), "{name}");
+        assert_eq!(
+            Some(values.len() as u64),
+            c["n_elements"].as_u64(),
+            "{name}"
+        );
         let first = f32s(c["first_f32le_hex"].as_str().expect("hex"));
         let got: Vec<u32> = values[..first.len()].iter().map(|v| v.to_bits()).collect();
         let want: Vec<u32> = first.iter().map(|v| v.to_bits()).collect();

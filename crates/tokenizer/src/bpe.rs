@@ -77,13 +77,13 @@ impl ByteLevelBpe {
         if text.is_empty() {
             return Ok(());
         }
-        let encoding =
-            self.inner
-                .encode_fast(text, false)
-                .map_err(|e| TokenizerError::Encode {
-                    text: text.to_owned(),
-                    message: e.to_string(),
-                })?;
+        let encoding = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Encode {
+                text: text.to_owned(),
+                message: e.to_string(),
+            })?;
         out.extend_from_slice(encoding.get_ids());
         Ok(())
     }
@@ -92,6 +92,22 @@ impl ByteLevelBpe {
     #[cfg(test)]
     pub fn decode_reference(&self, ids: &[u32]) -> String {
         self.inner.decode(ids, false).unwrap_or_default()
+    }
+
+    /// The words the pre-tokenizer cuts `text` into, as plain text.
+    #[cfg(test)]
+    pub fn words(&self, text: &str) -> Vec<String> {
+        use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+        let mut pre = PreTokenizedString::from(text);
+        let pre_tokenizer = self.inner.get_pre_tokenizer().expect("set in new()");
+        pre_tokenizer.pre_tokenize(&mut pre).unwrap();
+        pre.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(word, _, _)| {
+                let bytes = crate::vocab::byte_level_decode(word).unwrap();
+                String::from_utf8(bytes).unwrap()
+            })
+            .collect()
     }
 }
 
@@ -118,10 +134,45 @@ mod tests {
         assert_eq!(bpe.decode_reference(&ids), "the the");
     }
 
+    /// How each pre-type cuts text into words, as llama.cpp's regexes for it do.
+    #[test]
+    fn pre_types_split_words_like_llama_cpp() {
+        let pieces: Vec<String> = (0..=255u8).map(|b| byte_level_encode(&[b])).collect();
+        let words = |pre: PreType, text: &str| -> Vec<String> {
+            ByteLevelBpe::new(&pieces, &[], pre).unwrap().words(text)
+        };
+        let text = "Hello  world 12345 it's\n\n  x";
+        assert_eq!(
+            words(PreType::Gpt2, text),
+            ["Hello", " ", " world", " 12345", " it", "'s", "\n\n ", " x"]
+        );
+        assert_eq!(
+            words(PreType::Smollm, text),
+            ["Hello", " ", " world", " ", "1", "2", "3", "4", "5", " it", "'s", "\n\n ", " x"]
+        );
+        assert_eq!(
+            words(PreType::Qwen2, text),
+            [
+                "Hello", " ", " world", " ", "1", "2", "3", "4", "5", " it", "'s", "\n\n", " ",
+                " x"
+            ]
+        );
+        assert_eq!(
+            words(PreType::Llama3, text),
+            ["Hello", " ", " world", " ", "123", "45", " it", "'s", "\n\n", " ", " x"]
+        );
+        assert_eq!(words(PreType::Qwen2, "IT'S"), ["IT", "'S"]);
+        assert_eq!(words(PreType::Gpt2, "IT'S"), ["IT", "'", "S"]);
+        assert_eq!(words(PreType::Default, "1234+x"), ["123", "4", "+", "x"]);
+    }
+
     #[test]
     fn malformed_merge_is_an_error() {
         let pieces: Vec<String> = (0..=255u8).map(|b| byte_level_encode(&[b])).collect();
         let err = ByteLevelBpe::new(&pieces, &["nospace"], PreType::Gpt2).unwrap_err();
-        assert!(matches!(err, TokenizerError::BadMerge { index: 0, .. }), "{err}");
+        assert!(
+            matches!(err, TokenizerError::BadMerge { index: 0, .. }),
+            "{err}"
+        );
     }
 }

@@ -3,7 +3,7 @@
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use pyramid_gguf::Metadata;
 
-use crate::vocab::{KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOS, KEY_TOKENS};
+use crate::vocab::{opt_str, KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOS, KEY_TOKENS};
 use crate::{Result, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
@@ -71,9 +71,7 @@ impl ChatTemplate {
 
     /// The template in `tokenizer.chat_template`, with the BOS/EOS texts from the vocabulary.
     pub fn from_gguf(md: &Metadata) -> Result<ChatTemplate> {
-        let source = md
-            .opt(KEY_CHAT_TEMPLATE, Metadata::get_str)?
-            .ok_or(TokenizerError::NoChatTemplate)?;
+        let source = opt_str(md, KEY_CHAT_TEMPLATE)?.ok_or(TokenizerError::NoChatTemplate)?;
         let token_text = |key: &str| -> String {
             let text = || {
                 let id = usize::try_from(md.get(key)?.as_integer()?).ok()?;
@@ -124,15 +122,24 @@ mod tests {
     fn renders_chatml_with_generation_prompt() {
         let t = ChatTemplate::new(CHATML, "", "<|im_end|>").unwrap();
         let out = t.render(&[ChatMessage::new("user", "hi")], true).unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]
     fn python_methods_and_raise_exception() {
         let src = "{% if messages[0].role.startswith('sys') %}{{ raise_exception('no system: ' + messages[0].content.strip()) }}{% endif %}{{ bos_token }}{{ messages[0].content.strip() }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
-        assert_eq!(t.render(&[ChatMessage::new("user", "  x  ")], false).unwrap(), "<s>x");
-        let err = t.render(&[ChatMessage::new("system", " y ")], false).unwrap_err();
+        assert_eq!(
+            t.render(&[ChatMessage::new("user", "  x  ")], false)
+                .unwrap(),
+            "<s>x"
+        );
+        let err = t
+            .render(&[ChatMessage::new("system", " y ")], false)
+            .unwrap_err();
         assert!(err.to_string().contains("no system: y"), "{err}");
     }
 

@@ -31,7 +31,10 @@ pub use vocab::TokenType;
 
 use bpe::ByteLevelBpe;
 use special::{AddedMatcher, Segment};
-use vocab::*;
+use vocab::{
+    opt_str, Vocab, KEY_ADD_BOS, KEY_ADD_EOS, KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOM, KEY_EOS,
+    KEY_EOT, KEY_MERGES, KEY_MODEL, KEY_PAD, KEY_PRE,
+};
 
 /// Texts that end a turn in common chat formats; any of them present as an added token stops
 /// generation even when the metadata names a different EOS (models emit both).
@@ -74,7 +77,7 @@ impl Tokenizer {
             return Err(TokenizerError::Unsupported(model.to_owned()));
         }
         let vocab = Vocab::from_gguf(md)?;
-        let pre_type = PreType::from_gguf_name(md.opt(KEY_PRE, Metadata::get_str)?);
+        let pre_type = PreType::from_gguf_name(opt_str(md, KEY_PRE)?);
         let merges = md.get_str_array(KEY_MERGES)?;
         let bpe = ByteLevelBpe::new(&vocab.pieces, &merges, pre_type)?;
         let added = AddedMatcher::new(&vocab);
@@ -86,9 +89,7 @@ impl Tokenizer {
         let pad_id = vocab.special_id(md, KEY_PAD)?;
         let add_bos = md.opt(KEY_ADD_BOS, Metadata::get_bool)?.unwrap_or(false);
         let add_eos = md.opt(KEY_ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
-        let chat_template = md
-            .opt(KEY_CHAT_TEMPLATE, Metadata::get_str)?
-            .map(str::to_owned);
+        let chat_template = opt_str(md, KEY_CHAT_TEMPLATE)?.map(str::to_owned);
 
         let mut eog_ids: Vec<u32> = [eos_id, eot_id, eom_id].into_iter().flatten().collect();
         eog_ids.extend(
@@ -160,7 +161,6 @@ impl Tokenizer {
     }
 
     pub(crate) fn token_bytes_checked(&self, id: u32) -> Result<&[u8]> {
-        self.vocab.check_id(id)?;
         self.vocab
             .token_bytes(id)
             .ok_or(TokenizerError::TokenOutOfRange {
@@ -171,7 +171,10 @@ impl Tokenizer {
 
     /// The token as stored in the vocabulary, e.g. `Ġthe` for " the".
     pub fn token_piece(&self, id: u32) -> Option<&str> {
-        self.vocab.pieces.get(usize::try_from(id).ok()?).map(String::as_str)
+        self.vocab
+            .pieces
+            .get(usize::try_from(id).ok()?)
+            .map(String::as_str)
     }
 
     pub fn token_type(&self, id: u32) -> Option<TokenType> {

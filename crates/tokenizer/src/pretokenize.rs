@@ -62,12 +62,7 @@ impl PreType {
     /// The regexes applied in order, each splitting the pieces the previous one left.
     pub fn regexes(self) -> &'static [&'static str] {
         match self {
-            PreType::Default => &[
-                r"[\p{P}\$\+<=>\^~\|]+",
-                GPT2,
-                r"\p{N}+",
-                r"[0-9][0-9][0-9]",
-            ],
+            PreType::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
             PreType::Gpt2 => &[GPT2],
             PreType::Llama3 => &[LLAMA3],
             PreType::Qwen2 => &[QWEN2],
@@ -93,10 +88,7 @@ mod tests {
         assert_eq!(PreType::from_name("llama-bpe"), Some(PreType::Llama3));
         assert_eq!(PreType::from_name("gpt2"), Some(PreType::Gpt2));
         assert_eq!(PreType::from_name("no-such-pre"), None);
-        assert_eq!(
-            PreType::from_gguf_name(Some("no-such-pre")),
-            PreType::Gpt2
-        );
+        assert_eq!(PreType::from_gguf_name(Some("no-such-pre")), PreType::Gpt2);
         assert_eq!(PreType::from_gguf_name(None), PreType::Default);
     }
 }

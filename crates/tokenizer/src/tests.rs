@@ -53,7 +53,10 @@ fn added_tokens_are_parsed_only_when_asked() {
 #[test]
 fn encode_prompt_adds_bos_eos_only_when_metadata_says_so() {
     let tok = toy();
-    assert_eq!(tok.encode_prompt("a").unwrap(), tok.encode("a", true).unwrap());
+    assert_eq!(
+        tok.encode_prompt("a").unwrap(),
+        tok.encode("a", true).unwrap()
+    );
     let mut md = toy_metadata();
     md.insert("tokenizer.ggml.add_bos_token", Value::Bool(true));
     md.insert("tokenizer.ggml.add_eos_token", Value::Bool(true));
@@ -76,7 +79,10 @@ fn out_of_range_ids_are_errors() {
     let tok = toy();
     let n = tok.n_vocab() as u32;
     let err = tok.decode(&[1, n]).unwrap_err();
-    assert!(matches!(err, TokenizerError::TokenOutOfRange { id, .. } if id == n), "{err}");
+    assert!(
+        matches!(err, TokenizerError::TokenOutOfRange { id, .. } if id == n),
+        "{err}"
+    );
     assert!(tok.token_bytes(n).is_none());
     assert!(tok.token_piece(u32::MAX).is_none());
     assert!(StreamDecoder::new().push(&tok, n).is_err());
@@ -88,7 +94,10 @@ fn stream_holds_back_partial_characters() {
     // "🚀" is 4 bytes and the toy vocabulary has one token per byte.
     let ids = tok.encode("a🚀b", false).unwrap();
     let mut stream = StreamDecoder::new();
-    let chunks: Vec<String> = ids.iter().map(|&id| stream.push(&tok, id).unwrap()).collect();
+    let chunks: Vec<String> = ids
+        .iter()
+        .map(|&id| stream.push(&tok, id).unwrap())
+        .collect();
     assert_eq!(chunks, ["a", "", "", "", "🚀", "b"]);
     assert!(!stream.has_pending());
 
@@ -118,16 +127,25 @@ fn unsupported_model_is_named() {
     let mut md = toy_metadata();
     md.insert("tokenizer.ggml.model", Value::String("llama".into()));
     let err = Tokenizer::from_gguf(&md).unwrap_err();
-    assert!(matches!(&err, TokenizerError::Unsupported(m) if m == "llama"), "{err}");
+    assert!(
+        matches!(&err, TokenizerError::Unsupported(m) if m == "llama"),
+        "{err}"
+    );
     assert!(err.to_string().contains("'llama'"));
 }
 
 #[test]
 fn bad_metadata_is_reported_with_the_key() {
     let mut md = toy_metadata();
-    md.insert("tokenizer.ggml.token_type", Value::Array(vec![Value::I32(1)]));
+    md.insert(
+        "tokenizer.ggml.token_type",
+        Value::Array(vec![Value::I32(1)]),
+    );
     let err = Tokenizer::from_gguf(&md).unwrap_err();
-    assert!(matches!(err, TokenizerError::LengthMismatch { len: 1, .. }), "{err}");
+    assert!(
+        matches!(err, TokenizerError::LengthMismatch { len: 1, .. }),
+        "{err}"
+    );
 
     let mut md = toy_metadata();
     md.insert("tokenizer.ggml.eos_token_id", Value::U32(9999));
@@ -141,4 +159,12 @@ fn bad_metadata_is_reported_with_the_key() {
     md.insert("tokenizer.ggml.pad_token_id", Value::I32(-1));
     md.insert("tokenizer.ggml.padding_token_id", Value::I32(-1));
     assert_eq!(Tokenizer::from_gguf(&md).unwrap().pad_id(), None);
+}
+
+#[test]
+fn types_are_shareable_across_threads() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<ChatTemplate>();
+    check::<StreamDecoder>();
 }

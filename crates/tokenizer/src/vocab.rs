@@ -103,7 +103,8 @@ pub(crate) fn byte_level_decode(piece: &str) -> Option<Vec<u8>> {
 }
 
 /// The byte-level piece for raw bytes (the inverse of [`byte_level_decode`]).
-pub fn byte_level_encode(bytes: &[u8]) -> String {
+#[cfg(test)]
+pub(crate) fn byte_level_encode(bytes: &[u8]) -> String {
     bytes
         .iter()
         .map(|&b| char::from_u32(u32::from(BYTE_TO_CHAR[usize::from(b)])).unwrap_or('\u{FFFD}'))
@@ -174,14 +175,8 @@ impl Vocab {
         self.bytes.get(start..end)
     }
 
-    pub fn check_id(&self, id: u32) -> Result<()> {
-        match usize::try_from(id) {
-            Ok(idx) if idx < self.n_vocab() => Ok(()),
-            _ => Err(TokenizerError::TokenOutOfRange {
-                id,
-                n_vocab: self.n_vocab(),
-            }),
-        }
+    pub fn contains(&self, id: u32) -> bool {
+        usize::try_from(id).is_ok_and(|idx| idx < self.n_vocab())
     }
 
     /// The first token whose piece is `text` and whose type is an added one.
@@ -211,7 +206,7 @@ impl Vocab {
             return Ok(None);
         }
         match u32::try_from(id) {
-            Ok(id) if self.check_id(id).is_ok() => Ok(Some(id)),
+            Ok(id) if self.contains(id) => Ok(Some(id)),
             _ => Err(TokenizerError::SpecialIdOutOfRange {
                 key,
                 id,
@@ -219,6 +214,14 @@ impl Vocab {
             }),
         }
     }
+}
+
+/// An optional string key (`Metadata::opt` cannot return borrowed values).
+pub(crate) fn opt_str<'m>(md: &'m Metadata, key: &str) -> Result<Option<&'m str>> {
+    if md.get(key).is_none() {
+        return Ok(None);
+    }
+    Ok(Some(md.get_str(key)?))
 }
 
 fn check_len(key: &'static str, len: usize, n_vocab: usize) -> Result<()> {

@@ -54,7 +54,10 @@ fn unsupported_model_type_is_named() {
             })
         });
         let err = Tokenizer::from_gguf(&md).unwrap_err();
-        assert!(matches!(&err, TokenizerError::Unsupported(m) if m == model), "{err}");
+        assert!(
+            matches!(&err, TokenizerError::Unsupported(m) if m == model),
+            "{err}"
+        );
         assert!(err.to_string().contains(model));
     }
 }
@@ -66,7 +69,10 @@ fn model_without_chat_template_is_a_clear_error() {
     assert!(matches!(err, TokenizerError::NoChatTemplate), "{err}");
     let tok = Tokenizer::from_gguf(&md).unwrap();
     assert!(tok.chat_template_source().is_none());
-    assert!(matches!(tok.chat_template(), Err(TokenizerError::NoChatTemplate)));
+    assert!(matches!(
+        tok.chat_template(),
+        Err(TokenizerError::NoChatTemplate)
+    ));
 }
 
 #[test]

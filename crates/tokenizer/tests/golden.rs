@@ -49,7 +49,11 @@ fn check_chat_template(file: &str) {
             .find(|p| p["id"] == input["id"])
             .unwrap_or_else(|| panic!("{file}: no golden entry for '{id}'"));
         let want = str_field(reference, "prompt_text");
-        assert_eq!(template.render(&messages, true).unwrap(), want, "{file}: '{id}'");
+        assert_eq!(
+            template.render(&messages, true).unwrap(),
+            want,
+            "{file}: '{id}'"
+        );
         assert_eq!(via_tokenizer.render(&messages, true).unwrap(), want);
         n_chat += 1;
     }

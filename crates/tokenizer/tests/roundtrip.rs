@@ -28,7 +28,11 @@ fn check(file: &str) {
         for parse_special in [false, true] {
             let ids = tok.encode(s, parse_special).unwrap();
             assert!(ids.iter().all(|&id| (id as usize) < tok.n_vocab()));
-            assert_eq!(tok.decode(&ids).unwrap(), s, "{file}: {s:?} (parse_special={parse_special})");
+            assert_eq!(
+                tok.decode(&ids).unwrap(),
+                s,
+                "{file}: {s:?} (parse_special={parse_special})"
+            );
         }
     }
 }

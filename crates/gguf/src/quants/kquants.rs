@@ -39,7 +39,11 @@ pub(super) fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
     let sc = &b[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + 12];
     let d = f16_at(b, QK_K / 8 + QK_K / 4 + 12);
     for sub in 0..QK_K / 16 {
-        let low = if sub < 8 { sc[sub] & 0x0f } else { sc[sub - 8] >> 4 };
+        let low = if sub < 8 {
+            sc[sub] & 0x0f
+        } else {
+            sc[sub - 8] >> 4
+        };
         let high = (sc[8 + sub % 4] >> (2 * (sub / 4))) & 3;
         let scale = (low | high << 4) as i32 - 32;
         let dl = d * scale as f32;

@@ -169,7 +169,9 @@ mod tests {
         for ty in [GgmlType::F32, GgmlType::Q4K, GgmlType::Q8_0] {
             dequantize(ty, &[], &mut []).expect("empty dequantises");
         }
-        assert!(quantize(GgmlType::Q4_0, &[]).expect("empty quantises").is_empty());
+        assert!(quantize(GgmlType::Q4_0, &[])
+            .expect("empty quantises")
+            .is_empty());
     }
 
     #[test]
@@ -184,7 +186,9 @@ mod tests {
 
     #[test]
     fn every_quantisable_type_round_trips_roughly() {
-        let src: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 31.5) / 8.0).collect();
+        let src: Vec<f32> = (0..64)
+            .map(|i| ((i * 37 % 64) as f32 - 31.5) / 8.0)
+            .collect();
         // Offset types err by half a step; symmetric ones (Q4_0, Q5_0) map the largest
         // magnitude to code 0 and clip its opposite extreme, erring by up to a full step.
         for (ty, tol) in [

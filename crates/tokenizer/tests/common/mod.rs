@@ -46,7 +46,9 @@ pub fn tokenizer(file: &str) -> &'static Tokenizer {
 }
 
 pub fn refs_json(name: &str) -> Json {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(name);
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -66,7 +68,11 @@ pub fn ids(value: &Json) -> Vec<u32> {
         .as_array()
         .expect("an array of token ids")
         .iter()
-        .map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok()).expect("a u32 id"))
+        .map(|v| {
+            v.as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .expect("a u32 id")
+        })
         .collect()
 }
 

@@ -1,0 +1,93 @@
+//! `pyramid chat`: a multi-turn conversation in the terminal.
+//!
+//! Each turn re-renders the whole conversation with the model's template and hands it to
+//! the same [`Session`], which finds the longest prefix already in its KV cache: only the
+//! new user message (and the template's glue) is prefilled.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Result;
+use clap::Args;
+use pyramid_runtime::{generate, FinishReason, Session};
+use pyramid_tokenizer::{ChatMessage, StreamDecoder};
+
+use super::run::SamplingArgs;
+use crate::loader::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Print prefill/decode statistics after each reply (on stderr).
+    #[arg(long)]
+    pub stats: bool,
+}
+
+pub fn run(args: ChatArgs) -> Result<()> {
+    let loaded = args.model.load()?;
+    let template = loaded.tokenizer.chat_template()?;
+    let params = args.sampling.params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
+    let tokenizer = &loaded.tokenizer;
+    let mut session = Session::new(loaded.model.clone(), 1024);
+    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
+
+    eprintln!("Chatting with {} — an empty line or Ctrl-D ends the chat.", loaded.name);
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let mut stdout = std::io::stdout();
+    loop {
+        eprint!("> ");
+        std::io::stderr().flush()?;
+        let Some(line) = lines.next().transpose()? else { break };
+        let line = line.trim_end().to_string();
+        if line.is_empty() {
+            break;
+        }
+        messages.push(ChatMessage::new("user", line));
+        let prompt = tokenizer.encode_prompt(&template.render(&messages, true)?)?;
+
+        let mut stream = StreamDecoder::new();
+        let mut reply_tokens = Vec::new();
+        let result = generate(&mut session, &loaded.pool, &prompt, &params, &mut |token| {
+            if tokenizer.is_end_of_generation(token) {
+                return true;
+            }
+            reply_tokens.push(token);
+            match stream.push(tokenizer, token) {
+                Ok(piece) => stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()).is_ok(),
+                Err(_) => false,
+            }
+        });
+        let generation = match result {
+            Ok(g) => g,
+            Err(err) => {
+                // The conversation outgrew the model or similar: say so, keep the chat usable.
+                messages.pop();
+                eprintln!("\nerror: {err}");
+                continue;
+            }
+        };
+        writeln!(stdout, "{}", stream.finish())?;
+        if generation.finish_reason == FinishReason::Length {
+            eprintln!("[reply cut at {} tokens]", params.max_tokens);
+        }
+        if args.stats {
+            let t = generation.timings;
+            eprintln!(
+                "[reused {} cached tokens, prefilled {} at {:.1} tok/s, generated {} at {:.1} tok/s]",
+                generation.n_prompt_reused,
+                t.n_prefill,
+                t.prefill_tok_s(),
+                generation.tokens.len(),
+                t.decode_tok_s()
+            );
+        }
+        messages.push(ChatMessage::new("assistant", tokenizer.decode(&reply_tokens)?));
+    }
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! `pyramid inspect`: what a GGUF file holds, without loading its weights.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use pyramid_gguf::{GgufFile, Value};
+use pyramid_model::ModelConfig;
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// A GGUF file (or a known model name).
+    pub path: String,
+    /// Also list every metadata key and every tensor.
+    #[arg(long)]
+    pub all: bool,
+}
+
+fn short(value: &Value) -> String {
+    match value {
+        Value::String(s) if s.len() > 60 => format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len()),
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(items) => format!("[{} items]", items.len()),
+        other => format!("{other:?}"),
+    }
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    let path = if PathBuf::from(&args.path).exists() {
+        PathBuf::from(&args.path)
+    } else {
+        crate::loader::resolve_model_path(&args.path)?
+    };
+    let file = GgufFile::open(&path)?;
+    let md = file.metadata();
+    println!("file:          {}", path.display());
+    println!("gguf version:  {}", file.version());
+    println!("architecture:  {}", md.get_str("general.architecture").unwrap_or("(missing)"));
+    match ModelConfig::from_metadata(md) {
+        Ok(c) => {
+            println!("name:          {}", c.name);
+            println!(
+                "layers {}, embd {}, heads {} (kv {}), head_dim {}, ffn {}, vocab {}",
+                c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab
+            );
+            println!("context {}, rope base {}, rms eps {:e}", c.n_ctx_train, c.rope_base, c.rms_eps);
+        }
+        Err(err) => println!("not runnable by pyramid: {err}"),
+    }
+    for key in ["tokenizer.ggml.model", "tokenizer.ggml.pre"] {
+        if let Some(v) = md.get(key) {
+            println!("{key}: {}", short(v));
+        }
+    }
+    let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for t in file.tensors() {
+        let entry = by_type.entry(t.ggml_type.name()).or_default();
+        entry.0 += 1;
+        entry.1 += t.n_bytes;
+    }
+    let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    println!("tensors: {} ({:.1} M parameters)", file.tensors().len(), n_params as f64 / 1e6);
+    for (ty, (count, bytes)) in by_type {
+        println!("  {ty:<6} {count:>5} tensors {:>10.1} MB", bytes as f64 / 1e6);
+    }
+    if args.all {
+        println!("metadata:");
+        for (k, v) in md.iter() {
+            println!("  {k} = {}", short(v));
+        }
+        println!("tensors:");
+        for t in file.tensors() {
+            println!("  {:<32} {:<6} {:?}", t.name, t.ggml_type.name(), t.dims);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,5 @@
+pub mod chat;
+pub mod inspect;
+pub mod models;
+pub mod run;
+pub mod tokenize;

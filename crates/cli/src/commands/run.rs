@@ -1,0 +1,215 @@
+//! `pyramid run`: one prompt in, streamed text out (or one JSON object with `--json`).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pyramid_runtime::{generate, GenerateParams, SamplerConfig, Session};
+use pyramid_tokenizer::{ChatMessage, StreamDecoder};
+use serde::Serialize;
+
+use crate::loader::{Loaded, ModelArgs};
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long, short = 'p')]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file.
+    #[arg(long)]
+    pub prompt_file: Option<PathBuf>,
+    /// The prompt as comma-separated token ids, e.g. 1,2,3.
+    #[arg(long)]
+    pub prompt_tokens: Option<String>,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Print one JSON object with ids, text and timings instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum number of tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    pub max_tokens: usize,
+    /// 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalise tokens among the last 64 (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed; the same seed, prompt and settings give the same text.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+impl SamplingArgs {
+    pub fn params(&self, stop_tokens: Vec<u32>) -> Result<GenerateParams> {
+        if self.max_tokens == 0 {
+            bail!("--max-tokens must be at least 1");
+        }
+        let sampler = SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: 64,
+            seed: self.seed,
+        };
+        sampler.validate()?;
+        Ok(GenerateParams {
+            max_tokens: self.max_tokens,
+            sampler,
+            stop_tokens,
+            ignore_eos: self.ignore_eos,
+        })
+    }
+}
+
+#[derive(Serialize)]
+struct JsonOutput<'a> {
+    model: &'a str,
+    prompt_tokens: &'a [u32],
+    tokens: &'a [u32],
+    text: String,
+    finish_reason: &'static str,
+    timings: JsonTimings,
+}
+
+#[derive(Serialize)]
+struct JsonTimings {
+    load_ms: f64,
+    prefill_ms: f64,
+    decode_ms: f64,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+fn parse_token_list(list: &str) -> Result<Vec<u32>> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>()
+                .with_context(|| format!("--prompt-tokens: '{s}' is not a token id (expected e.g. 1,2,3)"))
+        })
+        .collect()
+}
+
+fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
+    if let Some(list) = &args.prompt_tokens {
+        if args.chat {
+            bail!("--chat needs a text prompt, not --prompt-tokens");
+        }
+        return parse_token_list(list);
+    }
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?
+        }
+        (None, None) => unreachable!("clap requires one prompt source"),
+    };
+    if text.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let text = if args.chat {
+        let template = loaded.tokenizer.chat_template()?;
+        template.render(&[ChatMessage::new("user", text)], true)?
+    } else {
+        text
+    };
+    Ok(loaded.tokenizer.encode_prompt(&text)?)
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let loaded = args.model.load()?;
+    let prompt = prompt_ids(&args, &loaded)?;
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let n_ctx = loaded.model.config.n_ctx_train;
+    if prompt.len() > n_ctx {
+        bail!("the prompt has {} tokens but the model's context is {n_ctx}", prompt.len());
+    }
+    let params = args.sampling.params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
+    let mut session = Session::new(loaded.model.clone(), prompt.len() + params.max_tokens);
+
+    let tokenizer = &loaded.tokenizer;
+    let mut stream = StreamDecoder::new();
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let generation = generate(&mut session, &loaded.pool, &prompt, &params, &mut |token| {
+        if args.json || (tokenizer.is_end_of_generation(token) && !args.sampling.ignore_eos) {
+            return true;
+        }
+        let piece = match stream.push(tokenizer, token) {
+            Ok(piece) => piece,
+            Err(err) => {
+                write_error = Some(anyhow::Error::from(err));
+                return false;
+            }
+        };
+        // A closed pipe (e.g. `| head`) ends generation quietly.
+        if let Err(err) = stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()) {
+            write_error = Some(err.into());
+            return false;
+        }
+        true
+    })?;
+    if let Some(err) = write_error {
+        if err.downcast_ref::<std::io::Error>().map(|e| e.kind()) == Some(std::io::ErrorKind::BrokenPipe) {
+            return Ok(());
+        }
+        return Err(err);
+    }
+
+    if args.json {
+        let mut text_tokens = generation.tokens.as_slice();
+        if generation.finish_reason == pyramid_runtime::FinishReason::Stop {
+            text_tokens = &text_tokens[..text_tokens.len() - 1];
+        }
+        let t = generation.timings;
+        let out = JsonOutput {
+            model: &loaded.name,
+            prompt_tokens: &prompt,
+            tokens: &generation.tokens,
+            text: tokenizer.decode(text_tokens)?,
+            finish_reason: generation.finish_reason.as_str(),
+            timings: JsonTimings {
+                load_ms: loaded.load_ms,
+                prefill_ms: t.prefill_ms,
+                decode_ms: t.decode_ms,
+                prefill_tok_s: t.prefill_tok_s(),
+                decode_tok_s: t.decode_tok_s(),
+            },
+        };
+        serde_json::to_writer(&mut stdout, &out)?;
+        writeln!(stdout)?;
+    } else {
+        write!(stdout, "{}", stream.finish())?;
+        writeln!(stdout)?;
+    }
+    Ok(())
+}

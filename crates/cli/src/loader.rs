@@ -1,0 +1,69 @@
+//! Turning `--model NAME|PATH` into a loaded model and tokenizer.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::Model;
+use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
+use pyramid_tokenizer::Tokenizer;
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A known model name (see `pyramid models`) or a path to a GGUF file.
+    #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Worker threads (default: one per core).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+}
+
+/// A known name becomes a cached path, fetched first if needed.
+pub fn resolve_model_path(name_or_path: &str) -> Result<PathBuf> {
+    let cache = ModelCache::from_env()?;
+    Ok(cache.resolve(name_or_path, &IndicatifProgress::new())?)
+}
+
+pub fn open_tokenizer(model: &str) -> Result<(PathBuf, GgufFile, Tokenizer)> {
+    open_path(resolve_model_path(model)?)
+}
+
+fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
+    let file = GgufFile::open(&path)?;
+    let tokenizer = Tokenizer::from_gguf(file.metadata()).with_context(|| format!("tokenizer of {}", path.display()))?;
+    Ok((path, file, tokenizer))
+}
+
+pub struct Loaded {
+    pub name: String,
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub pool: ThreadPool,
+    pub load_ms: f64,
+}
+
+impl ModelArgs {
+    pub fn load(&self) -> Result<Loaded> {
+        let pool = match self.threads {
+            Some(0) => anyhow::bail!("--threads must be at least 1"),
+            Some(n) => ThreadPool::new(n)?,
+            None => ThreadPool::with_available_parallelism(),
+        };
+        let path = resolve_model_path(&self.model)?;
+        let start = Instant::now();
+        let (path, file, tokenizer) = open_path(path)?;
+        let model = Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
+        let load_ms = start.elapsed().as_secs_f64() * 1e3;
+        Ok(Loaded {
+            name: self.model.clone(),
+            model: Arc::new(model),
+            tokenizer,
+            pool,
+            load_ms,
+        })
+    }
+}
