@@ -29,6 +29,8 @@ pub enum GgufError {
     UnknownTensorType { tensor: String, id: u32 },
     #[error("tensor type {0:?} is not supported")]
     UnsupportedTensorType(GgmlType),
+    #[error("tensor '{tensor}' has type {ty}, which pyramid cannot dequantise")]
+    UnsupportedTensor { tensor: String, ty: GgmlType },
     #[error("metadata key '{0}' is missing")]
     MissingKey(String),
     #[error("metadata key '{key}' has type {found}, expected {expected}")]

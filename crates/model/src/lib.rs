@@ -13,6 +13,7 @@ mod config;
 mod error;
 mod forward;
 mod kv_cache;
+pub mod synthetic;
 mod weights;
 
 use std::path::Path;

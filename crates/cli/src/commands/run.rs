@@ -41,19 +41,19 @@ pub struct SamplingArgs {
     #[arg(long, short = 'n', default_value_t = 256)]
     pub max_tokens: usize,
     /// 0 is greedy decoding.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.8)]
     pub temperature: f32,
     /// Keep the K most likely tokens (0 = off).
     #[arg(long, default_value_t = 40)]
     pub top_k: usize,
     /// Keep the smallest set of tokens whose probability reaches P (1 = off).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.95)]
     pub top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0 = off).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.05)]
     pub min_p: f32,
     /// Penalise tokens among the last 64 (1 = off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1.0)]
     pub repeat_penalty: f32,
     /// Random seed; the same seed, prompt and settings give the same text.
     #[arg(long, default_value_t = 0)]

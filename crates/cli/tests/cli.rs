@@ -1,0 +1,229 @@
+//! The `pyramid` binary end to end: tiny random-weight models for plumbing and bad input,
+//! the real default model for one golden check through tokenizer, template and decode.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::Architecture;
+use serde_json::Value;
+
+fn pyramid(args: &[&str], home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pyramid"))
+        .args(args)
+        .env("PYRAMID_HOME", home)
+        .env_remove("PYRAMID_ISA")
+        .stdin(Stdio::null())
+        .output()
+        .expect("pyramid runs")
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().unwrap() }
+    }
+
+    fn home(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn write(&self, name: &str, bytes: &[u8]) -> String {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+
+    fn tiny(&self, spec: &SyntheticSpec) -> String {
+        self.write("tiny.gguf", &synthetic_gguf(spec).unwrap().to_bytes())
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        pyramid(args, self.home())
+    }
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "failed: {}", stderr(out));
+}
+
+#[test]
+fn run_json_reports_ids_text_and_timings() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Qwen2));
+    let out = f.run(&["run", "-m", &model, "--prompt", "hello there", "--temperature", "0", "-n", "8", "--ignore-eos", "--json"]);
+    assert_ok(&out);
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
+    // h|e→he twice, Ġ|t→Ġt, Ġt|he→Ġthe: "he l l o Ġthe r e".
+    assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 7);
+    assert_eq!(v["tokens"].as_array().unwrap().len(), 8);
+    assert_eq!(v["finish_reason"], "length");
+    for key in ["load_ms", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s"] {
+        assert!(v["timings"][key].as_f64().unwrap() >= 0.0, "{key}");
+    }
+    assert!(v["text"].is_string());
+}
+
+#[test]
+fn sampling_is_reproducible_by_seed() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    let tokens = |seed: &str| {
+        let out = f.run(&["run", "-m", &model, "--prompt-tokens", "72,101,108", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "-n", "24", "--ignore-eos", "--json"]);
+        assert_ok(&out);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        v["tokens"].clone()
+    };
+    assert_eq!(tokens("1"), tokens("1"));
+    assert_ne!(tokens("1"), tokens("2"));
+}
+
+#[test]
+fn streaming_chat_tokenize_inspect_and_models_work() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    assert_ok(&f.run(&["run", "-m", &model, "--prompt", "hi", "--chat", "-n", "4"]));
+
+    let out = f.run(&["tokenize", "-m", &model, "--ids-only", "<|im_start|>hi"]);
+    assert_ok(&out);
+    assert_eq!(stdout(&out).trim(), "260,104,105");
+
+    let out = f.run(&["inspect", &model]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains("architecture:  llama"), "{}", stdout(&out));
+
+    let out = f.run(&["models"]);
+    assert_ok(&out);
+    assert!(stdout(&out).contains("smollm2-135m") && stdout(&out).contains("not cached"));
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+        .args(["chat", "-m", &model, "-n", "4", "--stats"])
+        .env("PYRAMID_HOME", f.home())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"hello\nand again\n\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_ok(&out);
+    let err = stderr(&out);
+    // The second turn reuses the first turn's cached tokens.
+    let reused: Vec<&str> = err.lines().filter(|l| l.starts_with("[reused")).collect();
+    assert_eq!(reused.len(), 2, "{err}");
+    assert!(reused[0].starts_with("[reused 0 "), "{err}");
+    assert!(!reused[1].starts_with("[reused 0 "), "{err}");
+}
+
+/// Every bad input gives a one-line `error:` naming the problem and a failing exit code.
+#[test]
+fn bad_input_gives_one_line_errors() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec { n_ctx: 16, ..SyntheticSpec::tiny(Architecture::Llama) });
+    let good = std::fs::read(&model).unwrap();
+    let garbage = f.write("garbage.gguf", b"this is not a model file at all");
+    let truncated = f.write("truncated.gguf", &good[..good.len() / 2]);
+    let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
+    w.add_metadata("general.architecture", pyramid_gguf::Value::String("mamba".into())).unwrap();
+    let mamba = f.write("mamba.gguf", &w.to_bytes());
+    let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
+    let long_prompt = "x".repeat(40);
+
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["run", "-m", &missing, "--prompt", "hi"], "does not exist"),
+        (vec!["run", "-m", &garbage, "--prompt", "hi"], "not a GGUF file"),
+        (vec!["run", "-m", &truncated, "--prompt", "hi"], "truncated"),
+        (vec!["run", "-m", &mamba, "--prompt", "hi"], "unsupported model architecture 'mamba'"),
+        (vec!["run", "-m", "no-such-model", "--prompt", "hi"], "unknown model"),
+        (vec!["run", "-m", &model, "--prompt", ""], "prompt is empty"),
+        (vec!["run", "-m", &model, "--prompt", &long_prompt], "context is 16"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--temperature", "-1"], "temperature"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--top-p", "0"], "top_p"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--min-p", "2"], "min_p"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--repeat-penalty", "0"], "repeat_penalty"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--threads", "0"], "--threads"),
+        (vec!["run", "-m", &model, "--prompt", "hi", "--max-tokens", "0"], "--max-tokens"),
+        (vec!["run", "-m", &model, "--prompt-tokens", "1,x"], "'x' is not a token id"),
+        (vec!["run", "-m", &model, "--prompt-tokens", "99999"], "token id 99999 is out of range"),
+        (vec!["run", "-m", &model, "--prompt-file", &missing], "reading prompt file"),
+        (vec!["inspect", &garbage], "not a GGUF file"),
+        (vec!["fetch", "no-such-model"], "unknown model"),
+    ];
+    for (args, expected) in cases {
+        let out = f.run(&args);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
+        assert!(err.starts_with("error: ") && err.contains(expected), "{args:?}: expected '{expected}' in: {err}");
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+        .args(["run", "-m", &model, "--prompt", "hi"])
+        .env("PYRAMID_ISA", "sse9")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("PYRAMID_ISA='sse9'"), "{}", stderr(&out));
+}
+
+#[test]
+fn forced_scalar_isa_gives_the_same_greedy_tokens() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Qwen2));
+    let run = |isa: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyramid"));
+        cmd.args(["run", "-m", &model, "--prompt", "hello", "--temperature", "0", "-n", "16", "--ignore-eos", "--json"]);
+        cmd.env("PYRAMID_HOME", f.home());
+        match isa {
+            Some(isa) => cmd.env("PYRAMID_ISA", isa),
+            None => cmd.env_remove("PYRAMID_ISA"),
+        };
+        let out = cmd.output().unwrap();
+        assert_ok(&out);
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()["tokens"].clone()
+    };
+    assert_eq!(run(Some("scalar")), run(None));
+}
+
+fn models_dir() -> PathBuf {
+    let home = std::env::var_os("PYRAMID_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid"));
+    home.join("models")
+}
+
+/// Text in, the reference's ids out: tokenizer, chat template and greedy decode together.
+#[test]
+fn default_model_reproduces_reference_from_text() {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs/golden-smollm2-135m-public.json")).unwrap(),
+    )
+    .unwrap();
+    let home = models_dir().parent().unwrap().to_path_buf();
+    assert!(models_dir().join("smollm2-135m-instruct-q4_1.gguf").exists(), "run scripts/test.sh (it fetches the models) first");
+    for (id, extra) in [("capital", None), ("chat_2plus2", Some("--chat"))] {
+        let prompt = golden["prompts"].as_array().unwrap().iter().find(|p| p["id"] == id).unwrap();
+        let text = if extra.is_some() { "What is 2+2? Answer briefly." } else { prompt["prompt_text"].as_str().unwrap() };
+        let mut args = vec!["run", "--prompt", text, "--temperature", "0", "-n", "32", "--ignore-eos", "--json"];
+        args.extend(extra);
+        let out = pyramid(&args, &home);
+        assert_ok(&out);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(v["model"], "smollm2-135m");
+        assert_eq!(v["prompt_tokens"], prompt["prompt_token_ids"], "{id}");
+        assert_eq!(v["tokens"], prompt["generated_token_ids"], "{id}");
+    }
+}
