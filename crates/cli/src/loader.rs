@@ -34,7 +34,8 @@ pub fn open_tokenizer(model: &str) -> Result<(PathBuf, GgufFile, Tokenizer)> {
 
 fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
     let file = GgufFile::open(&path)?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata()).with_context(|| format!("tokenizer of {}", path.display()))?;
+    let tokenizer = Tokenizer::from_gguf(file.metadata())
+        .with_context(|| format!("tokenizer of {}", path.display()))?;
     Ok((path, file, tokenizer))
 }
 
@@ -56,7 +57,8 @@ impl ModelArgs {
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
         let (path, file, tokenizer) = open_path(path)?;
-        let model = Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
+        let model =
+            Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),

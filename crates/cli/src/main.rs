@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "pyramid", version, about = "On-device LLM inference from GGUF models")]
+#[command(
+    name = "pyramid",
+    version,
+    about = "On-device LLM inference from GGUF models"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -24,7 +24,9 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        Self { dir: tempfile::tempdir().unwrap() }
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
     }
 
     fn home(&self) -> &Path {
@@ -62,14 +64,32 @@ fn assert_ok(out: &Output) {
 fn run_json_reports_ids_text_and_timings() {
     let f = Fixture::new();
     let model = f.tiny(&SyntheticSpec::tiny(Architecture::Qwen2));
-    let out = f.run(&["run", "-m", &model, "--prompt", "hello there", "--temperature", "0", "-n", "8", "--ignore-eos", "--json"]);
+    let out = f.run(&[
+        "run",
+        "-m",
+        &model,
+        "--prompt",
+        "hello there",
+        "--temperature",
+        "0",
+        "-n",
+        "8",
+        "--ignore-eos",
+        "--json",
+    ]);
     assert_ok(&out);
     let v: Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
     // h|e→he twice, Ġ|t→Ġt, Ġt|he→Ġthe: "he l l o Ġthe r e".
     assert_eq!(v["prompt_tokens"].as_array().unwrap().len(), 7);
     assert_eq!(v["tokens"].as_array().unwrap().len(), 8);
     assert_eq!(v["finish_reason"], "length");
-    for key in ["load_ms", "prefill_ms", "decode_ms", "prefill_tok_s", "decode_tok_s"] {
+    for key in [
+        "load_ms",
+        "prefill_ms",
+        "decode_ms",
+        "prefill_tok_s",
+        "decode_tok_s",
+    ] {
         assert!(v["timings"][key].as_f64().unwrap() >= 0.0, "{key}");
     }
     assert!(v["text"].is_string());
@@ -80,7 +100,27 @@ fn sampling_is_reproducible_by_seed() {
     let f = Fixture::new();
     let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
     let tokens = |seed: &str| {
-        let out = f.run(&["run", "-m", &model, "--prompt-tokens", "72,101,108", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "-n", "24", "--ignore-eos", "--json"]);
+        let out = f.run(&[
+            "run",
+            "-m",
+            &model,
+            "--prompt-tokens",
+            "72,101,108",
+            "--temperature",
+            "1.5",
+            "--top-k",
+            "0",
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--seed",
+            seed,
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--json",
+        ]);
         assert_ok(&out);
         let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
         v["tokens"].clone()
@@ -101,7 +141,11 @@ fn streaming_chat_tokenize_inspect_and_models_work() {
 
     let out = f.run(&["inspect", &model]);
     assert_ok(&out);
-    assert!(stdout(&out).contains("architecture:  llama"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("architecture:  llama"),
+        "{}",
+        stdout(&out)
+    );
 
     let out = f.run(&["models"]);
     assert_ok(&out);
@@ -116,7 +160,12 @@ fn streaming_chat_tokenize_inspect_and_models_work() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"hello\nand again\n\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello\nand again\n\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_ok(&out);
     let err = stderr(&out);
@@ -131,33 +180,90 @@ fn streaming_chat_tokenize_inspect_and_models_work() {
 #[test]
 fn bad_input_gives_one_line_errors() {
     let f = Fixture::new();
-    let model = f.tiny(&SyntheticSpec { n_ctx: 16, ..SyntheticSpec::tiny(Architecture::Llama) });
+    let model = f.tiny(&SyntheticSpec {
+        n_ctx: 16,
+        ..SyntheticSpec::tiny(Architecture::Llama)
+    });
     let good = std::fs::read(&model).unwrap();
     let garbage = f.write("garbage.gguf", b"this is not a model file at all");
     let truncated = f.write("truncated.gguf", &good[..good.len() / 2]);
     let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
-    w.add_metadata("general.architecture", pyramid_gguf::Value::String("mamba".into())).unwrap();
+    w.add_metadata(
+        "general.architecture",
+        pyramid_gguf::Value::String("mamba".into()),
+    )
+    .unwrap();
     let mamba = f.write("mamba.gguf", &w.to_bytes());
     let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
     let long_prompt = "x".repeat(40);
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["run", "-m", &missing, "--prompt", "hi"], "does not exist"),
-        (vec!["run", "-m", &garbage, "--prompt", "hi"], "not a GGUF file"),
+        (
+            vec!["run", "-m", &missing, "--prompt", "hi"],
+            "does not exist",
+        ),
+        (
+            vec!["run", "-m", &garbage, "--prompt", "hi"],
+            "not a GGUF file",
+        ),
         (vec!["run", "-m", &truncated, "--prompt", "hi"], "truncated"),
-        (vec!["run", "-m", &mamba, "--prompt", "hi"], "unsupported model architecture 'mamba'"),
-        (vec!["run", "-m", "no-such-model", "--prompt", "hi"], "unknown model"),
+        (
+            vec!["run", "-m", &mamba, "--prompt", "hi"],
+            "unsupported model architecture 'mamba'",
+        ),
+        (
+            vec!["run", "-m", "no-such-model", "--prompt", "hi"],
+            "unknown model",
+        ),
         (vec!["run", "-m", &model, "--prompt", ""], "prompt is empty"),
-        (vec!["run", "-m", &model, "--prompt", &long_prompt], "context is 16"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--temperature", "-1"], "temperature"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--top-p", "0"], "top_p"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--min-p", "2"], "min_p"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--repeat-penalty", "0"], "repeat_penalty"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--threads", "0"], "--threads"),
-        (vec!["run", "-m", &model, "--prompt", "hi", "--max-tokens", "0"], "--max-tokens"),
-        (vec!["run", "-m", &model, "--prompt-tokens", "1,x"], "'x' is not a token id"),
-        (vec!["run", "-m", &model, "--prompt-tokens", "99999"], "token id 99999 is out of range"),
-        (vec!["run", "-m", &model, "--prompt-file", &missing], "reading prompt file"),
+        (
+            vec!["run", "-m", &model, "--prompt", &long_prompt],
+            "context is 16",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt", "hi", "--temperature", "-1"],
+            "temperature",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt", "hi", "--top-p", "0"],
+            "top_p",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt", "hi", "--min-p", "2"],
+            "min_p",
+        ),
+        (
+            vec![
+                "run",
+                "-m",
+                &model,
+                "--prompt",
+                "hi",
+                "--repeat-penalty",
+                "0",
+            ],
+            "repeat_penalty",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt", "hi", "--threads", "0"],
+            "--threads",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt", "hi", "--max-tokens", "0"],
+            "--max-tokens",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt-tokens", "1,x"],
+            "'x' is not a token id",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt-tokens", "99999"],
+            "token id 99999 is out of range",
+        ),
+        (
+            vec!["run", "-m", &model, "--prompt-file", &missing],
+            "reading prompt file",
+        ),
         (vec!["inspect", &garbage], "not a GGUF file"),
         (vec!["fetch", "no-such-model"], "unknown model"),
     ];
@@ -166,8 +272,15 @@ fn bad_input_gives_one_line_errors() {
         let err = stderr(&out);
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: not one line: {err}");
-        assert!(err.starts_with("error: ") && err.contains(expected), "{args:?}: expected '{expected}' in: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+        assert!(
+            err.starts_with("error: ") && err.contains(expected),
+            "{args:?}: expected '{expected}' in: {err}"
+        );
     }
 
     let out = Command::new(env!("CARGO_BIN_EXE_pyramid"))
@@ -176,7 +289,11 @@ fn bad_input_gives_one_line_errors() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("PYRAMID_ISA='sse9'"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("PYRAMID_ISA='sse9'"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -185,7 +302,19 @@ fn forced_scalar_isa_gives_the_same_greedy_tokens() {
     let model = f.tiny(&SyntheticSpec::tiny(Architecture::Qwen2));
     let run = |isa: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pyramid"));
-        cmd.args(["run", "-m", &model, "--prompt", "hello", "--temperature", "0", "-n", "16", "--ignore-eos", "--json"]);
+        cmd.args([
+            "run",
+            "-m",
+            &model,
+            "--prompt",
+            "hello",
+            "--temperature",
+            "0",
+            "-n",
+            "16",
+            "--ignore-eos",
+            "--json",
+        ]);
         cmd.env("PYRAMID_HOME", f.home());
         match isa {
             Some(isa) => cmd.env("PYRAMID_ISA", isa),
@@ -201,7 +330,9 @@ fn forced_scalar_isa_gives_the_same_greedy_tokens() {
 fn models_dir() -> PathBuf {
     let home = std::env::var_os("PYRAMID_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid")
+        });
     home.join("models")
 }
 
@@ -209,15 +340,43 @@ fn models_dir() -> PathBuf {
 #[test]
 fn default_model_reproduces_reference_from_text() {
     let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs/golden-smollm2-135m-public.json")).unwrap(),
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../testdata/refs/golden-smollm2-135m-public.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     let home = models_dir().parent().unwrap().to_path_buf();
-    assert!(models_dir().join("smollm2-135m-instruct-q4_1.gguf").exists(), "run scripts/test.sh (it fetches the models) first");
+    assert!(
+        models_dir()
+            .join("smollm2-135m-instruct-q4_1.gguf")
+            .exists(),
+        "run scripts/test.sh (it fetches the models) first"
+    );
     for (id, extra) in [("capital", None), ("chat_2plus2", Some("--chat"))] {
-        let prompt = golden["prompts"].as_array().unwrap().iter().find(|p| p["id"] == id).unwrap();
-        let text = if extra.is_some() { "What is 2+2? Answer briefly." } else { prompt["prompt_text"].as_str().unwrap() };
-        let mut args = vec!["run", "--prompt", text, "--temperature", "0", "-n", "32", "--ignore-eos", "--json"];
+        let prompt = golden["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["id"] == id)
+            .unwrap();
+        let text = if extra.is_some() {
+            "What is 2+2? Answer briefly."
+        } else {
+            prompt["prompt_text"].as_str().unwrap()
+        };
+        let mut args = vec![
+            "run",
+            "--prompt",
+            text,
+            "--temperature",
+            "0",
+            "-n",
+            "32",
+            "--ignore-eos",
+            "--json",
+        ];
         args.extend(extra);
         let out = pyramid(&args, &home);
         assert_ok(&out);

@@ -254,12 +254,14 @@ impl GgufFile {
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         let info = self.tensor_info(name)?;
         let mut out = vec![0f32; info.n_elements() as usize];
-        quants::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out).map_err(|err| match err {
-            GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
-                tensor: name.to_string(),
-                ty,
-            },
-            other => other,
+        quants::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out).map_err(|err| {
+            match err {
+                GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
+                    tensor: name.to_string(),
+                    ty,
+                },
+                other => other,
+            }
         })?;
         Ok(out)
     }

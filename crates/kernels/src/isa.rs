@@ -6,7 +6,9 @@ use std::sync::OnceLock;
 pub enum KernelError {
     #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avx512")]
     UnknownIsa(String),
-    #[error("PYRAMID_ISA={requested} was requested but this CPU lacks it (best available: {available})")]
+    #[error(
+        "PYRAMID_ISA={requested} was requested but this CPU lacks it (best available: {available})"
+    )]
     IsaUnavailable { requested: Isa, available: Isa },
     #[error("thread count must be at least 1")]
     ZeroThreads,

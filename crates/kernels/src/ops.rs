@@ -94,7 +94,13 @@ pub fn rope_inv_freq(n_rot: usize, base: f32) -> Vec<f32> {
 
 /// Rotates every head in `x` (`[n_head, head_dim]`) for position `pos`; only the first
 /// `2 * inv_freq.len()` dimensions of each head rotate.
-pub fn rope_in_place(x: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32], style: RopeStyle) {
+pub fn rope_in_place(
+    x: &mut [f32],
+    head_dim: usize,
+    pos: usize,
+    inv_freq: &[f32],
+    style: RopeStyle,
+) {
     debug_assert!(x.len() % head_dim == 0 && 2 * inv_freq.len() <= head_dim);
     let n_rot = 2 * inv_freq.len();
     for head in x.chunks_exact_mut(head_dim) {

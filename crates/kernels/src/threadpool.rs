@@ -5,32 +5,40 @@
 //! trip or a thread spawn, and the split of work must be static so every thread touches
 //! the same weight rows every step (they stay in its cache).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::KernelError;
 
+/// Spin iterations before a waiting thread parks: long enough to bridge the serial work
+/// between two parallel regions of a forward pass (microseconds), short enough that idle
+/// workers stop burning a core almost at once.
+const SPIN_ITERS: u32 = 20_000;
+
 /// Type-erased pointer to the caller's closure; valid only while `run` waits.
 #[derive(Clone, Copy)]
 struct Job(*const (dyn Fn(usize) + Sync));
 
-// SAFETY: the pointee is `Sync`, and `run` keeps it alive until every worker is done.
-unsafe impl Send for Job {}
-
-struct State {
-    generation: u64,
-    job: Option<Job>,
-    shutdown: bool,
-}
-
 struct Shared {
-    state: Mutex<State>,
-    wake: Condvar,
+    /// Bumped once per `run`; workers compare it with the last one they served.
+    generation: AtomicU64,
+    /// Written by `run` only while every worker is idle (`pending == 0`), read by workers
+    /// only after they observe the matching `generation`.
+    job: UnsafeCell<Option<Job>>,
     pending: AtomicUsize,
-    done_lock: Mutex<()>,
-    done: Condvar,
+    shutdown: AtomicBool,
+    /// Workers parked on `wake`; `run` takes the lock and notifies only when some are.
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
 }
+
+// SAFETY: `job` is accessed under the generation/pending protocol described on the field;
+// everything else is atomics or std sync types.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
 
 pub struct ThreadPool {
     shared: Arc<Shared>,
@@ -40,7 +48,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .finish()
     }
 }
 
@@ -51,15 +61,13 @@ impl ThreadPool {
             return Err(KernelError::ZeroThreads);
         }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                generation: 0,
-                job: None,
-                shutdown: false,
-            }),
-            wake: Condvar::new(),
+            generation: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
             pending: AtomicUsize::new(0),
-            done_lock: Mutex::new(()),
-            done: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
         });
         let workers = (1..n_threads)
             .map(|idx| {
@@ -94,29 +102,32 @@ impl ThreadPool {
             f(0);
             return;
         }
+        let shared = &*self.shared;
         // SAFETY: erase the lifetime; we do not return until `pending` reaches zero,
         // i.e. until no worker can touch `f` any more.
         let job = Job(unsafe {
-            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(f)
+            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
+                f,
+            )
         });
-        self.shared.pending.store(self.n_threads - 1, Ordering::Release);
-        {
-            let mut state = self.shared.state.lock().expect("pool lock poisoned");
-            state.generation += 1;
-            state.job = Some(job);
+        // SAFETY: all workers are idle (the previous `run` waited for `pending == 0`), so
+        // nobody reads `job` until the generation below is published.
+        unsafe { *shared.job.get() = Some(job) };
+        shared.pending.store(self.n_threads - 1, Ordering::SeqCst);
+        shared.generation.fetch_add(1, Ordering::SeqCst);
+        if shared.sleepers.load(Ordering::SeqCst) > 0 {
+            let _guard = shared.lock.lock().expect("pool lock poisoned");
+            shared.wake.notify_all();
         }
-        self.shared.wake.notify_all();
         f(0);
-        // Brief spin first: the workers usually finish within microseconds of us.
-        for _ in 0..2000 {
-            if self.shared.pending.load(Ordering::Acquire) == 0 {
-                return;
+        let mut spins = 0u32;
+        while shared.pending.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < SPIN_ITERS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
-            std::hint::spin_loop();
-        }
-        let mut guard = self.shared.done_lock.lock().expect("pool lock poisoned");
-        while self.shared.pending.load(Ordering::Acquire) != 0 {
-            guard = self.shared.done.wait(guard).expect("pool lock poisoned");
         }
     }
 }
@@ -124,33 +135,44 @@ impl ThreadPool {
 fn worker_loop(shared: &Shared, idx: usize) {
     let mut seen = 0u64;
     loop {
-        let job = {
-            let mut state = shared.state.lock().expect("pool lock poisoned");
-            while state.generation == seen && !state.shutdown {
-                state = shared.wake.wait(state).expect("pool lock poisoned");
+        let mut spins = 0u32;
+        while shared.generation.load(Ordering::Acquire) == seen
+            && !shared.shutdown.load(Ordering::Acquire)
+        {
+            spins += 1;
+            if spins < SPIN_ITERS {
+                std::hint::spin_loop();
+                continue;
             }
-            if state.shutdown {
-                return;
+            let mut guard = shared.lock.lock().expect("pool lock poisoned");
+            shared.sleepers.fetch_add(1, Ordering::SeqCst);
+            while shared.generation.load(Ordering::SeqCst) == seen
+                && !shared.shutdown.load(Ordering::SeqCst)
+            {
+                guard = shared.wake.wait(guard).expect("pool lock poisoned");
             }
-            seen = state.generation;
-            state.job.expect("a new generation always carries a job")
-        };
-        // SAFETY: `run` keeps the closure alive until we decrement `pending`.
+            shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        seen = shared.generation.load(Ordering::Acquire);
+        // SAFETY: `run` published `job` before bumping the generation we just observed and
+        // keeps the closure alive until we decrement `pending`.
+        let job = unsafe { (*shared.job.get()).expect("a new generation always carries a job") };
         let f = unsafe { &*job.0 };
         f(idx);
-        if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _guard = shared.done_lock.lock().expect("pool lock poisoned");
-            shared.done.notify_all();
-        }
+        shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        if let Ok(mut state) = self.shared.state.lock() {
-            state.shutdown = true;
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        {
+            let _guard = self.shared.lock.lock();
+            self.shared.wake.notify_all();
         }
-        self.shared.wake.notify_all();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -171,7 +193,6 @@ pub fn split_range(n: usize, n_threads: usize, idx: usize, align: usize) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn every_thread_runs_once_per_call() {
@@ -182,7 +203,10 @@ mod tests {
                 hits.fetch_add(1 << (idx * 16), Ordering::Relaxed);
             });
         }
-        assert_eq!(hits.load(Ordering::Relaxed), 1000 * (1 + (1 << 16) + (1 << 32)));
+        assert_eq!(
+            hits.load(Ordering::Relaxed),
+            1000 * (1 + (1 << 16) + (1 << 32))
+        );
     }
 
     #[test]

@@ -87,9 +87,13 @@ impl ModelConfig {
                 "rope.dimension_count {n_rot} must be even and at most head_dim {head_dim}"
             )));
         }
-        if let Some(scaling) = md.opt(&key("rope.scaling.type"), |m, k| m.get_str(k).map(str::to_owned))? {
+        if let Some(scaling) = md.opt(&key("rope.scaling.type"), |m, k| {
+            m.get_str(k).map(str::to_owned)
+        })? {
             if scaling != "none" {
-                return Err(ModelError::BadConfig(format!("RoPE scaling '{scaling}' is not supported")));
+                return Err(ModelError::BadConfig(format!(
+                    "RoPE scaling '{scaling}' is not supported"
+                )));
             }
         }
         let n_vocab = match md.get_array("tokenizer.ggml.tokens") {
@@ -110,7 +114,9 @@ impl ModelConfig {
             n_ff: md.get_usize(&key("feed_forward_length"))?,
             n_ctx_train: md.get_usize(&key("context_length"))?,
             n_rot,
-            rope_base: md.opt(&key("rope.freq_base"), |m, k| m.get_f32(k))?.unwrap_or(10_000.0),
+            rope_base: md
+                .opt(&key("rope.freq_base"), |m, k| m.get_f32(k))?
+                .unwrap_or(10_000.0),
             rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
         };
         for (what, v) in [

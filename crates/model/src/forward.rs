@@ -2,7 +2,9 @@
 //! against. One function per block of the model, top to bottom.
 
 use pyramid_kernels::matmul::matmul;
-use pyramid_kernels::ops::{add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place};
+use pyramid_kernels::ops::{
+    add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
+};
 use pyramid_kernels::{split_range, ThreadPool};
 
 use crate::kv_cache::KvCache;
@@ -60,7 +62,10 @@ impl Model {
             return Err(ModelError::EmptyInput);
         }
         if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
-            return Err(ModelError::TokenOutOfRange { id, n_vocab: cfg.n_vocab });
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                n_vocab: cfg.n_vocab,
+            });
         }
         let pos0 = kv.len();
         if pos0 + tokens.len() > cfg.n_ctx_train {
@@ -89,10 +94,23 @@ impl Model {
         };
         let n_rows = rows.len();
         let mut normed = vec![0.0; n_rows * e];
-        rms_norm(&mut normed, &scratch.x[rows.start * e..rows.end * e], &self.weights.output_norm, cfg.rms_eps);
+        rms_norm(
+            &mut normed,
+            &scratch.x[rows.start * e..rows.end * e],
+            &self.weights.output_norm,
+            cfg.rms_eps,
+        );
         let head = self.weights.output_head();
         let mut logits = vec![0.0; n_rows * cfg.n_vocab];
-        matmul(pool, &normed, &head.data, &mut logits, n_rows, e, head.n_rows);
+        matmul(
+            pool,
+            &normed,
+            &head.data,
+            &mut logits,
+            n_rows,
+            e,
+            head.n_rows,
+        );
         Ok(logits)
     }
 
@@ -121,13 +139,40 @@ impl Model {
         let style = cfg.arch.rope_style();
         for t in 0..n {
             let pos = pos0 + t;
-            rope_in_place(&mut q[t * qd..(t + 1) * qd], hd, pos, &self.rope_inv_freq, style);
-            rope_in_place(&mut k[t * kvd..(t + 1) * kvd], hd, pos, &self.rope_inv_freq, style);
-            kv.store(layer_idx, pos, &k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+            rope_in_place(
+                &mut q[t * qd..(t + 1) * qd],
+                hd,
+                pos,
+                &self.rope_inv_freq,
+                style,
+            );
+            rope_in_place(
+                &mut k[t * kvd..(t + 1) * kvd],
+                hd,
+                pos,
+                &self.rope_inv_freq,
+                style,
+            );
+            kv.store(
+                layer_idx,
+                pos,
+                &k[t * kvd..(t + 1) * kvd],
+                &v[t * kvd..(t + 1) * kvd],
+            );
         }
 
         let attn = sized(&mut s.attn, n * qd);
-        attend(pool, cfg.n_head, cfg.n_head_kv, hd, layer_idx, pos0, q, kv, attn);
+        attend(
+            pool,
+            cfg.n_head,
+            cfg.n_head_kv,
+            hd,
+            layer_idx,
+            pos0,
+            q,
+            kv,
+            attn,
+        );
 
         let o = sized(&mut s.o, n * e);
         linear(pool, attn, &layer.wo, None, o, n);
@@ -151,7 +196,14 @@ impl Model {
 }
 
 /// `out[n, w.n_rows] = input[n, w.n_cols] · wᵀ (+ bias)`.
-fn linear(pool: &ThreadPool, input: &[f32], w: &Matrix, bias: Option<&[f32]>, out: &mut [f32], n: usize) {
+fn linear(
+    pool: &ThreadPool,
+    input: &[f32],
+    w: &Matrix,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    n: usize,
+) {
     matmul(pool, input, &w.data, out, n, w.n_cols, w.n_rows);
     if let Some(b) = bias {
         for row in out.chunks_exact_mut(w.n_rows) {
@@ -170,7 +222,7 @@ fn attend(
     head_dim: usize,
     layer_idx: usize,
     pos0: usize,
-    q: &[f32],       // [n, n_head * head_dim]
+    q: &[f32], // [n, n_head * head_dim]
     kv: &KvCache,
     out: &mut [f32], // [n, n_head * head_dim]
 ) {
@@ -195,7 +247,9 @@ fn attend(
             softmax_in_place(&mut scores);
             // SAFETY: (t, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
-            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.0.add(t * qd + head * head_dim), head_dim) };
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(out_ptr.0.add(t * qd + head * head_dim), head_dim)
+            };
             o.fill(0.0);
             for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
                 axpy(o, p, v);

@@ -67,7 +67,8 @@ impl KvCache {
         for buf in [&mut self.k, &mut self.v] {
             let mut grown = vec![0.0; n_rows * row_new];
             for r in 0..n_rows {
-                grown[r * row_new..r * row_new + live].copy_from_slice(&buf[r * row_old..r * row_old + live]);
+                grown[r * row_new..r * row_new + live]
+                    .copy_from_slice(&buf[r * row_old..r * row_old + live]);
             }
             *buf = grown;
         }
@@ -108,7 +109,11 @@ impl KvCache {
 
     /// Stores one position's keys and values for every KV head (`[n_head_kv * head_dim]` each).
     pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        for (h, (kh, vh)) in k.chunks_exact(self.head_dim).zip(v.chunks_exact(self.head_dim)).enumerate() {
+        for (h, (kh, vh)) in k
+            .chunks_exact(self.head_dim)
+            .zip(v.chunks_exact(self.head_dim))
+            .enumerate()
+        {
             let o = self.offset(layer, h, pos);
             self.k[o..o + self.head_dim].copy_from_slice(kh);
             self.v[o..o + self.head_dim].copy_from_slice(vh);

@@ -55,7 +55,9 @@ const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + 
 /// GPT-2's byte-to-character table: printable bytes stand for themselves, the rest are
 /// shifted above U+0100 so every token is a printable string.
 fn byte_char(b: u8) -> char {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+    let printable = |b: u8| {
+        (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
     if printable(b) {
         return char::from(b);
     }
@@ -67,10 +69,14 @@ fn byte_char(b: u8) -> char {
 fn vocabulary() -> (Vec<String>, Vec<String>, Vec<i32>) {
     let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
     let space = byte_char(b' ');
-    let merges: Vec<String> = [("h", "e"), (&format!("{space}t"), "he"), (&space.to_string(), "t")]
-        .iter()
-        .map(|(a, b)| format!("{a} {b}"))
-        .collect();
+    let merges: Vec<String> = [
+        ("h", "e"),
+        (&format!("{space}t"), "he"),
+        (&space.to_string(), "t"),
+    ]
+    .iter()
+    .map(|(a, b)| format!("{a} {b}"))
+    .collect();
     // Merges must apply in rank order; their results become tokens.
     let merges = vec![merges[2].clone(), merges[0].clone(), merges[1].clone()];
     for m in &merges {
@@ -99,53 +105,107 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
     let eos = (n_vocab - 1) as u32; // <|im_end|>
     w.add_metadata("general.architecture", Value::String(arch.into()))?
         .add_metadata("general.name", Value::String(format!("synthetic-{arch}")))?
-        .add_metadata(format!("{arch}.context_length"), Value::U32(spec.n_ctx as u32))?
-        .add_metadata(format!("{arch}.embedding_length"), Value::U32(spec.n_embd as u32))?
-        .add_metadata(format!("{arch}.block_count"), Value::U32(spec.n_layer as u32))?
-        .add_metadata(format!("{arch}.feed_forward_length"), Value::U32(spec.n_ff as u32))?
-        .add_metadata(format!("{arch}.attention.head_count"), Value::U32(spec.n_head as u32))?
-        .add_metadata(format!("{arch}.attention.head_count_kv"), Value::U32(spec.n_head_kv as u32))?
-        .add_metadata(format!("{arch}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5))?
+        .add_metadata(
+            format!("{arch}.context_length"),
+            Value::U32(spec.n_ctx as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.embedding_length"),
+            Value::U32(spec.n_embd as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.block_count"),
+            Value::U32(spec.n_layer as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.feed_forward_length"),
+            Value::U32(spec.n_ff as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.attention.head_count"),
+            Value::U32(spec.n_head as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.attention.head_count_kv"),
+            Value::U32(spec.n_head_kv as u32),
+        )?
+        .add_metadata(
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-5),
+        )?
         .add_metadata(format!("{arch}.rope.freq_base"), Value::F32(10_000.0))?
         .add_metadata("tokenizer.ggml.model", Value::String("gpt2".into()))?
         .add_metadata("tokenizer.ggml.pre", Value::String("gpt2".into()))?
         .add_metadata("tokenizer.ggml.tokens", strings(tokens))?
         .add_metadata("tokenizer.ggml.merges", strings(merges))?
-        .add_metadata("tokenizer.ggml.token_type", Value::Array(types.into_iter().map(Value::I32).collect()))?
+        .add_metadata(
+            "tokenizer.ggml.token_type",
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        )?
         .add_metadata("tokenizer.ggml.bos_token_id", Value::U32(bos))?
         .add_metadata("tokenizer.ggml.eos_token_id", Value::U32(eos))?
         .add_metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))?
-        .add_metadata("tokenizer.chat_template", Value::String(CHATML_TEMPLATE.into()))?;
+        .add_metadata(
+            "tokenizer.chat_template",
+            Value::String(CHATML_TEMPLATE.into()),
+        )?;
 
-    let mut random = |n: usize, scale: f32| -> Vec<f32> { (0..n).map(|_| rng.random_range(-scale..scale)).collect() };
-    let mut matrix = |w: &mut GgufWriter, name: &str, n_out: usize, n_in: usize, ty: GgmlType| -> Result<()> {
-        // Scaled so activations keep unit size through the residual stream.
-        let scale = 1.0 / (n_in as f32).sqrt();
-        w.add_tensor_f32(name, &[n_in as u64, n_out as u64], ty, &random(n_out * n_in, scale))
+    let mut random = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-scale..scale)).collect()
     };
+    let mut matrix =
+        |w: &mut GgufWriter, name: &str, n_out: usize, n_in: usize, ty: GgmlType| -> Result<()> {
+            // Scaled so activations keep unit size through the residual stream.
+            let scale = 1.0 / (n_in as f32).sqrt();
+            w.add_tensor_f32(
+                name,
+                &[n_in as u64, n_out as u64],
+                ty,
+                &random(n_out * n_in, scale),
+            )
+        };
     let ty = spec.weight_type;
     matrix(&mut w, "token_embd.weight", n_vocab, spec.n_embd, ty)?;
     let ones = |n: usize| vec![1.0f32; n];
     for i in 0..spec.n_layer {
         let name = |t: &str| format!("blk.{i}.{t}");
         let e = spec.n_embd as u64;
-        w.add_tensor_f32(&name("attn_norm.weight"), &[e], GgmlType::F32, &ones(spec.n_embd))?;
+        w.add_tensor_f32(
+            &name("attn_norm.weight"),
+            &[e],
+            GgmlType::F32,
+            &ones(spec.n_embd),
+        )?;
         matrix(&mut w, &name("attn_q.weight"), q_dim, spec.n_embd, ty)?;
         matrix(&mut w, &name("attn_k.weight"), kv_dim, spec.n_embd, ty)?;
         matrix(&mut w, &name("attn_v.weight"), kv_dim, spec.n_embd, ty)?;
         if spec.arch == Architecture::Qwen2 {
-            for (t, n) in [("attn_q.bias", q_dim), ("attn_k.bias", kv_dim), ("attn_v.bias", kv_dim)] {
+            for (t, n) in [
+                ("attn_q.bias", q_dim),
+                ("attn_k.bias", kv_dim),
+                ("attn_v.bias", kv_dim),
+            ] {
                 let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.01).collect();
                 w.add_tensor_f32(&name(t), &[n as u64], GgmlType::F32, &bias)?;
             }
         }
         matrix(&mut w, &name("attn_output.weight"), spec.n_embd, q_dim, ty)?;
-        w.add_tensor_f32(&name("ffn_norm.weight"), &[e], GgmlType::F32, &ones(spec.n_embd))?;
+        w.add_tensor_f32(
+            &name("ffn_norm.weight"),
+            &[e],
+            GgmlType::F32,
+            &ones(spec.n_embd),
+        )?;
         matrix(&mut w, &name("ffn_gate.weight"), spec.n_ff, spec.n_embd, ty)?;
         matrix(&mut w, &name("ffn_up.weight"), spec.n_ff, spec.n_embd, ty)?;
         matrix(&mut w, &name("ffn_down.weight"), spec.n_embd, spec.n_ff, ty)?;
     }
-    w.add_tensor_f32("output_norm.weight", &[spec.n_embd as u64], GgmlType::F32, &ones(spec.n_embd))?;
+    w.add_tensor_f32(
+        "output_norm.weight",
+        &[spec.n_embd as u64],
+        GgmlType::F32,
+        &ones(spec.n_embd),
+    )?;
     if spec.untied_output {
         matrix(&mut w, "output.weight", n_vocab, spec.n_embd, ty)?;
     }

@@ -24,27 +24,27 @@ impl Matrix {
 
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,     // [n_embd]
-    pub wq: Matrix,              // [q_dim, n_embd]
-    pub wk: Matrix,              // [kv_dim, n_embd]
-    pub wv: Matrix,              // [kv_dim, n_embd]
-    pub bq: Option<Vec<f32>>,    // [q_dim] (Qwen2)
-    pub bk: Option<Vec<f32>>,    // [kv_dim] (Qwen2)
-    pub bv: Option<Vec<f32>>,    // [kv_dim] (Qwen2)
-    pub wo: Matrix,              // [n_embd, q_dim]
-    pub ffn_norm: Vec<f32>,      // [n_embd]
-    pub w_gate: Matrix,          // [n_ff, n_embd]
-    pub w_up: Matrix,            // [n_ff, n_embd]
-    pub w_down: Matrix,          // [n_embd, n_ff]
+    pub attn_norm: Vec<f32>,  // [n_embd]
+    pub wq: Matrix,           // [q_dim, n_embd]
+    pub wk: Matrix,           // [kv_dim, n_embd]
+    pub wv: Matrix,           // [kv_dim, n_embd]
+    pub bq: Option<Vec<f32>>, // [q_dim] (Qwen2)
+    pub bk: Option<Vec<f32>>, // [kv_dim] (Qwen2)
+    pub bv: Option<Vec<f32>>, // [kv_dim] (Qwen2)
+    pub wo: Matrix,           // [n_embd, q_dim]
+    pub ffn_norm: Vec<f32>,   // [n_embd]
+    pub w_gate: Matrix,       // [n_ff, n_embd]
+    pub w_up: Matrix,         // [n_ff, n_embd]
+    pub w_down: Matrix,       // [n_embd, n_ff]
 }
 
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
-    pub token_embd: Matrix,      // [n_vocab, n_embd]
+    pub token_embd: Matrix, // [n_vocab, n_embd]
     pub layers: Vec<LayerWeights>,
-    pub output_norm: Vec<f32>,   // [n_embd]
+    pub output_norm: Vec<f32>, // [n_embd]
     /// `None` when the output head is tied to `token_embd`.
-    pub output: Option<Matrix>,  // [n_vocab, n_embd]
+    pub output: Option<Matrix>, // [n_vocab, n_embd]
 }
 
 impl ModelWeights {

@@ -10,23 +10,35 @@ use serde_json::Value;
 fn models_dir() -> PathBuf {
     let home = std::env::var_os("PYRAMID_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid")
+        });
     home.join("models")
 }
 
 fn load_model(file: &str) -> Model {
     let path = models_dir().join(file);
-    assert!(path.exists(), "{} is missing: run `scripts/setup.sh` (or `pyramid fetch`) first", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run `scripts/setup.sh` (or `pyramid fetch`) first",
+        path.display()
+    );
     Model::load(&path).expect("model loads")
 }
 
 fn golden(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(name);
     serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("golden json")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 fn argmax(logits: &[f32]) -> u32 {
@@ -55,40 +67,64 @@ fn check_model(file: &str, golden_name: &str) {
         let id = prompt["id"].as_str().expect("id");
         let prompt_ids = ids(&prompt["prompt_token_ids"]);
         let expected = ids(&prompt["generated_token_ids"]);
-        let gaps: Vec<f64> = prompt["top1_top2_gap"].as_array().expect("gaps").iter().map(|v| v.as_f64().expect("gap")).collect();
+        let gaps: Vec<f64> = prompt["top1_top2_gap"]
+            .as_array()
+            .expect("gaps")
+            .iter()
+            .map(|v| v.as_f64().expect("gap"))
+            .collect();
         let tops = prompt["top_logits"].as_array().expect("top_logits");
 
         let mut kv = model.new_kv_cache(prompt_ids.len() + expected.len());
         let mut scratch = Scratch::default();
-        let mut logits = model.forward(&pool, &prompt_ids, &mut kv, &mut scratch, LogitsFor::Last).expect("prefill");
+        let mut logits = model
+            .forward(&pool, &prompt_ids, &mut kv, &mut scratch, LogitsFor::Last)
+            .expect("prefill");
         let mut generated = Vec::new();
         for step in 0..expected.len() {
-            if let Some(top) = tops.iter().find(|t| t["chooses_generated_index"].as_u64() == Some(step as u64)) {
+            if let Some(top) = tops
+                .iter()
+                .find(|t| t["chooses_generated_index"].as_u64() == Some(step as u64))
+            {
                 for pair in top["top"].as_array().expect("top") {
                     let tok = pair[0].as_u64().expect("tok") as usize;
                     let want = pair[1].as_f64().expect("logit");
                     let got = logits[tok] as f64;
-                    assert!((got - want).abs() < LOGIT_TOL, "{golden_name} {id} step {step}: logit of {tok} is {got}, reference {want}");
+                    assert!(
+                        (got - want).abs() < LOGIT_TOL,
+                        "{golden_name} {id} step {step}: logit of {tok} is {got}, reference {want}"
+                    );
                 }
             }
             let next = argmax(&logits);
             generated.push(next);
             if next != expected[step] {
                 assert!(gaps[step] < TIE_GAP, "{golden_name} {id}: step {step} chose {next}, reference {} (gap {})\n got {generated:?}\nwant {expected:?}", expected[step], gaps[step]);
-                eprintln!("{golden_name} {id}: near-tie at step {step} (gap {}), stopping comparison", gaps[step]);
+                eprintln!(
+                    "{golden_name} {id}: near-tie at step {step} (gap {}), stopping comparison",
+                    gaps[step]
+                );
                 break;
             }
-            logits = model.forward(&pool, &[next], &mut kv, &mut scratch, LogitsFor::Last).expect("decode");
+            logits = model
+                .forward(&pool, &[next], &mut kv, &mut scratch, LogitsFor::Last)
+                .expect("decode");
         }
     }
 }
 
 #[test]
 fn smollm2_greedy_matches_reference() {
-    check_model("smollm2-135m-instruct-q4_1.gguf", "golden-smollm2-135m-public.json");
+    check_model(
+        "smollm2-135m-instruct-q4_1.gguf",
+        "golden-smollm2-135m-public.json",
+    );
 }
 
 #[test]
 fn qwen2_greedy_matches_reference() {
-    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "golden-qwen2.5-coder-0.5b-public.json");
+    check_model(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "golden-qwen2.5-coder-0.5b-public.json",
+    );
 }

@@ -13,7 +13,10 @@ fn build(spec: &SyntheticSpec) -> Model {
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 const PROMPT: [u32; 12] = [72, 101, 108, 108, 111, 32, 116, 104, 101, 114, 101, 33];
@@ -26,15 +29,28 @@ fn prefill_equals_token_by_token_decode_for_both_architectures() {
         let n_vocab = model.config.n_vocab;
 
         let mut kv = model.new_kv_cache(64);
-        let all = model.forward(&pool, &PROMPT, &mut kv, &mut Scratch::default(), LogitsFor::All).unwrap();
+        let all = model
+            .forward(
+                &pool,
+                &PROMPT,
+                &mut kv,
+                &mut Scratch::default(),
+                LogitsFor::All,
+            )
+            .unwrap();
         assert_eq!(kv.len(), PROMPT.len());
 
         let mut kv = model.new_kv_cache(64);
         let mut scratch = Scratch::default();
         for (t, &tok) in PROMPT.iter().enumerate() {
-            let step = model.forward(&pool, &[tok], &mut kv, &mut scratch, LogitsFor::Last).unwrap();
+            let step = model
+                .forward(&pool, &[tok], &mut kv, &mut scratch, LogitsFor::Last)
+                .unwrap();
             let d = max_abs_diff(&step, &all[t * n_vocab..(t + 1) * n_vocab]);
-            assert!(d < 1e-4, "{arch:?} position {t}: prefill and decode differ by {d}");
+            assert!(
+                d < 1e-4,
+                "{arch:?} position {t}: prefill and decode differ by {d}"
+            );
         }
     }
 }
@@ -44,14 +60,26 @@ fn prefill_in_pieces_equals_whole_and_cache_growth_keeps_results() {
     let pool = ThreadPool::new(2).unwrap();
     let model = build(&SyntheticSpec::tiny(Architecture::Qwen2));
     let mut kv = model.new_kv_cache(64);
-    let whole = model.forward(&pool, &PROMPT, &mut kv, &mut Scratch::default(), LogitsFor::Last).unwrap();
+    let whole = model
+        .forward(
+            &pool,
+            &PROMPT,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )
+        .unwrap();
 
     let mut kv = model.new_kv_cache(5);
     let mut scratch = Scratch::default();
-    model.forward(&pool, &PROMPT[..5], &mut kv, &mut scratch, LogitsFor::Last).unwrap();
+    model
+        .forward(&pool, &PROMPT[..5], &mut kv, &mut scratch, LogitsFor::Last)
+        .unwrap();
     kv.reserve(PROMPT.len());
     assert!(kv.capacity() >= PROMPT.len());
-    let pieces = model.forward(&pool, &PROMPT[5..], &mut kv, &mut scratch, LogitsFor::Last).unwrap();
+    let pieces = model
+        .forward(&pool, &PROMPT[5..], &mut kv, &mut scratch, LogitsFor::Last)
+        .unwrap();
     assert!(max_abs_diff(&whole, &pieces) < 1e-4);
 }
 
@@ -60,37 +88,76 @@ fn quantised_weight_types_load_and_stay_close_to_f32() {
     let pool = ThreadPool::new(1).unwrap();
     let reference = build(&SyntheticSpec::tiny(Architecture::Llama));
     let mut kv = reference.new_kv_cache(16);
-    let want = reference.forward(&pool, &PROMPT, &mut kv, &mut Scratch::default(), LogitsFor::Last).unwrap();
+    let want = reference
+        .forward(
+            &pool,
+            &PROMPT,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )
+        .unwrap();
     let spread = want.iter().map(|v| v.abs()).fold(0.0, f32::max);
-    for (ty, tolerance) in [(GgmlType::F16, 0.01), (GgmlType::Q8_0, 0.05), (GgmlType::Q4_1, 0.3), (GgmlType::Q4_0, 0.3)] {
-        let spec = SyntheticSpec { weight_type: ty, untied_output: true, ..SyntheticSpec::tiny(Architecture::Llama) };
-        let spec_f32 = SyntheticSpec { untied_output: true, ..SyntheticSpec::tiny(Architecture::Llama) };
+    for (ty, tolerance) in [
+        (GgmlType::F16, 0.01),
+        (GgmlType::Q8_0, 0.05),
+        (GgmlType::Q4_1, 0.3),
+        (GgmlType::Q4_0, 0.3),
+    ] {
+        let spec = SyntheticSpec {
+            weight_type: ty,
+            untied_output: true,
+            ..SyntheticSpec::tiny(Architecture::Llama)
+        };
+        let spec_f32 = SyntheticSpec {
+            untied_output: true,
+            ..SyntheticSpec::tiny(Architecture::Llama)
+        };
         let (model, model_f32) = (build(&spec), build(&spec_f32));
         let run = |m: &Model| {
             let mut kv = m.new_kv_cache(16);
-            m.forward(&pool, &PROMPT, &mut kv, &mut Scratch::default(), LogitsFor::Last).unwrap()
+            m.forward(
+                &pool,
+                &PROMPT,
+                &mut kv,
+                &mut Scratch::default(),
+                LogitsFor::Last,
+            )
+            .unwrap()
         };
         let d = max_abs_diff(&run(&model), &run(&model_f32));
-        assert!(d < tolerance * spread.max(1.0), "{ty}: logits differ from f32 by {d}");
+        assert!(
+            d < tolerance * spread.max(1.0),
+            "{ty}: logits differ from f32 by {d}"
+        );
     }
 }
 
 #[test]
 fn bad_inputs_are_errors() {
     let pool = ThreadPool::new(1).unwrap();
-    let spec = SyntheticSpec { n_ctx: 8, ..SyntheticSpec::tiny(Architecture::Llama) };
+    let spec = SyntheticSpec {
+        n_ctx: 8,
+        ..SyntheticSpec::tiny(Architecture::Llama)
+    };
     let model = build(&spec);
     let mut scratch = Scratch::default();
     let mut kv = model.new_kv_cache(100);
     assert_eq!(kv.capacity(), 8, "cache is clamped to the model's context");
-    assert!(matches!(model.forward(&pool, &[], &mut kv, &mut scratch, LogitsFor::Last), Err(ModelError::EmptyInput)));
+    assert!(matches!(
+        model.forward(&pool, &[], &mut kv, &mut scratch, LogitsFor::Last),
+        Err(ModelError::EmptyInput)
+    ));
     assert!(matches!(
         model.forward(&pool, &[100_000], &mut kv, &mut scratch, LogitsFor::Last),
         Err(ModelError::TokenOutOfRange { id: 100_000, .. })
     ));
     assert!(matches!(
         model.forward(&pool, &[1; 9], &mut kv, &mut scratch, LogitsFor::Last),
-        Err(ModelError::ContextLengthExceeded { needed: 9, n_ctx: 8 })
+        Err(ModelError::ContextLengthExceeded {
+            needed: 9,
+            n_ctx: 8
+        })
     ));
     assert_eq!(kv.len(), 0, "a failed forward leaves the cache untouched");
 }
@@ -104,19 +171,25 @@ fn load_with(edit: impl FnOnce(&mut pyramid_gguf::GgufWriter)) -> Result<Model, 
 #[test]
 fn unsupported_or_inconsistent_models_are_rejected_by_name() {
     let err = load_with(|w| {
-        w.add_metadata("general.architecture", Value::String("mamba".into())).unwrap();
+        w.add_metadata("general.architecture", Value::String("mamba".into()))
+            .unwrap();
     })
     .unwrap_err();
-    assert!(matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "mamba"), "{err}");
+    assert!(
+        matches!(&err, ModelError::UnsupportedArchitecture(a) if a == "mamba"),
+        "{err}"
+    );
 
     let err = load_with(|w| {
-        w.add_metadata("llama.attention.head_count_kv", Value::U32(3)).unwrap();
+        w.add_metadata("llama.attention.head_count_kv", Value::U32(3))
+            .unwrap();
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::BadConfig(_)), "{err}");
 
     let err = load_with(|w| {
-        w.add_metadata("llama.embedding_length", Value::U32(128)).unwrap();
+        w.add_metadata("llama.embedding_length", Value::U32(128))
+            .unwrap();
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
@@ -127,7 +200,11 @@ fn unsupported_or_inconsistent_models_are_rejected_by_name() {
 fn patch_tensor_type(bytes: &mut [u8], name: &str, type_id: u32) {
     let mut needle = (name.len() as u64).to_le_bytes().to_vec();
     needle.extend_from_slice(name.as_bytes());
-    let at = bytes.windows(needle.len()).position(|w| w == needle).expect("tensor name present") + needle.len();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("tensor name present")
+        + needle.len();
     let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
     let type_at = at + 4 + 8 * n_dims;
     bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
@@ -135,10 +212,15 @@ fn patch_tensor_type(bytes: &mut [u8], name: &str, type_id: u32) {
 
 #[test]
 fn a_weight_of_a_type_without_dequantisation_is_an_error_naming_it() {
-    let mut bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap().to_bytes();
+    let mut bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
+        .unwrap()
+        .to_bytes();
     // Q8_1 (id 9) is an activation-only type: smaller than F32, so the file stays in bounds.
     patch_tensor_type(&mut bytes, "blk.1.ffn_up.weight", 9);
     let err = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("blk.1.ffn_up.weight") && msg.contains("Q8_1"), "{msg}");
+    assert!(
+        msg.contains("blk.1.ffn_up.weight") && msg.contains("Q8_1"),
+        "{msg}"
+    );
 }

@@ -51,7 +51,11 @@ impl SamplerConfig {
             reason,
         };
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
-            return Err(bad("temperature", self.temperature, "must be a finite number >= 0"));
+            return Err(bad(
+                "temperature",
+                self.temperature,
+                "must be a finite number >= 0",
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(bad("top_p", self.top_p, "must be in (0, 1]"));
@@ -60,7 +64,11 @@ impl SamplerConfig {
             return Err(bad("min_p", self.min_p, "must be in [0, 1]"));
         }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
-            return Err(bad("repeat_penalty", self.repeat_penalty, "must be a finite number > 0"));
+            return Err(bad(
+                "repeat_penalty",
+                self.repeat_penalty,
+                "must be a finite number > 0",
+            ));
         }
         Ok(())
     }
@@ -97,7 +105,11 @@ impl Sampler {
             for &id in recent {
                 if seen.insert(id) {
                     if let Some(l) = logits.get_mut(id as usize) {
-                        *l = if *l > 0.0 { *l / cfg.repeat_penalty } else { *l * cfg.repeat_penalty };
+                        *l = if *l > 0.0 {
+                            *l / cfg.repeat_penalty
+                        } else {
+                            *l * cfg.repeat_penalty
+                        };
                     }
                 }
             }
@@ -108,7 +120,12 @@ impl Sampler {
 
         let c = &mut self.candidates;
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / cfg.temperature)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l / cfg.temperature)),
+        );
         // Highest first; ties by lowest id so results do not depend on sort stability.
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if cfg.top_k > 0 && cfg.top_k < c.len() {
@@ -142,7 +159,11 @@ impl Sampler {
         }
         if cfg.min_p > 0.0 {
             let threshold = c[0].1 * cfg.min_p;
-            let keep = c.iter().take_while(|cand| cand.1 >= threshold).count().max(1);
+            let keep = c
+                .iter()
+                .take_while(|cand| cand.1 >= threshold)
+                .count()
+                .max(1);
             c.truncate(keep);
         }
 
@@ -193,7 +214,9 @@ mod tests {
                 c.temperature = 1.0;
                 c.seed = seed;
             });
-            (0..50).map(|_| s.sample(&mut logits.clone(), &[])).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&mut logits.clone(), &[]))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
@@ -223,7 +246,9 @@ mod tests {
             c.temperature = 1.0;
             c.min_p = 0.3; // keeps p >= 0.19: tokens 0 and 1
         });
-        let draws: Vec<u32> = (0..200).map(|_| s.sample(&mut logits.clone(), &[])).collect();
+        let draws: Vec<u32> = (0..200)
+            .map(|_| s.sample(&mut logits.clone(), &[]))
+            .collect();
         assert!(draws.iter().all(|&t| t <= 1));
         assert!(draws.contains(&1));
     }
@@ -240,11 +265,41 @@ mod tests {
     #[test]
     fn bad_values_are_rejected_by_name() {
         for (cfg, name) in [
-            (SamplerConfig { temperature: -1.0, ..SamplerConfig::greedy() }, "temperature"),
-            (SamplerConfig { top_p: 0.0, ..SamplerConfig::greedy() }, "top_p"),
-            (SamplerConfig { min_p: 1.5, ..SamplerConfig::greedy() }, "min_p"),
-            (SamplerConfig { repeat_penalty: 0.0, ..SamplerConfig::greedy() }, "repeat_penalty"),
-            (SamplerConfig { temperature: f32::NAN, ..SamplerConfig::greedy() }, "temperature"),
+            (
+                SamplerConfig {
+                    temperature: -1.0,
+                    ..SamplerConfig::greedy()
+                },
+                "temperature",
+            ),
+            (
+                SamplerConfig {
+                    top_p: 0.0,
+                    ..SamplerConfig::greedy()
+                },
+                "top_p",
+            ),
+            (
+                SamplerConfig {
+                    min_p: 1.5,
+                    ..SamplerConfig::greedy()
+                },
+                "min_p",
+            ),
+            (
+                SamplerConfig {
+                    repeat_penalty: 0.0,
+                    ..SamplerConfig::greedy()
+                },
+                "repeat_penalty",
+            ),
+            (
+                SamplerConfig {
+                    temperature: f32::NAN,
+                    ..SamplerConfig::greedy()
+                },
+                "temperature",
+            ),
         ] {
             match Sampler::new(cfg) {
                 Err(RuntimeError::BadSamplingParameter { name: n, .. }) => assert_eq!(n, name),

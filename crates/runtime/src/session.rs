@@ -74,13 +74,20 @@ impl Session {
             return Err(RuntimeError::EmptyPrompt);
         }
         self.check_context(prompt.len())?;
-        let common = self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
         let n_reused = common.min(prompt.len() - 1);
         self.kv.truncate(n_reused);
         self.tokens.truncate(n_reused);
         self.kv.reserve(prompt.len());
         let new = &prompt[n_reused..];
-        let logits = self.model.forward(pool, new, &mut self.kv, &mut self.scratch, LogitsFor::Last)?;
+        let logits =
+            self.model
+                .forward(pool, new, &mut self.kv, &mut self.scratch, LogitsFor::Last)?;
         self.tokens.extend_from_slice(new);
         Ok(Prefill {
             logits,
@@ -93,7 +100,13 @@ impl Session {
     pub fn decode(&mut self, pool: &ThreadPool, token: u32) -> Result<Vec<f32>> {
         self.check_context(self.tokens.len() + 1)?;
         self.kv.reserve(self.tokens.len() + 1);
-        let logits = self.model.forward(pool, &[token], &mut self.kv, &mut self.scratch, LogitsFor::Last)?;
+        let logits = self.model.forward(
+            pool,
+            &[token],
+            &mut self.kv,
+            &mut self.scratch,
+            LogitsFor::Last,
+        )?;
         self.tokens.push(token);
         Ok(logits)
     }

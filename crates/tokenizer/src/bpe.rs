@@ -69,6 +69,9 @@ impl ByteLevelBpe {
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(Sequence::new(steps)));
         inner.with_decoder(Some(ByteLevelDecoder::default()));
+        if pre.normalizes_to_nfc() {
+            inner.with_normalizer(Some(tokenizers::normalizers::unicode::NFC));
+        }
         Ok(ByteLevelBpe { inner })
     }
 

@@ -75,6 +75,12 @@ impl PreType {
     pub fn ignore_merges(self) -> bool {
         self == PreType::Llama3
     }
+
+    /// Qwen2's Hugging Face tokenizer composes text to Unicode NFC before splitting (llama.cpp
+    /// does not); we follow the reference so decomposed input gets the reference's ids.
+    pub fn normalizes_to_nfc(self) -> bool {
+        self == PreType::Qwen2
+    }
 }
 
 #[cfg(test)]

@@ -56,3 +56,19 @@ fn digits_follow_the_pre_type() {
         assert_eq!(ids.len(), 5, "{file}");
     }
 }
+
+#[test]
+fn qwen2_composes_to_nfc_like_the_reference_and_smollm_does_not() {
+    let decomposed = "cafe\u{301} nai\u{308}ve";
+    let composed = "café naïve";
+    let qwen = tokenizer(QWEN25);
+    assert_eq!(
+        qwen.encode(decomposed, false).unwrap(),
+        qwen.encode(composed, false).unwrap()
+    );
+    let smol = tokenizer(SMOLLM2);
+    assert_ne!(
+        smol.encode(decomposed, false).unwrap(),
+        smol.encode(composed, false).unwrap()
+    );
+}

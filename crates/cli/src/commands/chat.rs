@@ -31,19 +31,30 @@ pub struct ChatArgs {
 pub fn run(args: ChatArgs) -> Result<()> {
     let loaded = args.model.load()?;
     let template = loaded.tokenizer.chat_template()?;
-    let params = args.sampling.params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
+    let params = args
+        .sampling
+        .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
     let tokenizer = &loaded.tokenizer;
     let mut session = Session::new(loaded.model.clone(), 1024);
-    let mut messages: Vec<ChatMessage> = args.system.iter().map(|s| ChatMessage::new("system", s.clone())).collect();
+    let mut messages: Vec<ChatMessage> = args
+        .system
+        .iter()
+        .map(|s| ChatMessage::new("system", s.clone()))
+        .collect();
 
-    eprintln!("Chatting with {} — an empty line or Ctrl-D ends the chat.", loaded.name);
+    eprintln!(
+        "Chatting with {} — an empty line or Ctrl-D ends the chat.",
+        loaded.name
+    );
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut stdout = std::io::stdout();
     loop {
         eprint!("> ");
         std::io::stderr().flush()?;
-        let Some(line) = lines.next().transpose()? else { break };
+        let Some(line) = lines.next().transpose()? else {
+            break;
+        };
         let line = line.trim_end().to_string();
         if line.is_empty() {
             break;
@@ -59,7 +70,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
             }
             reply_tokens.push(token);
             match stream.push(tokenizer, token) {
-                Ok(piece) => stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()).is_ok(),
+                Ok(piece) => stdout
+                    .write_all(piece.as_bytes())
+                    .and_then(|()| stdout.flush())
+                    .is_ok(),
                 Err(_) => false,
             }
         });
@@ -87,7 +101,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 t.decode_tok_s()
             );
         }
-        messages.push(ChatMessage::new("assistant", tokenizer.decode(&reply_tokens)?));
+        messages.push(ChatMessage::new(
+            "assistant",
+            tokenizer.decode(&reply_tokens)?,
+        ));
     }
     Ok(())
 }

@@ -19,7 +19,9 @@ pub struct InspectArgs {
 
 fn short(value: &Value) -> String {
     match value {
-        Value::String(s) if s.len() > 60 => format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len()),
+        Value::String(s) if s.len() > 60 => {
+            format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len())
+        }
         Value::String(s) => format!("{s:?}"),
         Value::Array(items) => format!("[{} items]", items.len()),
         other => format!("{other:?}"),
@@ -36,7 +38,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let md = file.metadata();
     println!("file:          {}", path.display());
     println!("gguf version:  {}", file.version());
-    println!("architecture:  {}", md.get_str("general.architecture").unwrap_or("(missing)"));
+    println!(
+        "architecture:  {}",
+        md.get_str("general.architecture").unwrap_or("(missing)")
+    );
     match ModelConfig::from_metadata(md) {
         Ok(c) => {
             println!("name:          {}", c.name);
@@ -44,7 +49,10 @@ pub fn run(args: InspectArgs) -> Result<()> {
                 "layers {}, embd {}, heads {} (kv {}), head_dim {}, ffn {}, vocab {}",
                 c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab
             );
-            println!("context {}, rope base {}, rms eps {:e}", c.n_ctx_train, c.rope_base, c.rms_eps);
+            println!(
+                "context {}, rope base {}, rms eps {:e}",
+                c.n_ctx_train, c.rope_base, c.rms_eps
+            );
         }
         Err(err) => println!("not runnable by pyramid: {err}"),
     }
@@ -60,9 +68,16 @@ pub fn run(args: InspectArgs) -> Result<()> {
         entry.1 += t.n_bytes;
     }
     let n_params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    println!("tensors: {} ({:.1} M parameters)", file.tensors().len(), n_params as f64 / 1e6);
+    println!(
+        "tensors: {} ({:.1} M parameters)",
+        file.tensors().len(),
+        n_params as f64 / 1e6
+    );
     for (ty, (count, bytes)) in by_type {
-        println!("  {ty:<6} {count:>5} tensors {:>10.1} MB", bytes as f64 / 1e6);
+        println!(
+            "  {ty:<6} {count:>5} tensors {:>10.1} MB",
+            bytes as f64 / 1e6
+        );
     }
     if args.all {
         println!("metadata:");

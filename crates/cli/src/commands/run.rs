@@ -111,8 +111,9 @@ fn parse_token_list(list: &str) -> Result<Vec<u32>> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            s.parse::<u32>()
-                .with_context(|| format!("--prompt-tokens: '{s}' is not a token id (expected e.g. 1,2,3)"))
+            s.parse::<u32>().with_context(|| {
+                format!("--prompt-tokens: '{s}' is not a token id (expected e.g. 1,2,3)")
+            })
         })
         .collect()
 }
@@ -126,9 +127,8 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
     }
     let text = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
-        (None, Some(f)) => {
-            std::fs::read_to_string(f).with_context(|| format!("reading prompt file {}", f.display()))?
-        }
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("reading prompt file {}", f.display()))?,
         (None, None) => unreachable!("clap requires one prompt source"),
     };
     if text.is_empty() {
@@ -151,9 +151,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
     let n_ctx = loaded.model.config.n_ctx_train;
     if prompt.len() > n_ctx {
-        bail!("the prompt has {} tokens but the model's context is {n_ctx}", prompt.len());
+        bail!(
+            "the prompt has {} tokens but the model's context is {n_ctx}",
+            prompt.len()
+        );
     }
-    let params = args.sampling.params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
+    let params = args
+        .sampling
+        .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
     let mut session = Session::new(loaded.model.clone(), prompt.len() + params.max_tokens);
 
     let tokenizer = &loaded.tokenizer;
@@ -172,14 +177,19 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
         };
         // A closed pipe (e.g. `| head`) ends generation quietly.
-        if let Err(err) = stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush()) {
+        if let Err(err) = stdout
+            .write_all(piece.as_bytes())
+            .and_then(|()| stdout.flush())
+        {
             write_error = Some(err.into());
             return false;
         }
         true
     })?;
     if let Some(err) = write_error {
-        if err.downcast_ref::<std::io::Error>().map(|e| e.kind()) == Some(std::io::ErrorKind::BrokenPipe) {
+        if err.downcast_ref::<std::io::Error>().map(|e| e.kind())
+            == Some(std::io::ErrorKind::BrokenPipe)
+        {
             return Ok(());
         }
         return Err(err);

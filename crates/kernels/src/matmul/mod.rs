@@ -26,13 +26,30 @@ unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
 /// Multithreaded `out = a · wᵀ` with the active ISA.
-pub fn matmul(pool: &ThreadPool, a: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn matmul(
+    pool: &ThreadPool,
+    a: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     matmul_with(isa::active(), pool, a, w, out, m, k, n)
 }
 
 /// As [`matmul`] with an explicit ISA (tests compare every ISA against scalar).
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_with(isa: Isa, pool: &ThreadPool, a: &[f32], w: &[f32], out: &mut [f32], m: usize, k: usize, n: usize) {
+pub fn matmul_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    a: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
     assert_eq!(a.len(), m * k, "a must be [m, k]");
     assert_eq!(w.len(), n * k, "w must be [n, k]");
     assert_eq!(out.len(), m * n, "out must be [m, n]");
@@ -58,7 +75,16 @@ pub fn matmul_with(isa: Isa, pool: &ThreadPool, a: &[f32], w: &[f32], out: &mut 
 /// # Safety
 /// `out` points to `m * n` floats and no other thread writes columns in `cols`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_cols(isa: Isa, a: &[f32], w: &[f32], out: *mut f32, m: usize, k: usize, n: usize, cols: std::ops::Range<usize>) {
+unsafe fn matmul_cols(
+    isa: Isa,
+    a: &[f32],
+    w: &[f32],
+    out: *mut f32,
+    m: usize,
+    k: usize,
+    n: usize,
+    cols: std::ops::Range<usize>,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only ever selected when the CPU has it.
@@ -83,7 +109,15 @@ mod tests {
     #[test]
     fn every_isa_matches_scalar_on_ragged_shapes() {
         let pool = ThreadPool::new(2).unwrap();
-        for &(m, k, n) in &[(1, 1, 1), (1, 17, 5), (3, 33, 7), (5, 64, 9), (4, 100, 130), (9, 576, 67), (1, 1000, 3)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 17, 5),
+            (3, 33, 7),
+            (5, 64, 9),
+            (4, 100, 130),
+            (9, 576, 67),
+            (1, 1000, 3),
+        ] {
             let a = random(m * k, 1);
             let w = random(n * k, 2);
             let mut expected = vec![0.0; m * n];
@@ -93,7 +127,10 @@ mod tests {
                 matmul_with(isa, &pool, &a, &w, &mut got, m, k, n);
                 for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
                     // Sums of k products of magnitude < 1 reassociated: error grows like sqrt(k)·eps.
-                    assert!((g - e).abs() <= 1e-5 * (k as f32), "{isa} m={m} k={k} n={n} at {i}: {g} vs {e}");
+                    assert!(
+                        (g - e).abs() <= 1e-5 * (k as f32),
+                        "{isa} m={m} k={k} n={n} at {i}: {g} vs {e}"
+                    );
                 }
             }
         }

@@ -23,7 +23,10 @@ pub(super) unsafe fn matmul_cols_scalar(
         let a_row = &a[i * k..(i + 1) * k];
         for j in cols.clone() {
             let w_row = &w[j * k..(j + 1) * k];
-            let sum = a_row.iter().zip(w_row).fold(0.0f32, |acc, (x, y)| acc + x * y);
+            let sum = a_row
+                .iter()
+                .zip(w_row)
+                .fold(0.0f32, |acc, (x, y)| acc + x * y);
             *out.add(i * n + j) = sum;
         }
     }

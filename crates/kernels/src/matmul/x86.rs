@@ -14,7 +14,15 @@ macro_rules! driver {
         /// The CPU supports the enabled features; `out` points to `m * n` floats and no
         /// other thread writes columns in `cols`.
         #[target_feature(enable = $feature)]
-        pub(super) unsafe fn $name(a: &[f32], w: &[f32], out: *mut f32, m: usize, k: usize, n: usize, cols: Range<usize>) {
+        pub(super) unsafe fn $name(
+            a: &[f32],
+            w: &[f32],
+            out: *mut f32,
+            m: usize,
+            k: usize,
+            n: usize,
+            cols: Range<usize>,
+        ) {
             debug_assert!(a.len() == m * k && w.len() == n * k && cols.end <= n);
             let (a, w) = (a.as_ptr(), w.as_ptr());
             let mut i = 0;
@@ -54,7 +62,13 @@ driver!(matmul_cols_avx2, tile_avx2, "avx2,fma", 2);
 
 #[target_feature(enable = "avx512f,fma")]
 #[inline]
-unsafe fn tile_avx512<const MR: usize, const NR: usize>(a: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
+unsafe fn tile_avx512<const MR: usize, const NR: usize>(
+    a: *const f32,
+    w: *const f32,
+    k: usize,
+    out: *mut f32,
+    n: usize,
+) {
     let mut acc = [[_mm512_setzero_ps(); NR]; MR];
     let mut p = 0;
     while p + 16 <= k {
@@ -101,7 +115,13 @@ unsafe fn hsum256(v: __m256) -> f32 {
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tile_avx2<const MR: usize, const NR: usize>(a: *const f32, w: *const f32, k: usize, out: *mut f32, n: usize) {
+unsafe fn tile_avx2<const MR: usize, const NR: usize>(
+    a: *const f32,
+    w: *const f32,
+    k: usize,
+    out: *mut f32,
+    n: usize,
+) {
     let mut acc = [[_mm256_setzero_ps(); NR]; MR];
     let mut p = 0;
     while p + 8 <= k {
