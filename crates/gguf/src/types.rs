@@ -117,7 +117,7 @@ impl GgmlType {
     /// whole number of blocks (or overflows).
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let block_len = self.block_len() as u64;
-        if n_elements % block_len != 0 {
+        if !n_elements.is_multiple_of(block_len) {
             return None;
         }
         (n_elements / block_len).checked_mul(self.block_bytes() as u64)

@@ -217,7 +217,7 @@ fn check_dims(name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
             dims.len()
         )));
     }
-    if dims[0] % ty.block_len() as u64 != 0 {
+    if !dims[0].is_multiple_of(ty.block_len() as u64) {
         return Err(GgufError::Invalid(format!(
             "tensor '{name}': rows of {} elements are not whole {ty} blocks of {}",
             dims[0],

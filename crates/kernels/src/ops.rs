@@ -7,7 +7,7 @@
 /// `out = x / rms(x) * weight`, one row of `weight.len()` elements at a time.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     let n_embd = weight.len();
-    debug_assert!(x.len() == out.len() && x.len() % n_embd == 0);
+    debug_assert!(x.len() == out.len() && x.len().is_multiple_of(n_embd));
     for (out_row, x_row) in out.chunks_exact_mut(n_embd).zip(x.chunks_exact(n_embd)) {
         let mean_sq = dot(x_row, x_row) / n_embd as f32;
         let scale = 1.0 / (mean_sq + eps).sqrt();
@@ -101,7 +101,7 @@ pub fn rope_in_place(
     inv_freq: &[f32],
     style: RopeStyle,
 ) {
-    debug_assert!(x.len() % head_dim == 0 && 2 * inv_freq.len() <= head_dim);
+    debug_assert!(x.len().is_multiple_of(head_dim) && 2 * inv_freq.len() <= head_dim);
     let n_rot = 2 * inv_freq.len();
     for head in x.chunks_exact_mut(head_dim) {
         for (i, &freq) in inv_freq.iter().enumerate() {

@@ -222,7 +222,7 @@ mod tests {
                 for idx in 0..t {
                     let r = split_range(n, t, idx, 4);
                     assert_eq!(r.start, next);
-                    assert!(r.start % 4 == 0 || r.start == n);
+                    assert!(r.start.is_multiple_of(4) || r.start == n);
                     next = r.end;
                 }
                 assert_eq!(next, n);

@@ -27,6 +27,13 @@ struct SharedMut(*mut f32);
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
+impl SharedMut {
+    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Activations of one forward pass, reused between calls to avoid reallocating per token.
 #[derive(Debug, Default)]
 pub struct Scratch {
@@ -233,7 +240,6 @@ fn attend(
     let out_ptr = SharedMut(out.as_mut_ptr());
     let n_items = n * n_head;
     pool.run(&|thread_idx| {
-        let out_ptr = out_ptr;
         let mut scores = Vec::with_capacity(pos0 + n);
         for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
             let (t, head) = (item / n_head, item % n_head);
@@ -248,7 +254,10 @@ fn attend(
             // SAFETY: (t, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
             let o = unsafe {
-                std::slice::from_raw_parts_mut(out_ptr.0.add(t * qd + head * head_dim), head_dim)
+                std::slice::from_raw_parts_mut(
+                    out_ptr.get().add(t * qd + head * head_dim),
+                    head_dim,
+                )
             };
             o.fill(0.0);
             for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)) {

@@ -171,7 +171,7 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
         let name = |t: &str| format!("blk.{i}.{t}");
         let e = spec.n_embd as u64;
         w.add_tensor_f32(
-            &name("attn_norm.weight"),
+            name("attn_norm.weight"),
             &[e],
             GgmlType::F32,
             &ones(spec.n_embd),
@@ -186,12 +186,12 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
                 ("attn_v.bias", kv_dim),
             ] {
                 let bias: Vec<f32> = (0..n).map(|j| (j % 7) as f32 * 0.01).collect();
-                w.add_tensor_f32(&name(t), &[n as u64], GgmlType::F32, &bias)?;
+                w.add_tensor_f32(name(t), &[n as u64], GgmlType::F32, &bias)?;
             }
         }
         matrix(&mut w, &name("attn_output.weight"), spec.n_embd, q_dim, ty)?;
         w.add_tensor_f32(
-            &name("ffn_norm.weight"),
+            name("ffn_norm.weight"),
             &[e],
             GgmlType::F32,
             &ones(spec.n_embd),

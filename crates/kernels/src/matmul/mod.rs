@@ -25,6 +25,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+impl OutPtr {
+    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Multithreaded `out = a · wᵀ` with the active ISA.
 pub fn matmul(
     pool: &ThreadPool,
@@ -60,12 +67,11 @@ pub fn matmul_with(
             return;
         }
         let cols = split_range(n, n_threads, idx, 4);
-        let out_ptr = out_ptr;
         for block_start in cols.clone().step_by(N_BLOCK) {
             let block = block_start..(block_start + N_BLOCK).min(cols.end);
             // SAFETY: `block` lies within this thread's column range, disjoint from every
             // other thread's; `out` outlives `pool.run`.
-            unsafe { matmul_cols(isa, a, w, out_ptr.0, m, k, n, block) };
+            unsafe { matmul_cols(isa, a, w, out_ptr.get(), m, k, n, block) };
         }
     });
 }

@@ -137,9 +137,9 @@ unsafe fn tile_avx2<const MR: usize, const NR: usize>(
         }
         p += 8;
     }
-    for i in 0..MR {
-        for j in 0..NR {
-            let mut sum = hsum256(acc[i][j]);
+    for (i, acc_i) in acc.iter().enumerate() {
+        for (j, acc_ij) in acc_i.iter().enumerate() {
+            let mut sum = hsum256(*acc_ij);
             for q in p..k {
                 sum += *a.add(i * k + q) * *w.add(j * k + q);
             }
