@@ -12,10 +12,11 @@ use std::thread::JoinHandle;
 
 use crate::KernelError;
 
-/// Spin iterations before a waiting thread parks: long enough to bridge the serial work
-/// between two parallel regions of a forward pass (microseconds), short enough that idle
-/// workers stop burning a core almost at once.
-const SPIN_ITERS: u32 = 20_000;
+/// Spin iterations (a `pause` each, ~20 ns on current x86) before a waiting thread parks:
+/// long enough to bridge the serial work between two parallel regions of a forward pass,
+/// short enough that a thread whose partner was descheduled (a shared, oversubscribed
+/// machine) gives its core back quickly instead of spinning through its time slice.
+const SPIN_ITERS: u32 = 2_000;
 
 /// Type-erased pointer to the caller's closure; valid only while `run` waits.
 #[derive(Clone, Copy)]
@@ -33,6 +34,9 @@ struct Shared {
     sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
+    /// The caller parked on `done`, waiting for the last worker.
+    caller_waiting: AtomicBool,
+    done: Condvar,
 }
 
 // SAFETY: `job` is accessed under the generation/pending protocol described on the field;
@@ -68,6 +72,8 @@ impl ThreadPool {
             sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            caller_waiting: AtomicBool::new(false),
+            done: Condvar::new(),
         });
         let workers = (1..n_threads)
             .map(|idx| {
@@ -120,15 +126,18 @@ impl ThreadPool {
             shared.wake.notify_all();
         }
         f(0);
-        let mut spins = 0u32;
-        while shared.pending.load(Ordering::Acquire) != 0 {
-            spins += 1;
-            if spins < SPIN_ITERS {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        for _ in 0..SPIN_ITERS {
+            if shared.pending.load(Ordering::Acquire) == 0 {
+                return;
             }
+            std::hint::spin_loop();
         }
+        let mut guard = shared.lock.lock().expect("pool lock poisoned");
+        shared.caller_waiting.store(true, Ordering::SeqCst);
+        while shared.pending.load(Ordering::SeqCst) != 0 {
+            guard = shared.done.wait(guard).expect("pool lock poisoned");
+        }
+        shared.caller_waiting.store(false, Ordering::SeqCst);
     }
 }
 
@@ -162,7 +171,14 @@ fn worker_loop(shared: &Shared, idx: usize) {
         let job = unsafe { (*shared.job.get()).expect("a new generation always carries a job") };
         let f = unsafe { &*job.0 };
         f(idx);
-        shared.pending.fetch_sub(1, Ordering::AcqRel);
+        if shared.pending.fetch_sub(1, Ordering::SeqCst) == 1
+            && shared.caller_waiting.load(Ordering::SeqCst)
+        {
+            // Taking the lock orders us after the caller's check of `pending`, so the
+            // notification cannot fall between that check and its wait.
+            let _guard = shared.lock.lock().expect("pool lock poisoned");
+            shared.done.notify_all();
+        }
     }
 }
 
