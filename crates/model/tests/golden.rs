@@ -113,6 +113,9 @@ fn check_model(file: &str, golden_name: &str) {
     }
 }
 
+const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
+const QWEN25: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
 #[test]
 fn smollm2_greedy_matches_reference() {
     check_model(
@@ -127,4 +130,16 @@ fn qwen2_greedy_matches_reference() {
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "golden-qwen2.5-coder-0.5b-public.json",
     );
+}
+
+/// Prompts of ~1,300 tokens, and of ~1,000 tokens whose decode crosses position 1,024
+/// (testdata/prompts-long.json; references made the same way, see testdata/README.md).
+#[test]
+fn smollm2_long_prompts_match_reference() {
+    check_model(SMOLLM2, "golden-smollm2-135m-long.json");
+}
+
+#[test]
+fn qwen2_long_prompts_match_reference() {
+    check_model(QWEN25, "golden-qwen2.5-coder-0.5b-long.json");
 }
