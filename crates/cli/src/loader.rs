@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
-use pyramid_model::Model;
+use pyramid_model::{Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::Tokenizer;
 
@@ -20,6 +20,16 @@ pub struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// Weight precision: f32 (the reference) or int8 (W8A8, faster).
+    #[arg(long, default_value = "int8", value_parser = parse_precision)]
+    pub precision: Precision,
+}
+
+fn parse_precision(s: &str) -> Result<Precision, String> {
+    Precision::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Precision::ALL.iter().map(|p| p.name()).collect();
+        format!("unknown precision '{s}' (expected one of: {})", names.join(", "))
+    })
 }
 
 /// A known name becomes a cached path, fetched first if needed.
@@ -58,7 +68,7 @@ impl ModelArgs {
         let start = Instant::now();
         let (path, file, tokenizer) = open_path(path)?;
         let model =
-            Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
+            Model::from_gguf_with(&file, self.precision).with_context(|| format!("loading {}", path.display()))?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),

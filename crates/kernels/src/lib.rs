@@ -12,6 +12,7 @@
 //! Invariant: kernels neither allocate nor return `Result`; callers check shapes once and
 //! kernels `debug_assert!` them.
 
+pub mod int8;
 pub mod isa;
 pub mod matmul;
 pub mod ops;

@@ -1,6 +1,7 @@
 //! The f32 reference forward pass: the readable definition every fast path is checked
 //! against. One function per block of the model, top to bottom.
 
+use pyramid_kernels::int8::{gemm_i8, QuantizedRows};
 use pyramid_kernels::matmul::matmul;
 use pyramid_kernels::ops::{
     add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
@@ -8,7 +9,7 @@ use pyramid_kernels::ops::{
 use pyramid_kernels::{split_range, ThreadPool};
 
 use crate::kv_cache::KvCache;
-use crate::weights::{LayerWeights, Matrix};
+use crate::weights::{LayerWeights, Linear};
 use crate::{Model, ModelError, Result};
 
 /// Which positions of a forward pass need logits.
@@ -46,6 +47,8 @@ pub struct Scratch {
     o: Vec<f32>,    // [n_tokens, n_embd]
     gate: Vec<f32>, // [n_tokens, n_ff]
     up: Vec<f32>,   // [n_tokens, n_ff]
+    /// Activations quantised for INT8 projections.
+    quantized: QuantizedRows,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -107,17 +110,8 @@ impl Model {
             &self.weights.output_norm,
             cfg.rms_eps,
         );
-        let head = self.weights.output_head();
         let mut logits = vec![0.0; n_rows * cfg.n_vocab];
-        matmul(
-            pool,
-            &normed,
-            &head.data,
-            &mut logits,
-            n_rows,
-            e,
-            head.n_rows,
-        );
+        linear(pool, &normed, &self.weights.output, None, &mut logits, n_rows, &mut scratch.quantized);
         Ok(logits)
     }
 
@@ -139,9 +133,9 @@ impl Model {
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
-        linear(pool, h, &layer.wq, layer.bq.as_deref(), q, n);
-        linear(pool, h, &layer.wk, layer.bk.as_deref(), k, n);
-        linear(pool, h, &layer.wv, layer.bv.as_deref(), v, n);
+        linear(pool, h, &layer.wq, layer.bq.as_deref(), q, n, &mut s.quantized);
+        linear(pool, h, &layer.wk, layer.bk.as_deref(), k, n, &mut s.quantized);
+        linear(pool, h, &layer.wv, layer.bv.as_deref(), v, n, &mut s.quantized);
 
         let style = cfg.arch.rope_style();
         for t in 0..n {
@@ -182,7 +176,7 @@ impl Model {
         );
 
         let o = sized(&mut s.o, n * e);
-        linear(pool, attn, &layer.wo, None, o, n);
+        linear(pool, attn, &layer.wo, None, o, n, &mut s.quantized);
         add_in_place(&mut s.x[..n * e], o);
     }
 
@@ -193,27 +187,34 @@ impl Model {
         rms_norm(h, &s.x[..n * e], &layer.ffn_norm, cfg.rms_eps);
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);
-        linear(pool, h, &layer.w_gate, None, gate, n);
-        linear(pool, h, &layer.w_up, None, up, n);
+        linear(pool, h, &layer.w_gate, None, gate, n, &mut s.quantized);
+        linear(pool, h, &layer.w_up, None, up, n, &mut s.quantized);
         silu_mul_in_place(gate, up);
         let o = sized(&mut s.o, n * e);
-        linear(pool, gate, &layer.w_down, None, o, n);
+        linear(pool, gate, &layer.w_down, None, o, n, &mut s.quantized);
         add_in_place(&mut s.x[..n * e], o);
     }
 }
 
-/// `out[n, w.n_rows] = input[n, w.n_cols] · wᵀ (+ bias)`.
+/// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)`, in the weights' precision.
 fn linear(
     pool: &ThreadPool,
     input: &[f32],
-    w: &Matrix,
+    w: &Linear,
     bias: Option<&[f32]>,
     out: &mut [f32],
     n: usize,
+    quantized: &mut QuantizedRows,
 ) {
-    matmul(pool, input, &w.data, out, n, w.n_cols, w.n_rows);
+    match w {
+        Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
+        Linear::Int8(p) => {
+            quantized.quantize(input, n, p.k, p.k_pad);
+            gemm_i8(pool, quantized, p, out);
+        }
+    }
     if let Some(b) = bias {
-        for row in out.chunks_exact_mut(w.n_rows) {
+        for row in out.chunks_exact_mut(w.n_out()) {
             add_in_place(row, b);
         }
     }

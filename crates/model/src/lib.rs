@@ -25,23 +25,60 @@ pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use forward::{LogitsFor, Scratch};
 pub use kv_cache::KvCache;
-pub use weights::{LayerWeights, Matrix, ModelWeights};
+pub use weights::{LayerWeights, Linear, Matrix, ModelWeights};
+
+/// How projection weights are stored and multiplied, chosen at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    /// The reference: every weight dequantised to f32.
+    F32,
+    /// W8A8: INT8 weights per output row, activations quantised per token at run time.
+    Int8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Int8];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Int8 => "int8",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 #[derive(Debug)]
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
+    pub precision: Precision,
     rope_inv_freq: Vec<f32>,
 }
 
 impl Model {
+    /// The f32 reference model.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        Self::from_gguf_with(file, Precision::F32)
+    }
+
+    pub fn from_gguf_with(file: &GgufFile, precision: Precision) -> Result<Self> {
         let config = ModelConfig::from_metadata(file.metadata())?;
-        let weights = ModelWeights::load(file, &config)?;
+        let weights = ModelWeights::load(file, &config, precision)?;
         let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
         Ok(Self {
             config,
             weights,
+            precision,
             rope_inv_freq,
         })
     }

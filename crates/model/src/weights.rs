@@ -4,9 +4,10 @@
 //! which is what [`pyramid_kernels::matmul`] consumes.
 
 use pyramid_gguf::GgufFile;
+use pyramid_kernels::int8::PackedI8;
 
 use crate::config::{Architecture, ModelConfig};
-use crate::{ModelError, Result};
+use crate::{ModelError, Precision, Result};
 
 /// A row-major matrix `[n_rows, n_cols]`.
 #[derive(Debug, Clone)]
@@ -22,20 +23,60 @@ impl Matrix {
     }
 }
 
+/// A projection's weights in the precision chosen at load.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    F32(Matrix),
+    /// Symmetric INT8 per output row, packed for the W8A8 kernels.
+    Int8(PackedI8),
+}
+
+impl Linear {
+    fn new(m: Matrix, precision: Precision) -> Self {
+        match precision {
+            Precision::F32 => Linear::F32(m),
+            Precision::Int8 => Linear::Int8(PackedI8::quantize(&m.data, m.n_rows, m.n_cols)),
+        }
+    }
+
+    /// Output features.
+    pub fn n_out(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.n_rows,
+            Linear::Int8(p) => p.n,
+        }
+    }
+
+    /// Input features.
+    pub fn n_in(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.n_cols,
+            Linear::Int8(p) => p.k,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.data.len() * 4,
+            Linear::Int8(p) => p.bytes(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,  // [n_embd]
-    pub wq: Matrix,           // [q_dim, n_embd]
-    pub wk: Matrix,           // [kv_dim, n_embd]
-    pub wv: Matrix,           // [kv_dim, n_embd]
+    pub wq: Linear,           // [q_dim, n_embd]
+    pub wk: Linear,           // [kv_dim, n_embd]
+    pub wv: Linear,           // [kv_dim, n_embd]
     pub bq: Option<Vec<f32>>, // [q_dim] (Qwen2)
     pub bk: Option<Vec<f32>>, // [kv_dim] (Qwen2)
     pub bv: Option<Vec<f32>>, // [kv_dim] (Qwen2)
-    pub wo: Matrix,           // [n_embd, q_dim]
+    pub wo: Linear,           // [n_embd, q_dim]
     pub ffn_norm: Vec<f32>,   // [n_embd]
-    pub w_gate: Matrix,       // [n_ff, n_embd]
-    pub w_up: Matrix,         // [n_ff, n_embd]
-    pub w_down: Matrix,       // [n_embd, n_ff]
+    pub w_gate: Linear,       // [n_ff, n_embd]
+    pub w_up: Linear,         // [n_ff, n_embd]
+    pub w_down: Linear,       // [n_embd, n_ff]
 }
 
 #[derive(Debug, Clone)]
@@ -43,12 +84,12 @@ pub struct ModelWeights {
     pub token_embd: Matrix, // [n_vocab, n_embd]
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>, // [n_embd]
-    /// `None` when the output head is tied to `token_embd`.
-    pub output: Option<Matrix>, // [n_vocab, n_embd]
+    /// The output projection; a copy of `token_embd` (in the load precision) when tied.
+    pub output: Linear, // [n_vocab, n_embd]
 }
 
 impl ModelWeights {
-    pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
+    pub fn load(file: &GgufFile, cfg: &ModelConfig, precision: Precision) -> Result<Self> {
         let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let layers = (0..cfg.n_layer)
             .map(|i| {
@@ -62,37 +103,37 @@ impl ModelWeights {
                         Ok(None)
                     }
                 };
+                let linear = |t: &str, n_rows, n_cols| -> Result<Linear> {
+                    Ok(Linear::new(matrix(file, &name(t), n_rows, n_cols)?, precision))
+                };
                 Ok(LayerWeights {
                     attn_norm: vector(file, &name("attn_norm.weight"), e)?,
-                    wq: matrix(file, &name("attn_q.weight"), q, e)?,
-                    wk: matrix(file, &name("attn_k.weight"), kv, e)?,
-                    wv: matrix(file, &name("attn_v.weight"), kv, e)?,
+                    wq: linear("attn_q.weight", q, e)?,
+                    wk: linear("attn_k.weight", kv, e)?,
+                    wv: linear("attn_v.weight", kv, e)?,
                     bq: bias("attn_q.bias", q)?,
                     bk: bias("attn_k.bias", kv)?,
                     bv: bias("attn_v.bias", kv)?,
-                    wo: matrix(file, &name("attn_output.weight"), e, q)?,
+                    wo: linear("attn_output.weight", e, q)?,
                     ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
-                    w_gate: matrix(file, &name("ffn_gate.weight"), ff, e)?,
-                    w_up: matrix(file, &name("ffn_up.weight"), ff, e)?,
-                    w_down: matrix(file, &name("ffn_down.weight"), e, ff)?,
+                    w_gate: linear("ffn_gate.weight", ff, e)?,
+                    w_up: linear("ffn_up.weight", ff, e)?,
+                    w_down: linear("ffn_down.weight", e, ff)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let token_embd = matrix(file, "token_embd.weight", cfg.n_vocab, e)?;
         let output = if file.has_tensor("output.weight") {
-            Some(matrix(file, "output.weight", cfg.n_vocab, e)?)
+            matrix(file, "output.weight", cfg.n_vocab, e)?
         } else {
-            None
+            token_embd.clone()
         };
         Ok(Self {
-            token_embd: matrix(file, "token_embd.weight", cfg.n_vocab, e)?,
+            token_embd,
+            output: Linear::new(output, precision),
             layers,
             output_norm: vector(file, "output_norm.weight", e)?,
-            output,
         })
-    }
-
-    pub fn output_head(&self) -> &Matrix {
-        self.output.as_ref().unwrap_or(&self.token_embd)
     }
 }
 

@@ -1,0 +1,243 @@
+//! W8A8 matrix multiplication: INT8 weights (symmetric, per output channel) times INT8
+//! activations (symmetric, per token, quantised at run time), integer dot products,
+//! float scales applied once per output.
+//!
+//! Weights are packed once at load as `[n / 16][k / 4][16][4]`: one 64-byte vector holds
+//! four consecutive `k` of sixteen output rows, which is exactly what AVX-512 VNNI's
+//! `vpdpbusd` consumes (and two AVX2 halves of it). Every ISA variant computes the same
+//! exact integer sums, so all of them agree with the scalar oracle bit for bit.
+
+mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use crate::isa::{self, Isa};
+use crate::threadpool::{split_range, ThreadPool};
+
+/// Output rows per packed block.
+pub const ROWS_PER_BLOCK: usize = 16;
+/// `k` values per packed group (one 32-bit lane of `vpdpbusd`).
+pub const K_PER_GROUP: usize = 4;
+
+/// INT8 weights `[n, k]` in the packed layout, with per-row scales.
+#[derive(Debug, Clone)]
+pub struct PackedI8 {
+    pub n: usize,
+    pub k: usize,
+    /// `k` rounded up to a whole group; the padding is zero.
+    pub k_pad: usize,
+    /// `[n_pad / 16][k_pad / 4][16][4]`.
+    pub data: Vec<i8>,
+    /// Dequantisation scale per output row: `w ≈ q * scale`. `[n_pad]`
+    pub scales: Vec<f32>,
+    /// `Σ_k q[row][k]` per row, to undo the +128 offset VNNI needs on activations. `[n_pad]`
+    pub row_sums: Vec<i32>,
+}
+
+impl PackedI8 {
+    /// Quantises a row-major f32 matrix `[n, k]` to INT8, one scale per row.
+    pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "w must be [n, k]");
+        let k_pad = k.div_ceil(K_PER_GROUP) * K_PER_GROUP;
+        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        let mut data = vec![0i8; n_pad * k_pad];
+        let mut scales = vec![0.0f32; n_pad];
+        let mut row_sums = vec![0i32; n_pad];
+        let mut q_row = vec![0i8; k];
+        for row in 0..n {
+            scales[row] = quantize_row(&w[row * k..(row + 1) * k], &mut q_row);
+            row_sums[row] = q_row.iter().map(|&q| i32::from(q)).sum();
+            for (kk, &q) in q_row.iter().enumerate() {
+                data[packed_index(row, kk, k_pad)] = q;
+            }
+        }
+        Self {
+            n,
+            k,
+            k_pad,
+            data,
+            scales,
+            row_sums,
+        }
+    }
+
+    /// The weight as the kernels see it, back in f32 (tests and diagnostics).
+    pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
+        (0..self.k)
+            .map(|kk| f32::from(self.data[packed_index(row, kk, self.k_pad)]) * self.scales[row])
+            .collect()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 8 * self.scales.len()
+    }
+}
+
+/// Position of `w[row][kk]` in the packed layout.
+#[inline]
+pub fn packed_index(row: usize, kk: usize, k_pad: usize) -> usize {
+    let block = row / ROWS_PER_BLOCK;
+    let group = kk / K_PER_GROUP;
+    ((block * (k_pad / K_PER_GROUP) + group) * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK) * K_PER_GROUP + kk % K_PER_GROUP
+}
+
+/// Symmetric INT8 quantisation of one row into `[-127, 127]` (never -128, so the AVX2
+/// sign trick cannot overflow). Returns the scale; an all-zero row gets scale 0.
+pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
+    debug_assert!(out.len() >= x.len());
+    let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    if max == 0.0 || !max.is_finite() {
+        out.fill(0);
+        return 0.0;
+    }
+    let inv = 127.0 / max;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    max / 127.0
+}
+
+/// Activations quantised per row, `k` padded with zeros to the weights' `k_pad`.
+#[derive(Debug, Default, Clone)]
+pub struct QuantizedRows {
+    pub data: Vec<i8>,  // [m, k_pad]
+    pub scales: Vec<f32>, // [m]
+    pub k_pad: usize,
+}
+
+impl QuantizedRows {
+    /// Quantises `x` (`[m, k]`) in place of whatever this buffer held.
+    pub fn quantize(&mut self, x: &[f32], m: usize, k: usize, k_pad: usize) {
+        debug_assert_eq!(x.len(), m * k);
+        self.data.clear();
+        self.data.resize(m * k_pad, 0);
+        self.scales.clear();
+        self.k_pad = k_pad;
+        for row in 0..m {
+            let scale = quantize_row(&x[row * k..(row + 1) * k], &mut self.data[row * k_pad..row * k_pad + k]);
+            self.scales.push(scale);
+        }
+    }
+
+    pub fn m(&self) -> usize {
+        self.scales.len()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: threads write disjoint column blocks of the output; see `gemm_i8_with`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// `out[m, n] = dequant(a) · dequant(w)ᵀ` with the active ISA.
+pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
+    gemm_i8_with(isa::active(), pool, a, w, out)
+}
+
+/// As [`gemm_i8`] with an explicit ISA (tests compare every ISA against scalar).
+pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
+    let m = a.m();
+    assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
+    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
+    let n_blocks = w.n.div_ceil(ROWS_PER_BLOCK);
+    let n_threads = pool.n_threads().min(n_blocks).max(1);
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    pool.run(&|idx| {
+        if idx >= n_threads {
+            return;
+        }
+        let blocks = split_range(n_blocks, n_threads, idx, 1);
+        // SAFETY: each thread owns a disjoint range of 16-row blocks, i.e. disjoint output
+        // columns; `out` outlives `pool.run`.
+        unsafe { gemm_blocks(isa, a, w, out_ptr.get(), blocks) };
+    });
+}
+
+/// # Safety
+/// `out` points to `m * w.n` floats and no other thread writes the columns of `blocks`.
+unsafe fn gemm_blocks(isa: Isa, a: &QuantizedRows, w: &PackedI8, out: *mut f32, blocks: std::ops::Range<usize>) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512 (VNNI checked inside).
+        Isa::Avx512 if x86::has_vnni() => x86::gemm_blocks_vnni(a, w, out, blocks),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` implies AVX2; `Isa::Avx2` is only selected when present.
+        Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),
+        _ => reference::gemm_blocks_scalar(a, w, out, blocks),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn random(len: usize, seed: u64) -> Vec<f32> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    #[test]
+    fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
+        let pool = ThreadPool::new(2).unwrap();
+        for &(m, k, n) in &[(1, 1, 1), (1, 5, 17), (3, 33, 7), (5, 64, 40), (4, 130, 33), (9, 576, 67), (1, 1000, 16), (7, 63, 129)] {
+            let w = PackedI8::quantize(&random(n * k, 2), n, k);
+            let mut a = QuantizedRows::default();
+            a.quantize(&random(m * k, 1), m, k, w.k_pad);
+            let mut expected = vec![0.0; m * n];
+            gemm_i8_with(Isa::Scalar, &pool, &a, &w, &mut expected);
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; m * n];
+                gemm_i8_with(isa, &pool, &a, &w, &mut got);
+                assert_eq!(got, expected, "{isa} m={m} k={k} n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_product_approximates_f32() {
+        let (m, k, n) = (3, 256, 20);
+        let (x, wf) = (random(m * k, 3), random(n * k, 4));
+        let w = PackedI8::quantize(&wf, n, k);
+        let mut a = QuantizedRows::default();
+        a.quantize(&x, m, k, w.k_pad);
+        let mut got = vec![0.0; m * n];
+        gemm_i8(&ThreadPool::new(1).unwrap(), &a, &w, &mut got);
+        let mut want = vec![0.0; m * n];
+        crate::matmul::matmul_scalar(&x, &wf, &mut want, m, k, n);
+        for (g, e) in got.iter().zip(&want) {
+            // Two 8-bit roundings of values in [-1, 1] over k = 256 terms.
+            assert!((g - e).abs() < 0.1, "{g} vs {e}");
+        }
+    }
+
+    #[test]
+    fn quantize_row_is_symmetric_and_handles_zero() {
+        let mut q = [0i8; 4];
+        let s = quantize_row(&[1.0, -2.0, 0.5, 2.0], &mut q);
+        assert_eq!(q, [64, -127, 32, 127]);
+        assert!((s - 2.0 / 127.0).abs() < 1e-7);
+        assert_eq!(quantize_row(&[0.0; 4], &mut q), 0.0);
+        assert_eq!(q, [0; 4]);
+    }
+
+    #[test]
+    fn packing_round_trips() {
+        let (n, k) = (19, 10);
+        let wf = random(n * k, 5);
+        let w = PackedI8::quantize(&wf, n, k);
+        for row in 0..n {
+            for (got, want) in w.dequantize_row(row).iter().zip(&wf[row * k..(row + 1) * k]) {
+                assert!((got - want).abs() <= w.scales[row] / 2.0 + 1e-6);
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! INT8 (W8A8) against the f32 reference on the public reference prompts: how long greedy
+//! decoding agrees, and the KL divergence of the next-token distributions when both are
+//! fed the reference path's tokens (teacher forcing).
+
+use std::path::PathBuf;
+
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::{LogitsFor, Model, Precision, Scratch};
+use serde_json::Value;
+
+fn models_dir() -> PathBuf {
+    let home = std::env::var_os("PYRAMID_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid"));
+    home.join("models")
+}
+
+fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+    logits.iter().map(|&l| l as f64 - max - sum.ln()).collect()
+}
+
+fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in l.iter().enumerate() {
+        if v > l[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+const N_STEPS: usize = 16;
+
+/// Returns per prompt (agreeing greedy steps, mean KL over the steps).
+fn compare(file: &str, golden: &str, precision: Precision) -> Vec<(String, usize, f64)> {
+    let path = models_dir().join(file);
+    assert!(path.exists(), "{} is missing: run scripts/test.sh first", path.display());
+    let gguf = GgufFile::open(&path).unwrap();
+    let reference = Model::from_gguf(&gguf).unwrap();
+    let fast = Model::from_gguf_with(&gguf, precision).unwrap();
+    let refs: Value = serde_json::from_str(
+        &std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs").join(golden)).unwrap(),
+    )
+    .unwrap();
+    let pool = ThreadPool::with_available_parallelism();
+    let mut results = Vec::new();
+    for prompt in refs["prompts"].as_array().unwrap() {
+        let ids: Vec<u32> = prompt["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let (mut kv_r, mut kv_f) = (reference.new_kv_cache(ids.len() + N_STEPS), fast.new_kv_cache(ids.len() + N_STEPS));
+        let (mut s_r, mut s_f) = (Scratch::default(), Scratch::default());
+        let mut l_r = reference.forward(&pool, &ids, &mut kv_r, &mut s_r, LogitsFor::Last).unwrap();
+        let mut l_f = fast.forward(&pool, &ids, &mut kv_f, &mut s_f, LogitsFor::Last).unwrap();
+        let (mut agree, mut diverged, mut kl_sum) = (0, false, 0.0);
+        for _ in 0..N_STEPS {
+            kl_sum += kl(&l_r, &l_f);
+            let (t_r, t_f) = (argmax(&l_r), argmax(&l_f));
+            diverged |= t_r != t_f;
+            if !diverged {
+                agree += 1;
+            }
+            l_r = reference.forward(&pool, &[t_r], &mut kv_r, &mut s_r, LogitsFor::Last).unwrap();
+            l_f = fast.forward(&pool, &[t_r], &mut kv_f, &mut s_f, LogitsFor::Last).unwrap();
+        }
+        results.push((prompt["id"].as_str().unwrap().to_string(), agree, kl_sum / N_STEPS as f64));
+    }
+    results
+}
+
+fn check(file: &str, golden: &str) {
+    let results = compare(file, golden, Precision::Int8);
+    for (id, agree, kl) in &results {
+        eprintln!("{file} int8 {id:<12} greedy agreement {agree:>2}/{N_STEPS}  mean KL {kl:.5}");
+    }
+    let full = results.iter().filter(|r| r.1 == N_STEPS).count();
+    assert!(full * 2 > results.len(), "{file}: int8 agrees with f32 for {N_STEPS} tokens on only {full} of {} prompts", results.len());
+    for (id, _, kl) in &results {
+        assert!(*kl < 0.05, "{file} {id}: mean KL {kl} to the f32 reference is too large");
+    }
+}
+
+#[test]
+fn smollm2_int8_agrees_with_f32() {
+    check("smollm2-135m-instruct-q4_1.gguf", "golden-smollm2-135m-public.json");
+}
+
+#[test]
+fn qwen2_int8_agrees_with_f32() {
+    check("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "golden-qwen2.5-coder-0.5b-public.json");
+}
