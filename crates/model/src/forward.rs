@@ -1,15 +1,14 @@
 //! The f32 reference forward pass: the readable definition every fast path is checked
 //! against. One function per block of the model, top to bottom.
 
-use pyramid_kernels::int8::{gemm_i8, QuantizedRows};
-use pyramid_kernels::matmul::matmul;
 use pyramid_kernels::ops::{
     add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
 };
 use pyramid_kernels::{split_range, ThreadPool};
 
 use crate::kv_cache::KvCache;
-use crate::weights::{LayerWeights, Linear};
+use crate::linear::{Calibration, LinearScratch, Site};
+use crate::weights::LayerWeights;
 use crate::{Model, ModelError, Result};
 
 /// Which positions of a forward pass need logits.
@@ -47,8 +46,9 @@ pub struct Scratch {
     o: Vec<f32>,    // [n_tokens, n_embd]
     gate: Vec<f32>, // [n_tokens, n_ff]
     up: Vec<f32>,   // [n_tokens, n_ff]
-    /// Activations quantised for INT8 projections.
-    quantized: QuantizedRows,
+    linear: LinearScratch,
+    /// When set, every projection input's per-channel peaks are recorded here.
+    pub calibration: Option<Calibration>,
 }
 
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
@@ -94,7 +94,7 @@ impl Model {
         }
         for (layer_idx, layer) in self.weights.layers.iter().enumerate() {
             self.attention_block(pool, layer_idx, layer, pos0, n, kv, scratch);
-            self.ffn_block(pool, layer, n, scratch);
+            self.ffn_block(pool, layer_idx, layer, n, scratch);
         }
         kv.advance(n);
 
@@ -111,7 +111,10 @@ impl Model {
             cfg.rms_eps,
         );
         let mut logits = vec![0.0; n_rows * cfg.n_vocab];
-        linear(pool, &normed, &self.weights.output, None, &mut logits, n_rows, &mut scratch.quantized);
+        if let Some(c) = &mut scratch.calibration {
+            c.record(0, Site::Head, &normed, e);
+        }
+        self.weights.output.forward(pool, &normed, None, &mut logits, n_rows, &mut scratch.linear);
         Ok(logits)
     }
 
@@ -130,12 +133,15 @@ impl Model {
         let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let h = sized(&mut s.h, n * e);
         rms_norm(h, &s.x[..n * e], &layer.attn_norm, cfg.rms_eps);
+        if let Some(c) = &mut s.calibration {
+            c.record(layer_idx, Site::AttnIn, h, e);
+        }
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
-        linear(pool, h, &layer.wq, layer.bq.as_deref(), q, n, &mut s.quantized);
-        linear(pool, h, &layer.wk, layer.bk.as_deref(), k, n, &mut s.quantized);
-        linear(pool, h, &layer.wv, layer.bv.as_deref(), v, n, &mut s.quantized);
+        layer.wq.forward(pool, h, layer.bq.as_deref(), q, n, &mut s.linear);
+        layer.wk.forward(pool, h, layer.bk.as_deref(), k, n, &mut s.linear);
+        layer.wv.forward(pool, h, layer.bv.as_deref(), v, n, &mut s.linear);
 
         let style = cfg.arch.rope_style();
         for t in 0..n {
@@ -176,47 +182,32 @@ impl Model {
         );
 
         let o = sized(&mut s.o, n * e);
-        linear(pool, attn, &layer.wo, None, o, n, &mut s.quantized);
+        if let Some(c) = &mut s.calibration {
+            c.record(layer_idx, Site::AttnOut, attn, qd);
+        }
+        layer.wo.forward(pool, attn, None, o, n, &mut s.linear);
         add_in_place(&mut s.x[..n * e], o);
     }
 
-    fn ffn_block(&self, pool: &ThreadPool, layer: &LayerWeights, n: usize, s: &mut Scratch) {
+    fn ffn_block(&self, pool: &ThreadPool, layer_idx: usize, layer: &LayerWeights, n: usize, s: &mut Scratch) {
         let cfg = &self.config;
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let h = sized(&mut s.h, n * e);
         rms_norm(h, &s.x[..n * e], &layer.ffn_norm, cfg.rms_eps);
+        if let Some(c) = &mut s.calibration {
+            c.record(layer_idx, Site::FfnIn, h, e);
+        }
         let gate = sized(&mut s.gate, n * ff);
         let up = sized(&mut s.up, n * ff);
-        linear(pool, h, &layer.w_gate, None, gate, n, &mut s.quantized);
-        linear(pool, h, &layer.w_up, None, up, n, &mut s.quantized);
+        layer.w_gate.forward(pool, h, None, gate, n, &mut s.linear);
+        layer.w_up.forward(pool, h, None, up, n, &mut s.linear);
         silu_mul_in_place(gate, up);
+        if let Some(c) = &mut s.calibration {
+            c.record(layer_idx, Site::FfnDown, gate, ff);
+        }
         let o = sized(&mut s.o, n * e);
-        linear(pool, gate, &layer.w_down, None, o, n, &mut s.quantized);
+        layer.w_down.forward(pool, gate, None, o, n, &mut s.linear);
         add_in_place(&mut s.x[..n * e], o);
-    }
-}
-
-/// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)`, in the weights' precision.
-fn linear(
-    pool: &ThreadPool,
-    input: &[f32],
-    w: &Linear,
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    n: usize,
-    quantized: &mut QuantizedRows,
-) {
-    match w {
-        Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
-        Linear::Int8(p) => {
-            quantized.quantize(input, n, p.k, p.k_pad);
-            gemm_i8(pool, quantized, p, out);
-        }
-    }
-    if let Some(b) = bias {
-        for row in out.chunks_exact_mut(w.n_out()) {
-            add_in_place(row, b);
-        }
     }
 }
 

@@ -13,6 +13,7 @@ mod config;
 mod error;
 mod forward;
 mod kv_cache;
+pub mod linear;
 pub mod synthetic;
 mod weights;
 
@@ -25,7 +26,8 @@ pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use forward::{LogitsFor, Scratch};
 pub use kv_cache::KvCache;
-pub use weights::{LayerWeights, Linear, Matrix, ModelWeights};
+pub use linear::{Calibration, Linear};
+pub use weights::{LayerWeights, Matrix, ModelWeights};
 
 /// How projection weights are stored and multiplied, chosen at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -68,19 +70,39 @@ pub struct Model {
 impl Model {
     /// The f32 reference model.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        Self::from_gguf_with(file, Precision::F32)
-    }
-
-    pub fn from_gguf_with(file: &GgufFile, precision: Precision) -> Result<Self> {
         let config = ModelConfig::from_metadata(file.metadata())?;
-        let weights = ModelWeights::load(file, &config, precision)?;
+        let weights = ModelWeights::load(file, &config)?;
         let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
         Ok(Self {
             config,
             weights,
-            precision,
+            precision: Precision::F32,
             rope_inv_freq,
         })
+    }
+
+    /// The model in `precision`, without calibration (INT8 without outlier channels).
+    pub fn from_gguf_with(file: &GgufFile, precision: Precision) -> Result<Self> {
+        Ok(Self::from_gguf(file)?.into_precision(precision, None))
+    }
+
+    /// Runs `tokens` through the model and records every projection input's per-channel
+    /// peaks, which choose the INT8 outlier channels.
+    pub fn calibrate(&self, pool: &pyramid_kernels::ThreadPool, tokens: &[u32]) -> Result<Calibration> {
+        let mut kv = self.new_kv_cache(tokens.len());
+        let mut scratch = Scratch::default();
+        scratch.calibration = Some(Calibration::new(self.config.n_layer));
+        self.forward(pool, tokens, &mut kv, &mut scratch, LogitsFor::Last)?;
+        Ok(scratch.calibration.take().expect("set above"))
+    }
+
+    /// Converts an f32 model's projections to `precision`.
+    pub fn into_precision(self, precision: Precision, calibration: Option<&Calibration>) -> Self {
+        Self {
+            weights: self.weights.into_precision(precision, calibration),
+            precision,
+            ..self
+        }
     }
 
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {

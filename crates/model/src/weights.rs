@@ -4,9 +4,9 @@
 //! which is what [`pyramid_kernels::matmul`] consumes.
 
 use pyramid_gguf::GgufFile;
-use pyramid_kernels::int8::PackedI8;
 
 use crate::config::{Architecture, ModelConfig};
+use crate::linear::{Calibration, Int8Linear, Linear, Site};
 use crate::{ModelError, Precision, Result};
 
 /// A row-major matrix `[n_rows, n_cols]`.
@@ -20,46 +20,6 @@ pub struct Matrix {
 impl Matrix {
     pub fn row(&self, idx: usize) -> &[f32] {
         &self.data[idx * self.n_cols..(idx + 1) * self.n_cols]
-    }
-}
-
-/// A projection's weights in the precision chosen at load.
-#[derive(Debug, Clone)]
-pub enum Linear {
-    F32(Matrix),
-    /// Symmetric INT8 per output row, packed for the W8A8 kernels.
-    Int8(PackedI8),
-}
-
-impl Linear {
-    fn new(m: Matrix, precision: Precision) -> Self {
-        match precision {
-            Precision::F32 => Linear::F32(m),
-            Precision::Int8 => Linear::Int8(PackedI8::quantize(&m.data, m.n_rows, m.n_cols)),
-        }
-    }
-
-    /// Output features.
-    pub fn n_out(&self) -> usize {
-        match self {
-            Linear::F32(m) => m.n_rows,
-            Linear::Int8(p) => p.n,
-        }
-    }
-
-    /// Input features.
-    pub fn n_in(&self) -> usize {
-        match self {
-            Linear::F32(m) => m.n_cols,
-            Linear::Int8(p) => p.k,
-        }
-    }
-
-    pub fn bytes(&self) -> usize {
-        match self {
-            Linear::F32(m) => m.data.len() * 4,
-            Linear::Int8(p) => p.bytes(),
-        }
     }
 }
 
@@ -89,7 +49,8 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    pub fn load(file: &GgufFile, cfg: &ModelConfig, precision: Precision) -> Result<Self> {
+    /// Loads every weight in f32 (the reference); see [`ModelWeights::into_precision`].
+    pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
         let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let layers = (0..cfg.n_layer)
             .map(|i| {
@@ -104,7 +65,7 @@ impl ModelWeights {
                     }
                 };
                 let linear = |t: &str, n_rows, n_cols| -> Result<Linear> {
-                    Ok(Linear::new(matrix(file, &name(t), n_rows, n_cols)?, precision))
+                    Ok(Linear::F32(matrix(file, &name(t), n_rows, n_cols)?))
                 };
                 Ok(LayerWeights {
                     attn_norm: vector(file, &name("attn_norm.weight"), e)?,
@@ -130,10 +91,38 @@ impl ModelWeights {
         };
         Ok(Self {
             token_embd,
-            output: Linear::new(output, precision),
+            output: Linear::F32(output),
             layers,
             output_norm: vector(file, "output_norm.weight", e)?,
         })
+    }
+}
+
+impl ModelWeights {
+    /// Converts the f32 projections to `precision`; with a calibration, INT8 projections
+    /// keep their inputs' outlier channels in f32.
+    pub fn into_precision(mut self, precision: Precision, calibration: Option<&Calibration>) -> Self {
+        if precision == Precision::F32 {
+            return self;
+        }
+        let convert = |lin: &mut Linear, layer: usize, site: Site| {
+            if let Linear::F32(m) = lin {
+                let outliers = calibration.map(|c| c.outliers(layer, site)).unwrap_or_default();
+                *lin = Linear::Int8(Int8Linear::quantize(m, outliers));
+            }
+        };
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            for w in [&mut l.wq, &mut l.wk, &mut l.wv] {
+                convert(w, i, Site::AttnIn);
+            }
+            convert(&mut l.wo, i, Site::AttnOut);
+            for w in [&mut l.w_gate, &mut l.w_up] {
+                convert(w, i, Site::FfnIn);
+            }
+            convert(&mut l.w_down, i, Site::FfnDown);
+        }
+        convert(&mut self.output, 0, Site::Head);
+        self
     }
 }
 

@@ -1,0 +1,269 @@
+//! Projections in the precision chosen at load, and INT8 outlier channels.
+//!
+//! W8A8 quantises each token's activations with one scale. A few input channels of LLM
+//! activations are tens to hundreds of times larger than the rest (the "outlier channels"
+//! of LLM.int8() and llm.npu); with them in the scale, every other channel is left with a
+//! handful of levels. Those channels are found by a calibration pass ([`Calibration`]),
+//! removed from the INT8 product, and computed in f32 against f32 weight columns.
+
+use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
+use pyramid_kernels::matmul::matmul;
+use pyramid_kernels::ops::add_in_place;
+use pyramid_kernels::ThreadPool;
+
+use crate::weights::Matrix;
+
+/// A channel is an outlier when its calibration peak exceeds this multiple of the median
+/// channel's peak.
+pub const OUTLIER_RATIO: f32 = 6.0;
+/// At most one channel in this many is kept in float, bounding the f32 side-product.
+pub const MAX_OUTLIER_FRACTION: usize = 32;
+
+/// INT8 weights with their outlier input channels split off in f32.
+#[derive(Debug, Clone)]
+pub struct Int8Linear {
+    /// Quantised with the outlier columns zeroed.
+    pub packed: PackedI8,
+    /// Input channels computed in f32, ascending.
+    pub outlier_channels: Vec<usize>,
+    /// The outlier columns of the original weights: `[n_out, n_outliers]`.
+    pub outlier_weights: Vec<f32>,
+}
+
+impl Int8Linear {
+    pub fn quantize(m: &Matrix, outlier_channels: Vec<usize>) -> Self {
+        let (n, k) = (m.n_rows, m.n_cols);
+        let n_o = outlier_channels.len();
+        let mut inliers = m.data.clone();
+        let mut outlier_weights = vec![0.0; n * n_o];
+        for row in 0..n {
+            for (o, &c) in outlier_channels.iter().enumerate() {
+                outlier_weights[row * n_o + o] = inliers[row * k + c];
+                inliers[row * k + c] = 0.0;
+            }
+        }
+        Self {
+            packed: PackedI8::quantize(&inliers, n, k),
+            outlier_channels,
+            outlier_weights,
+        }
+    }
+}
+
+/// A projection's weights.
+#[derive(Debug, Clone)]
+pub enum Linear {
+    F32(Matrix),
+    Int8(Int8Linear),
+}
+
+impl Linear {
+    pub fn n_out(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.n_rows,
+            Linear::Int8(q) => q.packed.n,
+        }
+    }
+
+    pub fn n_in(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.n_cols,
+            Linear::Int8(q) => q.packed.k,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        match self {
+            Linear::F32(m) => m.data.len() * 4,
+            Linear::Int8(q) => q.packed.bytes() + q.outlier_weights.len() * 4,
+        }
+    }
+
+    /// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)`.
+    pub fn forward(&self, pool: &ThreadPool, input: &[f32], bias: Option<&[f32]>, out: &mut [f32], n: usize, s: &mut LinearScratch) {
+        match self {
+            Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
+            Linear::Int8(q) => q.forward(pool, input, out, n, s),
+        }
+        if let Some(b) = bias {
+            for row in out.chunks_exact_mut(self.n_out()) {
+                add_in_place(row, b);
+            }
+        }
+    }
+}
+
+impl Int8Linear {
+    fn forward(&self, pool: &ThreadPool, input: &[f32], out: &mut [f32], n: usize, s: &mut LinearScratch) {
+        let (k, n_out, n_o) = (self.packed.k, self.packed.n, self.outlier_channels.len());
+        if n_o == 0 {
+            s.quantized.quantize(input, n, k, self.packed.k_pad);
+            gemm_i8(pool, &s.quantized, &self.packed, out);
+            return;
+        }
+        // Split each row into inliers (quantised) and outliers (kept in f32).
+        s.inliers.clear();
+        s.inliers.extend_from_slice(input);
+        s.outliers.clear();
+        for row in s.inliers.chunks_exact_mut(k) {
+            for &c in &self.outlier_channels {
+                s.outliers.push(row[c]);
+                row[c] = 0.0;
+            }
+        }
+        s.quantized.quantize(&s.inliers, n, k, self.packed.k_pad);
+        gemm_i8(pool, &s.quantized, &self.packed, out);
+        s.outlier_out.resize(n * n_out, 0.0);
+        matmul(pool, &s.outliers, &self.outlier_weights, &mut s.outlier_out, n, n_o, n_out);
+        add_in_place(out, &s.outlier_out);
+    }
+}
+
+/// Buffers an INT8 projection reuses between calls.
+#[derive(Debug, Default)]
+pub struct LinearScratch {
+    quantized: QuantizedRows,
+    inliers: Vec<f32>,     // [n, n_in]
+    outliers: Vec<f32>,    // [n, n_outliers]
+    outlier_out: Vec<f32>, // [n, n_out]
+}
+
+/// Where a projection's input comes from; projections sharing an input share outliers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Site {
+    /// Normed residual entering Q, K, V.
+    AttnIn,
+    /// Attention output entering the output projection.
+    AttnOut,
+    /// Normed residual entering gate and up.
+    FfnIn,
+    /// SwiGLU output entering down.
+    FfnDown,
+    /// Final normed residual entering the output head.
+    Head,
+}
+
+const N_SITES: usize = 4;
+
+impl Site {
+    fn index(self) -> usize {
+        match self {
+            Site::AttnIn => 0,
+            Site::AttnOut => 1,
+            Site::FfnIn => 2,
+            Site::FfnDown => 3,
+            Site::Head => unreachable!("the head site is stored apart"),
+        }
+    }
+}
+
+/// Per-channel peak |activation| seen at every projection input during a calibration run.
+#[derive(Debug, Clone)]
+pub struct Calibration {
+    layers: Vec<[Vec<f32>; N_SITES]>,
+    head: Vec<f32>,
+}
+
+impl Calibration {
+    pub fn new(n_layer: usize) -> Self {
+        Self {
+            layers: (0..n_layer).map(|_| Default::default()).collect(),
+            head: Vec::new(),
+        }
+    }
+
+    /// Folds a batch of activations `[n, width]` into the peaks of `site` in `layer`.
+    pub fn record(&mut self, layer: usize, site: Site, x: &[f32], width: usize) {
+        let peaks = match site {
+            Site::Head => &mut self.head,
+            s => &mut self.layers[layer][s.index()],
+        };
+        peaks.resize(width, 0.0);
+        for row in x.chunks_exact(width) {
+            for (p, v) in peaks.iter_mut().zip(row) {
+                *p = p.max(v.abs());
+            }
+        }
+    }
+
+    /// The outlier channels of `site` in `layer` (empty if never recorded).
+    pub fn outliers(&self, layer: usize, site: Site) -> Vec<usize> {
+        let peaks = match site {
+            Site::Head => &self.head,
+            s => &self.layers[layer][s.index()],
+        };
+        select_outliers(peaks)
+    }
+}
+
+/// Channels whose peak exceeds [`OUTLIER_RATIO`] × the median peak, largest first, at most
+/// one in [`MAX_OUTLIER_FRACTION`]; returned in ascending channel order.
+pub fn select_outliers(peaks: &[f32]) -> Vec<usize> {
+    if peaks.is_empty() {
+        return Vec::new();
+    }
+    let mut sorted = peaks.to_vec();
+    sorted.sort_by(f32::total_cmp);
+    let threshold = sorted[sorted.len() / 2] * OUTLIER_RATIO;
+    let mut candidates: Vec<usize> = (0..peaks.len()).filter(|&c| peaks[c] > threshold).collect();
+    candidates.sort_by(|&a, &b| peaks[b].total_cmp(&peaks[a]));
+    candidates.truncate(peaks.len() / MAX_OUTLIER_FRACTION);
+    candidates.sort_unstable();
+    candidates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outliers_are_the_few_channels_far_above_the_median() {
+        let mut peaks = vec![1.0; 64];
+        peaks[3] = 50.0;
+        peaks[40] = 7.0;
+        peaks[10] = 5.0; // below 6× median
+        assert_eq!(select_outliers(&peaks), vec![3, 40]);
+        peaks[20] = 100.0; // cap: 64 / 32 = 2 channels, the largest
+        assert_eq!(select_outliers(&peaks), vec![3, 20]);
+    }
+
+    #[test]
+    fn outlier_split_equals_plain_product_up_to_quantisation() {
+        let (n, k, rows) = (24, 64, 3);
+        let w = Matrix {
+            data: (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect(),
+            n_rows: n,
+            n_cols: k,
+        };
+        let mut x: Vec<f32> = (0..rows * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 14.0).collect();
+        for r in 0..rows {
+            x[r * k + 5] = 300.0 * (r as f32 + 1.0); // a massive channel
+        }
+        let pool = ThreadPool::new(1).unwrap();
+        let mut want = vec![0.0; rows * n];
+        matmul(&pool, &x, &w.data, &mut want, rows, k, n);
+        let mut s = LinearScratch::default();
+        let err = |lin: &Linear, s: &mut LinearScratch| {
+            let mut got = vec![0.0; rows * n];
+            lin.forward(&pool, &x, None, &mut got, rows, s);
+            got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max)
+        };
+        let plain = err(&Linear::Int8(Int8Linear::quantize(&w, vec![])), &mut s);
+        let split = err(&Linear::Int8(Int8Linear::quantize(&w, vec![5])), &mut s);
+        assert!(split * 20.0 < plain, "outlier split error {split} vs plain {plain}");
+    }
+}
+
+/// Text whose activations choose the outlier channels: prose, code, numbers and markup,
+/// because outlier channels are a property of the model far more than of the input.
+pub const CALIBRATION_TEXT: &str = "The river town woke slowly. By seven the ferry had made its first crossing, \
+carrying two delivery vans, a cyclist and a crate of oranges labelled 14 kg. \
+Mrs. Okafor counted the change twice — 3.50, 4.75, 12.00 — before opening the café.\n\n\
+def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        \
+if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    \
+return out + a[i:] + b[j:]\n\n\
+Q: Why does ice float on water?\nA: Because water expands when it freezes, so ice is less dense than liquid water.\n\
+<html><body><p class=\"note\">Total: $1,299.99 (incl. 20% VAT)</p></body></html>\n\
+SELECT name, COUNT(*) FROM orders WHERE created_at > '2024-01-01' GROUP BY name;\n\
+In 1687 Newton published the Principia; its third law states that every action has an equal and opposite reaction. \
+Über den Wolken ist die Freiheit grenzenlos. 東京は日本の首都です。 🚀✓";
