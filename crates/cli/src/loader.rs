@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
+use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::{Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::Tokenizer;
@@ -21,14 +22,17 @@ pub struct ModelArgs {
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
     /// Weight precision: f32 (the reference) or int8 (W8A8, faster).
-    #[arg(long, default_value = "int8", value_parser = parse_precision)]
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
     pub precision: Precision,
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
     Precision::parse(s).ok_or_else(|| {
         let names: Vec<&str> = Precision::ALL.iter().map(|p| p.name()).collect();
-        format!("unknown precision '{s}' (expected one of: {})", names.join(", "))
+        format!(
+            "unknown precision '{s}' (expected one of: {})",
+            names.join(", ")
+        )
     })
 }
 
@@ -68,7 +72,16 @@ impl ModelArgs {
         let start = Instant::now();
         let (path, file, tokenizer) = open_path(path)?;
         let model =
-            Model::from_gguf_with(&file, self.precision).with_context(|| format!("loading {}", path.display()))?;
+            Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
+        let model = match self.precision {
+            Precision::F32 => model,
+            precision => {
+                // Outlier channels come from a short calibration pass of the f32 model.
+                let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
+                let calibration = model.calibrate(&pool, &tokens)?;
+                model.into_precision(precision, Some(&calibration))
+            }
+        };
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),

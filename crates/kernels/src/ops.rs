@@ -1,8 +1,11 @@
 //! Element-wise and row-wise operations of a transformer layer.
 //!
-//! These are memory-light next to the matmuls, so one portable version serves; loops are
-//! written with independent accumulators so the compiler can vectorise them without
-//! reassociating floating-point sums.
+//! Most are memory-light next to the matmuls, so one portable version serves. `dot` and
+//! `axpy`, which attention calls once per cached position, also have AVX2 and AVX-512
+//! builds of the same code (the scalar one is their oracle). Loops use independent
+//! accumulators so the compiler vectorises them without reassociating sums.
+
+use crate::isa::{self, Isa};
 
 /// `out = x / rms(x) * weight`, one row of `weight.len()` elements at a time.
 pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
@@ -17,13 +20,33 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     }
 }
 
-/// Dot product with eight independent partial sums.
+/// Dot product, vectorised for the active ISA (attention calls it once per cached position).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (ca, cb) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for l in 0..8 {
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { dot_avx512(a, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        _ => dot_lanes::<8>(a, b),
+    }
+}
+
+/// The scalar oracle for [`dot`]: eight independent partial sums.
+pub fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<8>(a, b)
+}
+
+/// `L` independent partial sums: with a vector ISA enabled the compiler maps them onto
+/// one register of `L` lanes without reassociating any sum.
+#[inline(always)]
+fn dot_lanes<const L: usize>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; L];
+    let chunks = a.len() / L * L;
+    for (ca, cb) in a[..chunks].chunks_exact(L).zip(b[..chunks].chunks_exact(L)) {
+        for l in 0..L {
             acc[l] += ca[l] * cb[l];
         }
     }
@@ -34,12 +57,50 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// `y += alpha * x`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<16>(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<8>(a, b)
+}
+
+/// `y += alpha * x`, vectorised for the active ISA.
 pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { axpy_avx512(y, alpha, x) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { axpy_avx2(y, alpha, x) },
+        _ => axpy_scalar(y, alpha, x),
+    }
+}
+
+/// The scalar oracle for [`axpy`].
+#[inline(always)]
+pub fn axpy_scalar(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (yi, &xi) in y.iter_mut().zip(x) {
         *yi += alpha * xi;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn axpy_avx512(y: &mut [f32], alpha: f32, x: &[f32]) {
+    axpy_scalar(y, alpha, x)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
+    axpy_scalar(y, alpha, x)
 }
 
 /// `x += y`.
@@ -153,6 +214,19 @@ mod tests {
             rope_in_place(&mut x, 8, 37, &inv_freq, style);
             assert!((dot(&x, &x) - dot(&orig, &orig)).abs() < 1e-4);
             assert_ne!(x, orig);
+        }
+    }
+
+    #[test]
+    fn vectorised_dot_and_axpy_match_scalar() {
+        for len in [0, 1, 15, 16, 17, 64, 100] {
+            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+            assert!((dot(&a, &b) - dot_scalar(&a, &b)).abs() < 1e-5, "len {len}");
+            let (mut y, mut y_ref) = (b.clone(), b.clone());
+            axpy(&mut y, 0.5, &a);
+            axpy_scalar(&mut y_ref, 0.5, &a);
+            assert_eq!(y, y_ref, "len {len}");
         }
     }
 

@@ -114,7 +114,14 @@ impl Model {
         if let Some(c) = &mut scratch.calibration {
             c.record(0, Site::Head, &normed, e);
         }
-        self.weights.output.forward(pool, &normed, None, &mut logits, n_rows, &mut scratch.linear);
+        self.weights.output.forward(
+            pool,
+            &normed,
+            None,
+            &mut logits,
+            n_rows,
+            &mut scratch.linear,
+        );
         Ok(logits)
     }
 
@@ -139,9 +146,15 @@ impl Model {
         let q = sized(&mut s.q, n * qd);
         let k = sized(&mut s.k, n * kvd);
         let v = sized(&mut s.v, n * kvd);
-        layer.wq.forward(pool, h, layer.bq.as_deref(), q, n, &mut s.linear);
-        layer.wk.forward(pool, h, layer.bk.as_deref(), k, n, &mut s.linear);
-        layer.wv.forward(pool, h, layer.bv.as_deref(), v, n, &mut s.linear);
+        layer
+            .wq
+            .forward(pool, h, layer.bq.as_deref(), q, n, &mut s.linear);
+        layer
+            .wk
+            .forward(pool, h, layer.bk.as_deref(), k, n, &mut s.linear);
+        layer
+            .wv
+            .forward(pool, h, layer.bv.as_deref(), v, n, &mut s.linear);
 
         let style = cfg.arch.rope_style();
         for t in 0..n {
@@ -189,7 +202,14 @@ impl Model {
         add_in_place(&mut s.x[..n * e], o);
     }
 
-    fn ffn_block(&self, pool: &ThreadPool, layer_idx: usize, layer: &LayerWeights, n: usize, s: &mut Scratch) {
+    fn ffn_block(
+        &self,
+        pool: &ThreadPool,
+        layer_idx: usize,
+        layer: &LayerWeights,
+        n: usize,
+        s: &mut Scratch,
+    ) {
         let cfg = &self.config;
         let (e, ff) = (cfg.n_embd, cfg.n_ff);
         let h = sized(&mut s.h, n * e);

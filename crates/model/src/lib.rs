@@ -88,7 +88,11 @@ impl Model {
 
     /// Runs `tokens` through the model and records every projection input's per-channel
     /// peaks, which choose the INT8 outlier channels.
-    pub fn calibrate(&self, pool: &pyramid_kernels::ThreadPool, tokens: &[u32]) -> Result<Calibration> {
+    pub fn calibrate(
+        &self,
+        pool: &pyramid_kernels::ThreadPool,
+        tokens: &[u32],
+    ) -> Result<Calibration> {
         let mut kv = self.new_kv_cache(tokens.len());
         let mut scratch = Scratch::default();
         scratch.calibration = Some(Calibration::new(self.config.n_layer));

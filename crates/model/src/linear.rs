@@ -15,9 +15,9 @@ use crate::weights::Matrix;
 
 /// A channel is an outlier when its calibration peak exceeds this multiple of the median
 /// channel's peak.
-pub const OUTLIER_RATIO: f32 = 6.0;
+pub const OUTLIER_RATIO: f32 = 4.0;
 /// At most one channel in this many is kept in float, bounding the f32 side-product.
-pub const MAX_OUTLIER_FRACTION: usize = 32;
+pub const MAX_OUTLIER_FRACTION: usize = 16;
 
 /// INT8 weights with their outlier input channels split off in f32.
 #[derive(Debug, Clone)]
@@ -80,7 +80,15 @@ impl Linear {
     }
 
     /// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)`.
-    pub fn forward(&self, pool: &ThreadPool, input: &[f32], bias: Option<&[f32]>, out: &mut [f32], n: usize, s: &mut LinearScratch) {
+    pub fn forward(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        n: usize,
+        s: &mut LinearScratch,
+    ) {
         match self {
             Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
             Linear::Int8(q) => q.forward(pool, input, out, n, s),
@@ -94,7 +102,14 @@ impl Linear {
 }
 
 impl Int8Linear {
-    fn forward(&self, pool: &ThreadPool, input: &[f32], out: &mut [f32], n: usize, s: &mut LinearScratch) {
+    fn forward(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        out: &mut [f32],
+        n: usize,
+        s: &mut LinearScratch,
+    ) {
         let (k, n_out, n_o) = (self.packed.k, self.packed.n, self.outlier_channels.len());
         if n_o == 0 {
             s.quantized.quantize(input, n, k, self.packed.k_pad);
@@ -114,7 +129,15 @@ impl Int8Linear {
         s.quantized.quantize(&s.inliers, n, k, self.packed.k_pad);
         gemm_i8(pool, &s.quantized, &self.packed, out);
         s.outlier_out.resize(n * n_out, 0.0);
-        matmul(pool, &s.outliers, &self.outlier_weights, &mut s.outlier_out, n, n_o, n_out);
+        matmul(
+            pool,
+            &s.outliers,
+            &self.outlier_weights,
+            &mut s.outlier_out,
+            n,
+            n_o,
+            n_out,
+        );
         add_in_place(out, &s.outlier_out);
     }
 }
@@ -212,6 +235,20 @@ pub fn select_outliers(peaks: &[f32]) -> Vec<usize> {
     candidates
 }
 
+/// Text whose activations choose the outlier channels: prose, code, numbers and markup,
+/// because outlier channels are a property of the model far more than of the input.
+pub const CALIBRATION_TEXT: &str = "The river town woke slowly. By seven the ferry had made its first crossing, \
+carrying two delivery vans, a cyclist and a crate of oranges labelled 14 kg. \
+Mrs. Okafor counted the change twice — 3.50, 4.75, 12.00 — before opening the café.\n\n\
+def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        \
+if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    \
+return out + a[i:] + b[j:]\n\n\
+Q: Why does ice float on water?\nA: Because water expands when it freezes, so ice is less dense than liquid water.\n\
+<html><body><p class=\"note\">Total: $1,299.99 (incl. 20% VAT)</p></body></html>\n\
+SELECT name, COUNT(*) FROM orders WHERE created_at > '2024-01-01' GROUP BY name;\n\
+In 1687 Newton published the Principia; its third law states that every action has an equal and opposite reaction. \
+Über den Wolken ist die Freiheit grenzenlos. 東京は日本の首都です。 🚀✓";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,11 +268,15 @@ mod tests {
     fn outlier_split_equals_plain_product_up_to_quantisation() {
         let (n, k, rows) = (24, 64, 3);
         let w = Matrix {
-            data: (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect(),
+            data: (0..n * k)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+                .collect(),
             n_rows: n,
             n_cols: k,
         };
-        let mut x: Vec<f32> = (0..rows * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 14.0).collect();
+        let mut x: Vec<f32> = (0..rows * k)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 14.0)
+            .collect();
         for r in 0..rows {
             x[r * k + 5] = 300.0 * (r as f32 + 1.0); // a massive channel
         }
@@ -246,24 +287,16 @@ mod tests {
         let err = |lin: &Linear, s: &mut LinearScratch| {
             let mut got = vec![0.0; rows * n];
             lin.forward(&pool, &x, None, &mut got, rows, s);
-            got.iter().zip(&want).map(|(g, w)| (g - w).abs()).fold(0.0, f32::max)
+            got.iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0, f32::max)
         };
         let plain = err(&Linear::Int8(Int8Linear::quantize(&w, vec![])), &mut s);
         let split = err(&Linear::Int8(Int8Linear::quantize(&w, vec![5])), &mut s);
-        assert!(split * 20.0 < plain, "outlier split error {split} vs plain {plain}");
+        assert!(
+            split * 20.0 < plain,
+            "outlier split error {split} vs plain {plain}"
+        );
     }
 }
-
-/// Text whose activations choose the outlier channels: prose, code, numbers and markup,
-/// because outlier channels are a property of the model far more than of the input.
-pub const CALIBRATION_TEXT: &str = "The river town woke slowly. By seven the ferry had made its first crossing, \
-carrying two delivery vans, a cyclist and a crate of oranges labelled 14 kg. \
-Mrs. Okafor counted the change twice — 3.50, 4.75, 12.00 — before opening the café.\n\n\
-def merge_sorted(a, b):\n    out, i, j = [], 0, 0\n    while i < len(a) and j < len(b):\n        \
-if a[i] <= b[j]:\n            out.append(a[i]); i += 1\n        else:\n            out.append(b[j]); j += 1\n    \
-return out + a[i:] + b[j:]\n\n\
-Q: Why does ice float on water?\nA: Because water expands when it freezes, so ice is less dense than liquid water.\n\
-<html><body><p class=\"note\">Total: $1,299.99 (incl. 20% VAT)</p></body></html>\n\
-SELECT name, COUNT(*) FROM orders WHERE created_at > '2024-01-01' GROUP BY name;\n\
-In 1687 Newton published the Principia; its third law states that every action has an equal and opposite reaction. \
-Über den Wolken ist die Freiheit grenzenlos. 東京は日本の首都です。 🚀✓";

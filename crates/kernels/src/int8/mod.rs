@@ -78,7 +78,8 @@ impl PackedI8 {
 pub fn packed_index(row: usize, kk: usize, k_pad: usize) -> usize {
     let block = row / ROWS_PER_BLOCK;
     let group = kk / K_PER_GROUP;
-    ((block * (k_pad / K_PER_GROUP) + group) * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK) * K_PER_GROUP + kk % K_PER_GROUP
+    ((block * (k_pad / K_PER_GROUP) + group) * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK) * K_PER_GROUP
+        + kk % K_PER_GROUP
 }
 
 /// Symmetric INT8 quantisation of one row into `[-127, 127]` (never -128, so the AVX2
@@ -100,7 +101,7 @@ pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
 /// Activations quantised per row, `k` padded with zeros to the weights' `k_pad`.
 #[derive(Debug, Default, Clone)]
 pub struct QuantizedRows {
-    pub data: Vec<i8>,  // [m, k_pad]
+    pub data: Vec<i8>,    // [m, k_pad]
     pub scales: Vec<f32>, // [m]
     pub k_pad: usize,
 }
@@ -114,7 +115,10 @@ impl QuantizedRows {
         self.scales.clear();
         self.k_pad = k_pad;
         for row in 0..m {
-            let scale = quantize_row(&x[row * k..(row + 1) * k], &mut self.data[row * k_pad..row * k_pad + k]);
+            let scale = quantize_row(
+                &x[row * k..(row + 1) * k],
+                &mut self.data[row * k_pad..row * k_pad + k],
+            );
             self.scales.push(scale);
         }
     }
@@ -163,7 +167,13 @@ pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8
 
 /// # Safety
 /// `out` points to `m * w.n` floats and no other thread writes the columns of `blocks`.
-unsafe fn gemm_blocks(isa: Isa, a: &QuantizedRows, w: &PackedI8, out: *mut f32, blocks: std::ops::Range<usize>) {
+unsafe fn gemm_blocks(
+    isa: Isa,
+    a: &QuantizedRows,
+    w: &PackedI8,
+    out: *mut f32,
+    blocks: std::ops::Range<usize>,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512 (VNNI checked inside).
@@ -188,7 +198,16 @@ mod tests {
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
         let pool = ThreadPool::new(2).unwrap();
-        for &(m, k, n) in &[(1, 1, 1), (1, 5, 17), (3, 33, 7), (5, 64, 40), (4, 130, 33), (9, 576, 67), (1, 1000, 16), (7, 63, 129)] {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (1, 5, 17),
+            (3, 33, 7),
+            (5, 64, 40),
+            (4, 130, 33),
+            (9, 576, 67),
+            (1, 1000, 16),
+            (7, 63, 129),
+        ] {
             let w = PackedI8::quantize(&random(n * k, 2), n, k);
             let mut a = QuantizedRows::default();
             a.quantize(&random(m * k, 1), m, k, w.k_pad);
@@ -235,7 +254,11 @@ mod tests {
         let wf = random(n * k, 5);
         let w = PackedI8::quantize(&wf, n, k);
         for row in 0..n {
-            for (got, want) in w.dequantize_row(row).iter().zip(&wf[row * k..(row + 1) * k]) {
+            for (got, want) in w
+                .dequantize_row(row)
+                .iter()
+                .zip(&wf[row * k..(row + 1) * k])
+            {
                 assert!((got - want).abs() <= w.scales[row] / 2.0 + 1e-6);
             }
         }

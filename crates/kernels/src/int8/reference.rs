@@ -4,7 +4,12 @@ use super::{packed_index, PackedI8, QuantizedRows, ROWS_PER_BLOCK};
 
 /// # Safety
 /// `out` points to `m * w.n` floats and no other thread writes the columns of `blocks`.
-pub(super) unsafe fn gemm_blocks_scalar(a: &QuantizedRows, w: &PackedI8, out: *mut f32, blocks: std::ops::Range<usize>) {
+pub(super) unsafe fn gemm_blocks_scalar(
+    a: &QuantizedRows,
+    w: &PackedI8,
+    out: *mut f32,
+    blocks: std::ops::Range<usize>,
+) {
     let k_pad = w.k_pad;
     for row in 0..a.m() {
         let a_row = &a.data[row * k_pad..(row + 1) * k_pad];
