@@ -29,6 +29,8 @@ enum Command {
     Tokenize(commands::tokenize::TokenizeArgs),
     /// Describe a GGUF file: architecture, hyper-parameters, tensor types.
     Inspect(commands::inspect::InspectArgs),
+    /// Measure prefill (pp) and decode (tg) throughput, llama-bench style.
+    Bench(commands::bench::BenchArgs),
     /// List the models known by name and whether they are cached.
     Models,
     /// Download a known model into the cache.
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
             Command::Chat(args) => commands::chat::run(args),
             Command::Tokenize(args) => commands::tokenize::run(args),
             Command::Inspect(args) => commands::inspect::run(args),
+            Command::Bench(args) => commands::bench::run(args),
             Command::Models => commands::models::list(),
             Command::Fetch(args) => commands::models::fetch(args),
         });

@@ -386,3 +386,72 @@ fn default_model_reproduces_reference_from_text() {
         assert_eq!(v["tokens"], prompt["generated_token_ids"], "{id}");
     }
 }
+
+#[test]
+fn bench_reports_llama_bench_style_records() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    for precision in ["f32", "int8"] {
+        let out = f.run(&[
+            "bench",
+            "-m",
+            &model,
+            "--precision",
+            precision,
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "-d",
+            "0,8",
+            "-r",
+            "2",
+            "--json",
+        ]);
+        assert_ok(&out);
+        let records: Value = serde_json::from_str(&stdout(&out)).expect("a JSON list");
+        let tests: Vec<&str> = records
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["test"].as_str().unwrap())
+            .collect();
+        assert_eq!(tests, ["pp16", "tg4", "pp16 @ d8", "tg4 @ d8"]);
+        for r in records.as_array().unwrap() {
+            assert_eq!(r["precision"], precision);
+            assert_eq!(r["samples_ts"].as_array().unwrap().len(), 2);
+            assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+            for key in [
+                "model",
+                "n_prompt",
+                "n_gen",
+                "n_depth",
+                "batch",
+                "threads",
+                "kv",
+                "isa",
+                "stddev_ts",
+            ] {
+                assert!(!r[key].is_null(), "{key} missing");
+            }
+        }
+    }
+    let out = f.run(&["bench", "-m", &model, "-r", "0"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--repetitions"),
+        "{}",
+        stderr(&out)
+    );
+    let out = f.run(&["bench", "-m", &model, "-p", "300", "-n", "0"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("context is 256"),
+        "{}",
+        stderr(&out)
+    );
+    let out = f.run(&["run", "-m", &model, "--precision", "int4", "--prompt", "hi"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("unknown precision 'int4'"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -87,12 +87,14 @@ impl Model {
     }
 
     /// Runs `tokens` through the model and records every projection input's per-channel
-    /// peaks, which choose the INT8 outlier channels.
+    /// peaks, which choose the INT8 outlier channels. Tokens beyond the model's context
+    /// are ignored.
     pub fn calibrate(
         &self,
         pool: &pyramid_kernels::ThreadPool,
         tokens: &[u32],
     ) -> Result<Calibration> {
+        let tokens = &tokens[..tokens.len().min(self.config.n_ctx_train)];
         let mut kv = self.new_kv_cache(tokens.len());
         let mut scratch = Scratch::default();
         scratch.calibration = Some(Calibration::new(self.config.n_layer));
