@@ -436,6 +436,18 @@ fn bench_reports_llama_bench_style_records() {
             }
         }
     }
+    let out = f.run(&[
+        "bench", "-m", &model, "-p", "8", "-n", "4", "-b", "3", "-r", "1", "--json",
+    ]);
+    assert_ok(&out);
+    let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(records.as_array().unwrap().iter().all(|r| r["batch"] == 3));
+    let out = f.run(&["bench", "-m", &model, "-b", "0"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--batch"),
+        "{}",
+        stderr(&out)
+    );
     let out = f.run(&["bench", "-m", &model, "-r", "0"]);
     assert!(
         !out.status.success() && stderr(&out).contains("--repetitions"),

@@ -34,18 +34,34 @@ impl SharedMut {
     }
 }
 
+/// One sequence's share of a forward pass: its new tokens and its cache. The tokens take
+/// positions `kv.len()..` and attend to the cache and, causally, to each other.
+#[derive(Debug)]
+pub struct Segment<'a> {
+    pub tokens: &'a [u32],
+    pub kv: &'a mut KvCache,
+}
+
+/// Where a row of the batch belongs.
+#[derive(Debug, Clone, Copy)]
+struct RowPlace {
+    segment: usize,
+    pos: usize,
+}
+
 /// Activations of one forward pass, reused between calls to avoid reallocating per token.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    x: Vec<f32>,    // [n_tokens, n_embd] residual stream
-    h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
-    q: Vec<f32>,    // [n_tokens, q_dim]
-    k: Vec<f32>,    // [n_tokens, kv_dim]
-    v: Vec<f32>,    // [n_tokens, kv_dim]
-    attn: Vec<f32>, // [n_tokens, q_dim]
-    o: Vec<f32>,    // [n_tokens, n_embd]
-    gate: Vec<f32>, // [n_tokens, n_ff]
-    up: Vec<f32>,   // [n_tokens, n_ff]
+    places: Vec<RowPlace>, // [n_tokens]
+    x: Vec<f32>,           // [n_tokens, n_embd] residual stream
+    h: Vec<f32>,           // [n_tokens, n_embd] normed input of a block
+    q: Vec<f32>,           // [n_tokens, q_dim]
+    k: Vec<f32>,           // [n_tokens, kv_dim]
+    v: Vec<f32>,           // [n_tokens, kv_dim]
+    attn: Vec<f32>,        // [n_tokens, q_dim]
+    o: Vec<f32>,           // [n_tokens, n_embd]
+    gate: Vec<f32>,        // [n_tokens, n_ff]
+    up: Vec<f32>,          // [n_tokens, n_ff]
     linear: LinearScratch,
     /// When set, every projection input's per-channel peaks are recorded here.
     pub calibration: Option<Calibration>,
@@ -67,53 +83,94 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<Vec<f32>> {
+        self.forward_batch(pool, &mut [Segment { tokens, kv }], scratch, which)
+    }
+
+    /// Runs several sequences in one pass: every projection reads its weights once for all
+    /// rows, while each sequence attends only to its own cache. Prefill is one segment of
+    /// many tokens; batched decode is many segments of one token; they may be mixed.
+    /// Returns logits `[n_rows, n_vocab]`: with [`LogitsFor::Last`] one row per segment,
+    /// with [`LogitsFor::All`] every row, in segment order.
+    pub fn forward_batch(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        scratch: &mut Scratch,
+        which: LogitsFor,
+    ) -> Result<Vec<f32>> {
         let cfg = &self.config;
-        if tokens.is_empty() {
+        if segments.is_empty() {
             return Err(ModelError::EmptyInput);
         }
-        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
-            return Err(ModelError::TokenOutOfRange {
-                id,
-                n_vocab: cfg.n_vocab,
-            });
+        for seg in segments.iter() {
+            if seg.tokens.is_empty() {
+                return Err(ModelError::EmptyInput);
+            }
+            if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: cfg.n_vocab,
+                });
+            }
+            let needed = seg.kv.len() + seg.tokens.len();
+            if needed > cfg.n_ctx_train {
+                return Err(ModelError::ContextLengthExceeded {
+                    needed,
+                    n_ctx: cfg.n_ctx_train,
+                });
+            }
+            seg.kv.check_room(seg.tokens.len())?;
         }
-        let pos0 = kv.len();
-        if pos0 + tokens.len() > cfg.n_ctx_train {
-            return Err(ModelError::ContextLengthExceeded {
-                needed: pos0 + tokens.len(),
-                n_ctx: cfg.n_ctx_train,
-            });
-        }
-        kv.check_room(tokens.len())?;
 
-        let n = tokens.len();
         let e = cfg.n_embd;
+        scratch.places.clear();
+        for (segment, seg) in segments.iter().enumerate() {
+            let pos0 = seg.kv.len();
+            scratch
+                .places
+                .extend((0..seg.tokens.len()).map(|t| RowPlace {
+                    segment,
+                    pos: pos0 + t,
+                }));
+        }
+        let n = scratch.places.len();
         let x = sized(&mut scratch.x, n * e);
-        for (row, &id) in x.chunks_exact_mut(e).zip(tokens) {
+        let all_tokens = segments.iter().flat_map(|seg| seg.tokens.iter());
+        for (row, &id) in x.chunks_exact_mut(e).zip(all_tokens) {
             row.copy_from_slice(self.weights.token_embd.row(id as usize));
         }
         for (layer_idx, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(pool, layer_idx, layer, pos0, n, kv, scratch);
+            self.attention_block(pool, layer_idx, layer, n, segments, scratch);
             self.ffn_block(pool, layer_idx, layer, n, scratch);
         }
-        kv.advance(n);
+        for seg in segments.iter_mut() {
+            seg.kv.advance(seg.tokens.len());
+        }
 
-        let rows = match which {
-            LogitsFor::Last => n - 1..n,
-            LogitsFor::All => 0..n,
+        let rows: Vec<usize> = match which {
+            LogitsFor::All => (0..n).collect(),
+            LogitsFor::Last => segments
+                .iter()
+                .scan(0, |end, seg| {
+                    *end += seg.tokens.len();
+                    Some(*end - 1)
+                })
+                .collect(),
         };
         let n_rows = rows.len();
         let mut normed = vec![0.0; n_rows * e];
-        rms_norm(
-            &mut normed,
-            &scratch.x[rows.start * e..rows.end * e],
-            &self.weights.output_norm,
-            cfg.rms_eps,
-        );
-        let mut logits = vec![0.0; n_rows * cfg.n_vocab];
+        for (out, &r) in normed.chunks_exact_mut(e).zip(&rows) {
+            rms_norm(
+                out,
+                &scratch.x[r * e..(r + 1) * e],
+                &self.weights.output_norm,
+                cfg.rms_eps,
+            );
+        }
         if let Some(c) = &mut scratch.calibration {
             c.record(0, Site::Head, &normed, e);
         }
+        let mut logits = vec![0.0; n_rows * cfg.n_vocab];
         self.weights.output.forward(
             pool,
             &normed,
@@ -125,15 +182,13 @@ impl Model {
         Ok(logits)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn attention_block(
         &self,
         pool: &ThreadPool,
         layer_idx: usize,
         layer: &LayerWeights,
-        pos0: usize,
         n: usize,
-        kv: &mut KvCache,
+        segments: &mut [Segment<'_>],
         s: &mut Scratch,
     ) {
         let cfg = &self.config;
@@ -157,42 +212,33 @@ impl Model {
             .forward(pool, h, layer.bv.as_deref(), v, n, &mut s.linear);
 
         let style = cfg.arch.rope_style();
-        for t in 0..n {
-            let pos = pos0 + t;
+        for (t, place) in s.places.iter().enumerate() {
+            let (q_t, k_t, v_t) = (
+                t * qd..(t + 1) * qd,
+                t * kvd..(t + 1) * kvd,
+                t * kvd..(t + 1) * kvd,
+            );
+            rope_in_place(&mut q[q_t], hd, place.pos, &self.rope_inv_freq, style);
             rope_in_place(
-                &mut q[t * qd..(t + 1) * qd],
+                &mut k[k_t.clone()],
                 hd,
-                pos,
+                place.pos,
                 &self.rope_inv_freq,
                 style,
             );
-            rope_in_place(
-                &mut k[t * kvd..(t + 1) * kvd],
-                hd,
-                pos,
-                &self.rope_inv_freq,
-                style,
-            );
-            kv.store(
-                layer_idx,
-                pos,
-                &k[t * kvd..(t + 1) * kvd],
-                &v[t * kvd..(t + 1) * kvd],
-            );
+            segments[place.segment]
+                .kv
+                .store(layer_idx, place.pos, &k[k_t], &v[v_t]);
         }
 
         let attn = sized(&mut s.attn, n * qd);
-        attend(
-            pool,
-            cfg.n_head,
-            cfg.n_head_kv,
-            hd,
-            layer_idx,
-            pos0,
-            q,
-            kv,
-            attn,
-        );
+        let caches: Vec<&KvCache> = segments.iter().map(|seg| &*seg.kv).collect();
+        let shape = HeadShape {
+            n_head: cfg.n_head,
+            n_head_kv: cfg.n_head_kv,
+            head_dim: hd,
+        };
+        attend(pool, shape, layer_idx, &s.places, q, &caches, attn);
 
         let o = sized(&mut s.o, n * e);
         if let Some(c) = &mut s.calibration {
@@ -231,39 +277,49 @@ impl Model {
     }
 }
 
-/// Causal grouped-query attention for `n` new tokens at positions `pos0..pos0 + n`,
-/// whose keys and values are already in `kv`. Threads split the (token, head) pairs.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    pool: &ThreadPool,
+#[derive(Debug, Clone, Copy)]
+struct HeadShape {
     n_head: usize,
     n_head_kv: usize,
     head_dim: usize,
+}
+
+/// Causal grouped-query attention for every row, whose keys and values are already in
+/// its segment's cache. Threads split the (row, head) pairs.
+fn attend(
+    pool: &ThreadPool,
+    shape: HeadShape,
     layer_idx: usize,
-    pos0: usize,
+    places: &[RowPlace],
     q: &[f32], // [n, n_head * head_dim]
-    kv: &KvCache,
+    caches: &[&KvCache],
     out: &mut [f32], // [n, n_head * head_dim]
 ) {
+    let HeadShape {
+        n_head,
+        n_head_kv,
+        head_dim,
+    } = shape;
     let qd = n_head * head_dim;
-    let n = q.len() / qd;
     let group = n_head / n_head_kv;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let out_ptr = SharedMut(out.as_mut_ptr());
-    let n_items = n * n_head;
+    let n_items = places.len() * n_head;
     pool.run(&|thread_idx| {
-        let mut scores = Vec::with_capacity(pos0 + n);
+        let mut scores = Vec::new();
         for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
             let (t, head) = (item / n_head, item % n_head);
-            let n_pos = pos0 + t + 1; // causal: attend to itself and everything before
+            let place = places[t];
+            let n_pos = place.pos + 1; // causal: attend to itself and everything before
             let kv_head = head / group;
+            let kv = caches[place.segment];
             let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
             let keys = kv.keys(layer_idx, kv_head, n_pos);
             let values = kv.values(layer_idx, kv_head, n_pos);
             scores.clear();
             scores.extend(keys.chunks_exact(head_dim).map(|k| dot(q_h, k) * scale));
             softmax_in_place(&mut scores);
-            // SAFETY: (t, head) pairs are split disjointly between threads, so this
+            // SAFETY: (row, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
             let o = unsafe {
                 std::slice::from_raw_parts_mut(

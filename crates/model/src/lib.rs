@@ -24,7 +24,7 @@ use pyramid_kernels::ops::rope_inv_freq;
 
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
-pub use forward::{LogitsFor, Scratch};
+pub use forward::{LogitsFor, Scratch, Segment};
 pub use kv_cache::KvCache;
 pub use linear::{Calibration, Linear};
 pub use weights::{LayerWeights, Matrix, ModelWeights};

@@ -4,7 +4,7 @@
 use pyramid_gguf::{GgmlType, GgufFile, Value};
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, LogitsFor, Model, ModelError, Scratch};
+use pyramid_model::{Architecture, LogitsFor, Model, ModelError, Precision, Scratch};
 
 fn build(spec: &SyntheticSpec) -> Model {
     let bytes = synthetic_gguf(spec).expect("synthetic gguf").to_bytes();
@@ -223,4 +223,67 @@ fn a_weight_of_a_type_without_dequantisation_is_an_error_naming_it() {
         msg.contains("blk.1.ffn_up.weight") && msg.contains("Q8_1"),
         "{msg}"
     );
+}
+
+/// Several sequences in one pass give exactly what each gives alone: every projection
+/// treats rows independently, and each row attends only to its own cache.
+#[test]
+fn batched_forward_equals_each_sequence_alone() {
+    use pyramid_model::Segment;
+    let pool = ThreadPool::new(2).unwrap();
+    for ty in [GgmlType::F32, GgmlType::Q8_0] {
+        for precision in [Precision::F32, Precision::Int8] {
+            let spec = SyntheticSpec {
+                weight_type: ty,
+                ..SyntheticSpec::tiny(Architecture::Qwen2)
+            };
+            let model = build(&spec).into_precision(precision, None);
+            let n_vocab = model.config.n_vocab;
+            let prompts: [&[u32]; 3] = [&PROMPT[..3], &PROMPT, &PROMPT[4..9]];
+            let next: [u32; 3] = [7, 99, 260];
+
+            // Alone: prefill, then one decode step.
+            let mut alone = Vec::new();
+            for (p, &t) in prompts.iter().zip(&next) {
+                let mut kv = model.new_kv_cache(32);
+                let mut s = Scratch::default();
+                model
+                    .forward(&pool, p, &mut kv, &mut s, LogitsFor::Last)
+                    .unwrap();
+                alone.push(
+                    model
+                        .forward(&pool, &[t], &mut kv, &mut s, LogitsFor::Last)
+                        .unwrap(),
+                );
+            }
+
+            // Together: one batched prefill of all three, then one batched decode step.
+            let mut caches: Vec<_> = (0..3).map(|_| model.new_kv_cache(32)).collect();
+            let mut s = Scratch::default();
+            let mut segments: Vec<Segment> = caches
+                .iter_mut()
+                .zip(prompts)
+                .map(|(kv, tokens)| Segment { tokens, kv })
+                .collect();
+            model
+                .forward_batch(&pool, &mut segments, &mut s, LogitsFor::Last)
+                .unwrap();
+            let singles: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+            let mut segments: Vec<Segment> = caches
+                .iter_mut()
+                .zip(&singles)
+                .map(|(kv, t)| Segment { tokens: t, kv })
+                .collect();
+            let together = model
+                .forward_batch(&pool, &mut segments, &mut s, LogitsFor::Last)
+                .unwrap();
+            for (b, want) in alone.iter().enumerate() {
+                assert_eq!(
+                    &together[b * n_vocab..(b + 1) * n_vocab],
+                    &want[..],
+                    "{ty} {precision}: sequence {b}"
+                );
+            }
+        }
+    }
 }

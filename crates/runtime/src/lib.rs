@@ -5,6 +5,8 @@
 //! - [`Sampler`]: greedy, temperature, top-k, top-p, min-p and repetition penalty,
 //!   seeded and reproducible.
 //! - [`generate`]: the prefill-then-decode loop with stop conditions and timings.
+//! - [`step_batch`]: several sessions advanced in one forward pass (batched decode, or
+//!   prefill chunks mixed with decode tokens), each weight read once for the batch.
 //!
 //! Invariant: a session's `tokens()` are exactly the tokens whose keys and values are in
 //! its cache, in order.
@@ -16,5 +18,6 @@ mod session;
 
 pub use error::{Result, RuntimeError};
 pub use generate::{generate, FinishReason, GenerateParams, Generation, Timings};
+pub use pyramid_model::Scratch;
 pub use sampler::{Sampler, SamplerConfig};
-pub use session::Session;
+pub use session::{step_batch, Session};

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::{KvCache, LogitsFor, Model, Scratch};
+use pyramid_model::{KvCache, LogitsFor, Model, Scratch, Segment};
 
 use crate::{Result, RuntimeError};
 
@@ -115,4 +115,49 @@ impl Session {
     pub fn remaining_context(&self) -> usize {
         self.model.config.n_ctx_train - self.tokens.len()
     }
+}
+
+/// Appends `new_tokens[i]` to `sessions[i]` for every `i` in one forward pass, reading each
+/// weight once for the whole batch, and returns each session's logits at its last new token.
+/// A prefill chunk and single decode tokens may be mixed; the results are exactly those of
+/// running each session alone.
+pub fn step_batch(
+    pool: &ThreadPool,
+    sessions: &mut [&mut Session],
+    new_tokens: &[&[u32]],
+    scratch: &mut Scratch,
+) -> Result<Vec<Vec<f32>>> {
+    assert_eq!(
+        sessions.len(),
+        new_tokens.len(),
+        "one token list per session"
+    );
+    let Some(first) = sessions.first() else {
+        return Ok(Vec::new());
+    };
+    let model = Arc::clone(&first.model);
+    for (session, tokens) in sessions.iter_mut().zip(new_tokens) {
+        if !Arc::ptr_eq(&session.model, &model) {
+            return Err(RuntimeError::MixedModels);
+        }
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        session.check_context(session.tokens.len() + tokens.len())?;
+        session.kv.reserve(session.tokens.len() + tokens.len());
+    }
+    let mut segments: Vec<Segment> = sessions
+        .iter_mut()
+        .zip(new_tokens)
+        .map(|(session, tokens)| Segment {
+            tokens,
+            kv: &mut session.kv,
+        })
+        .collect();
+    let logits = model.forward_batch(pool, &mut segments, scratch, LogitsFor::Last)?;
+    for (session, tokens) in sessions.iter_mut().zip(new_tokens) {
+        session.tokens.extend_from_slice(tokens);
+    }
+    let n_vocab = model.config.n_vocab;
+    Ok(logits.chunks_exact(n_vocab).map(<[f32]>::to_vec).collect())
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use pyramid_kernels::isa;
-use pyramid_runtime::{Sampler, SamplerConfig, Session};
+use pyramid_runtime::{step_batch, Sampler, SamplerConfig, Scratch, Session};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -42,6 +42,10 @@ pub struct BenchArgs {
         default_value = "0"
     )]
     pub n_depth: Vec<usize>,
+    /// Sequences run together: each pp test prefills this many prompts in one pass, each
+    /// tg test decodes this many sequences in lockstep (t/s counts all of them).
+    #[arg(short = 'b', long, default_value_t = 1)]
+    pub batch: usize,
     /// Timed repetitions per test.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
@@ -75,32 +79,51 @@ fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
 }
 
 /// Seconds for one run of the test: prefill `n_prompt` tokens, or decode `n_gen` tokens,
-/// after `n_depth` untimed tokens.
+/// in each of `batch` sequences, after `n_depth` untimed tokens each.
 fn run_once(
     loaded: &Loaded,
+    batch: usize,
     n_depth: usize,
     n_prompt: usize,
     n_gen: usize,
     seed: u64,
 ) -> Result<f64> {
     let n_vocab = loaded.model.config.n_vocab;
-    let mut session = Session::new(loaded.model.clone(), n_depth + n_prompt + n_gen + 1);
+    let pool = &loaded.pool;
+    let mut sessions: Vec<Session> = (0..batch)
+        .map(|_| Session::new(loaded.model.clone(), n_depth + n_prompt + n_gen + 1))
+        .collect();
+    let mut scratch = Scratch::default();
+    let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
+    let mut step = |sessions: &mut [Session], tokens: &[Vec<u32>]| -> Result<Vec<Vec<f32>>> {
+        let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
+        let slices: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
+        Ok(step_batch(pool, &mut refs, &slices, &mut scratch)?)
+    };
     if n_depth > 0 {
-        session.prefill(&loaded.pool, &random_tokens(n_depth, n_vocab, seed))?;
+        let depth: Vec<Vec<u32>> = (0..batch)
+            .map(|b| random_tokens(n_depth, n_vocab, seq_seed(b, 0)))
+            .collect();
+        step(&mut sessions, &depth)?;
     }
-    let start = Instant::now();
     if n_prompt > 0 {
-        let mut prompt = session.tokens().to_vec();
-        prompt.extend(random_tokens(n_prompt, n_vocab, seed + 1));
-        session.prefill(&loaded.pool, &prompt)?;
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|b| random_tokens(n_prompt, n_vocab, seq_seed(b, 1)))
+            .collect();
+        let start = Instant::now();
+        step(&mut sessions, &prompts)?;
         return Ok(start.elapsed().as_secs_f64());
     }
     let mut sampler = Sampler::new(SamplerConfig::greedy())?;
-    let mut token = random_tokens(1, n_vocab, seed + 2)[0];
+    let mut tokens: Vec<Vec<u32>> = (0..batch)
+        .map(|b| random_tokens(1, n_vocab, seq_seed(b, 2)))
+        .collect();
     let start = Instant::now();
     for _ in 0..n_gen {
-        let mut logits = session.decode(&loaded.pool, token)?;
-        token = sampler.sample(&mut logits, &[]);
+        let logits = step(&mut sessions, &tokens)?;
+        for (t, mut l) in tokens.iter_mut().zip(logits) {
+            t[0] = sampler.sample(&mut l, &[]);
+        }
     }
     Ok(start.elapsed().as_secs_f64())
 }
@@ -119,6 +142,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.repetitions == 0 {
         bail!("-r/--repetitions must be at least 1");
     }
+    if args.batch == 0 {
+        bail!("-b/--batch must be at least 1");
+    }
     let loaded = args.model.load()?;
     let n_ctx = loaded.model.config.n_ctx_train;
     let mut tests = Vec::new();
@@ -131,8 +157,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     let mut records = Vec::new();
     if !args.json {
-        println!("| model | precision | threads | isa | test | t/s |");
-        println!("|---|---|---|---|---|---|");
+        println!("| model | precision | threads | isa | batch | test | t/s |");
+        println!("|---|---|---|---|---|---|---|");
     }
     for (n_depth, n_prompt, n_gen) in tests {
         if n_depth + n_prompt + n_gen + 1 > n_ctx {
@@ -141,12 +167,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 n_depth + n_prompt + n_gen + 1
             );
         }
-        let n_tokens = n_prompt + n_gen;
-        run_once(&loaded, n_depth, n_prompt, n_gen, 0)?; // warm-up
+        let n_tokens = (n_prompt + n_gen) * args.batch;
+        run_once(&loaded, args.batch, n_depth, n_prompt, n_gen, 0)?; // warm-up
         let samples_ts: Vec<f64> = (0..args.repetitions)
             .map(|rep| {
-                run_once(&loaded, n_depth, n_prompt, n_gen, rep as u64 + 1)
-                    .map(|s| n_tokens as f64 / s)
+                run_once(
+                    &loaded,
+                    args.batch,
+                    n_depth,
+                    n_prompt,
+                    n_gen,
+                    rep as u64 + 1,
+                )
+                .map(|s| n_tokens as f64 / s)
             })
             .collect::<Result<_>>()?;
         let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
@@ -164,7 +197,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             n_prompt,
             n_gen,
             n_depth,
-            batch: 1,
+            batch: args.batch,
             threads: loaded.pool.n_threads(),
             precision: loaded.model.precision.to_string(),
             kv: "f32",
@@ -175,11 +208,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         };
         if !args.json {
             println!(
-                "| {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
                 record.model,
                 record.precision,
                 record.threads,
                 record.isa,
+                record.batch,
                 record.test,
                 avg_ts,
                 stddev_ts
