@@ -103,6 +103,75 @@ unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
     axpy_scalar(y, alpha, x)
 }
 
+/// Attention scores of one query against `n_pos` keys (`keys`: `[n_pos, head_dim]`):
+/// `out[p] = scale · q · keys[p]`. One ISA dispatch per head, not per position.
+pub fn attention_scores(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>) {
+    out.clear();
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { scores_avx512(q, keys, scale, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { scores_avx2(q, keys, scale, out) },
+        _ => scores_lanes::<8>(q, keys, scale, out),
+    }
+}
+
+#[inline(always)]
+fn scores_lanes<const L: usize>(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>) {
+    // A plain loop, not an iterator closure: closures do not inherit the caller's
+    // `target_feature`, and the dot product would fall back to baseline SSE.
+    for k in keys.chunks_exact(q.len()) {
+        out.push(dot_lanes::<L>(q, k) * scale);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_avx512(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>) {
+    scores_lanes::<16>(q, keys, scale, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_avx2(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>) {
+    scores_lanes::<8>(q, keys, scale, out)
+}
+
+/// `out = Σ_p weights[p] · values[p]` (`values`: `[n_pos, head_dim]`), one dispatch per head.
+pub fn weighted_sum(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { weighted_sum_avx512(weights, values, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { weighted_sum_avx2(weights, values, out) },
+        _ => weighted_sum_scalar(weights, values, out),
+    }
+}
+
+#[inline(always)]
+fn weighted_sum_scalar(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    for (&w, v) in weights.iter().zip(values.chunks_exact(out.len())) {
+        axpy_scalar(out, w, v);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sum_avx512(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    weighted_sum_scalar(weights, values, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum_avx2(weights: &[f32], values: &[f32], out: &mut [f32]) {
+    weighted_sum_scalar(weights, values, out)
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
@@ -228,6 +297,26 @@ mod tests {
             axpy_scalar(&mut y_ref, 0.5, &a);
             assert_eq!(y, y_ref, "len {len}");
         }
+    }
+
+    #[test]
+    fn attention_helpers_match_per_position_loops() {
+        let hd = 24;
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let keys: Vec<f32> = (0..hd * 37).map(|i| (i as f32 * 0.07).cos()).collect();
+        let mut scores = Vec::new();
+        attention_scores(&q, &keys, 0.5, &mut scores);
+        assert_eq!(scores.len(), 37);
+        for (p, s) in scores.iter().enumerate() {
+            assert!((s - 0.5 * dot_scalar(&q, &keys[p * hd..(p + 1) * hd])).abs() < 1e-5);
+        }
+        let mut out = vec![1.0; hd];
+        weighted_sum(&scores, &keys, &mut out);
+        let mut want = vec![0.0; hd];
+        for (p, &w) in scores.iter().enumerate() {
+            axpy_scalar(&mut want, w, &keys[p * hd..(p + 1) * hd]);
+        }
+        assert_eq!(out, want);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! against. One function per block of the model, top to bottom.
 
 use pyramid_kernels::ops::{
-    add_in_place, axpy, dot, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
+    add_in_place, attention_scores, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
+    weighted_sum,
 };
 use pyramid_kernels::{split_range, ThreadPool};
 
@@ -316,8 +317,7 @@ fn attend(
             let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
             let keys = kv.keys(layer_idx, kv_head, n_pos);
             let values = kv.values(layer_idx, kv_head, n_pos);
-            scores.clear();
-            scores.extend(keys.chunks_exact(head_dim).map(|k| dot(q_h, k) * scale));
+            attention_scores(q_h, keys, scale, &mut scores);
             softmax_in_place(&mut scores);
             // SAFETY: (row, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
@@ -327,10 +327,7 @@ fn attend(
                     head_dim,
                 )
             };
-            o.fill(0.0);
-            for (&p, v) in scores.iter().zip(values.chunks_exact(head_dim)) {
-                axpy(o, p, v);
-            }
+            weighted_sum(&scores, values, o);
         }
     });
 }

@@ -255,13 +255,17 @@ mod tests {
 
     #[test]
     fn outliers_are_the_few_channels_far_above_the_median() {
-        let mut peaks = vec![1.0; 64];
+        let n = 16 * MAX_OUTLIER_FRACTION; // room for 16 outliers
+        let mut peaks = vec![1.0; n];
         peaks[3] = 50.0;
-        peaks[40] = 7.0;
-        peaks[10] = 5.0; // below 6× median
+        peaks[40] = OUTLIER_RATIO + 1.0;
+        peaks[10] = OUTLIER_RATIO - 1.0; // not far enough above the median
         assert_eq!(select_outliers(&peaks), vec![3, 40]);
-        peaks[20] = 100.0; // cap: 64 / 32 = 2 channels, the largest
-        assert_eq!(select_outliers(&peaks), vec![3, 20]);
+        // Over the cap, the largest win.
+        let mut few = vec![1.0; MAX_OUTLIER_FRACTION];
+        few[5] = 10.0;
+        few[9] = 100.0;
+        assert_eq!(select_outliers(&few), vec![9]);
     }
 
     #[test]
