@@ -9,7 +9,7 @@ use clap::Args;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
-use pyramid_model::{Model, Precision};
+use pyramid_model::{KvType, Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::Tokenizer;
 
@@ -24,6 +24,19 @@ pub struct ModelArgs {
     /// Weight precision: f32 (the reference) or int8 (W8A8, faster).
     #[arg(long, default_value = "f32", value_parser = parse_precision)]
     pub precision: Precision,
+    /// KV cache storage: f32, or int8 (a quarter of the bytes for long contexts).
+    #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
+    pub kv: KvType,
+}
+
+fn parse_kv_type(s: &str) -> Result<KvType, String> {
+    KvType::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+        format!(
+            "unknown KV cache type '{s}' (expected one of: {})",
+            names.join(", ")
+        )
+    })
 }
 
 fn parse_precision(s: &str) -> Result<Precision, String> {
@@ -55,6 +68,7 @@ fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
 
 pub struct Loaded {
     pub name: String,
+    pub kv_type: KvType,
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
     pub pool: ThreadPool,
@@ -85,6 +99,7 @@ impl ModelArgs {
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),
+            kv_type: self.kv,
             model: Arc::new(model),
             tokenizer,
             pool,

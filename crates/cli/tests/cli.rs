@@ -442,6 +442,22 @@ fn bench_reports_llama_bench_style_records() {
     assert_ok(&out);
     let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert!(records.as_array().unwrap().iter().all(|r| r["batch"] == 3));
+    let out = f.run(&[
+        "bench", "-m", &model, "--kv", "int8", "-p", "8", "-n", "4", "-r", "1", "--json",
+    ]);
+    assert_ok(&out);
+    let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(records
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["kv"] == "int8"));
+    let out = f.run(&["bench", "-m", &model, "--kv", "int3"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("unknown KV cache type 'int3'"),
+        "{}",
+        stderr(&out)
+    );
     let out = f.run(&["bench", "-m", &model, "-b", "0"]);
     assert!(
         !out.status.success() && stderr(&out).contains("--batch"),

@@ -172,6 +172,125 @@ unsafe fn weighted_sum_avx2(weights: &[f32], values: &[f32], out: &mut [f32]) {
     weighted_sum_scalar(weights, values, out)
 }
 
+/// [`attention_scores`] over an INT8 cache: `out[p] = scale · key_scales[p] · (q · keys[p])`.
+pub fn attention_scores_i8(
+    q: &[f32],
+    keys: &[i8],
+    key_scales: &[f32],
+    scale: f32,
+    out: &mut Vec<f32>,
+) {
+    out.clear();
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { scores_i8_avx512(q, keys, key_scales, scale, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { scores_i8_avx2(q, keys, key_scales, scale, out) },
+        _ => scores_i8_lanes::<8>(q, keys, key_scales, scale, out),
+    }
+}
+
+#[inline(always)]
+fn scores_i8_lanes<const L: usize>(
+    q: &[f32],
+    keys: &[i8],
+    key_scales: &[f32],
+    scale: f32,
+    out: &mut Vec<f32>,
+) {
+    let hd = q.len();
+    for (k, &ks) in keys.chunks_exact(hd).zip(key_scales) {
+        let mut acc = [0.0f32; L];
+        let chunks = hd / L * L;
+        for (cq, ck) in q[..chunks].chunks_exact(L).zip(k[..chunks].chunks_exact(L)) {
+            for l in 0..L {
+                acc[l] += cq[l] * f32::from(ck[l]);
+            }
+        }
+        let mut sum = acc.iter().sum::<f32>();
+        for (x, &y) in q[chunks..].iter().zip(&k[chunks..]) {
+            sum += x * f32::from(y);
+        }
+        out.push(sum * ks * scale);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scores_i8_avx512(
+    q: &[f32],
+    keys: &[i8],
+    key_scales: &[f32],
+    scale: f32,
+    out: &mut Vec<f32>,
+) {
+    scores_i8_lanes::<16>(q, keys, key_scales, scale, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_i8_avx2(
+    q: &[f32],
+    keys: &[i8],
+    key_scales: &[f32],
+    scale: f32,
+    out: &mut Vec<f32>,
+) {
+    scores_i8_lanes::<8>(q, keys, key_scales, scale, out)
+}
+
+/// [`weighted_sum`] over an INT8 cache: `out = Σ_p weights[p] · value_scales[p] · values[p]`.
+pub fn weighted_sum_i8(weights: &[f32], values: &[i8], value_scales: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
+        Isa::Avx512 => unsafe { weighted_sum_i8_avx512(weights, values, value_scales, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
+        Isa::Avx2 => unsafe { weighted_sum_i8_avx2(weights, values, value_scales, out) },
+        _ => weighted_sum_i8_scalar(weights, values, value_scales, out),
+    }
+}
+
+#[inline(always)]
+fn weighted_sum_i8_scalar(weights: &[f32], values: &[i8], value_scales: &[f32], out: &mut [f32]) {
+    for ((&w, &vs), v) in weights
+        .iter()
+        .zip(value_scales)
+        .zip(values.chunks_exact(out.len()))
+    {
+        let alpha = w * vs;
+        for (o, &x) in out.iter_mut().zip(v) {
+            *o += alpha * f32::from(x);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn weighted_sum_i8_avx512(
+    weights: &[f32],
+    values: &[i8],
+    value_scales: &[f32],
+    out: &mut [f32],
+) {
+    weighted_sum_i8_scalar(weights, values, value_scales, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_sum_i8_avx2(
+    weights: &[f32],
+    values: &[i8],
+    value_scales: &[f32],
+    out: &mut [f32],
+) {
+    weighted_sum_i8_scalar(weights, values, value_scales, out)
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
@@ -317,6 +436,33 @@ mod tests {
             axpy_scalar(&mut want, w, &keys[p * hd..(p + 1) * hd]);
         }
         assert_eq!(out, want);
+    }
+
+    #[test]
+    fn int8_attention_helpers_match_dequantised_f32() {
+        let hd = 20;
+        let n_pos = 9;
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let keys: Vec<i8> = (0..hd * n_pos).map(|i| ((i * 37) % 255) as i8).collect();
+        let scales: Vec<f32> = (0..n_pos).map(|p| 0.01 * (p + 1) as f32).collect();
+        let dequant: Vec<f32> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| f32::from(k) * scales[i / hd])
+            .collect();
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        attention_scores_i8(&q, &keys, &scales, 0.25, &mut got);
+        attention_scores(&q, &dequant, 0.25, &mut want);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
+        let mut out = vec![0.0; hd];
+        weighted_sum_i8(&want, &keys, &scales, &mut out);
+        let mut expected = vec![0.0; hd];
+        weighted_sum(&want, &dequant, &mut expected);
+        for (g, w) in out.iter().zip(&expected) {
+            assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
     }
 
     #[test]

@@ -2,12 +2,12 @@
 //! against. One function per block of the model, top to bottom.
 
 use pyramid_kernels::ops::{
-    add_in_place, attention_scores, rms_norm, rope_in_place, silu_mul_in_place, softmax_in_place,
-    weighted_sum,
+    add_in_place, attention_scores, attention_scores_i8, rms_norm, rope_in_place,
+    silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_i8,
 };
 use pyramid_kernels::{split_range, ThreadPool};
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{HeadView, KvCache};
 use crate::linear::{Calibration, LinearScratch, Site};
 use crate::weights::LayerWeights;
 use crate::{Model, ModelError, Result};
@@ -315,10 +315,6 @@ fn attend(
             let kv_head = head / group;
             let kv = caches[place.segment];
             let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-            let keys = kv.keys(layer_idx, kv_head, n_pos);
-            let values = kv.values(layer_idx, kv_head, n_pos);
-            attention_scores(q_h, keys, scale, &mut scores);
-            softmax_in_place(&mut scores);
             // SAFETY: (row, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
             let o = unsafe {
@@ -327,7 +323,23 @@ fn attend(
                     head_dim,
                 )
             };
-            weighted_sum(&scores, values, o);
+            match kv.head(layer_idx, kv_head, n_pos) {
+                HeadView::F32 { keys, values } => {
+                    attention_scores(q_h, keys, scale, &mut scores);
+                    softmax_in_place(&mut scores);
+                    weighted_sum(&scores, values, o);
+                }
+                HeadView::Int8 {
+                    keys,
+                    key_scales,
+                    values,
+                    value_scales,
+                } => {
+                    attention_scores_i8(q_h, keys, key_scales, scale, &mut scores);
+                    softmax_in_place(&mut scores);
+                    weighted_sum_i8(&scores, values, value_scales, o);
+                }
+            }
         }
     });
 }

@@ -2,34 +2,159 @@
 //!
 //! Layout `[n_layer][n_head_kv][capacity][head_dim]`: attention for one head walks its
 //! positions contiguously, and moving a session into a larger cache is one copy per
-//! (layer, head) run.
+//! (layer, head) run. With [`KvType::Int8`] each stored row (one position of one head)
+//! is symmetric INT8 with its own f32 scale: a quarter of the bytes for long contexts,
+//! where decode is bound by reading the cache.
+
+use pyramid_kernels::int8::quantize_row;
 
 use crate::config::ModelConfig;
 use crate::{ModelError, Result};
 
+/// How cached keys and values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KvType {
+    F32,
+    Int8,
+}
+
+impl KvType {
+    pub const ALL: [KvType; 2] = [KvType::F32, KvType::Int8];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::Int8 => "int8",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One of the two tensors (keys or values), `[n_layer][n_head_kv][capacity][head_dim]`.
+#[derive(Debug, Clone)]
+enum Store {
+    F32(Vec<f32>),
+    /// Values and one scale per row (`[n_layer][n_head_kv][capacity]`).
+    Int8 {
+        q: Vec<i8>,
+        scales: Vec<f32>,
+    },
+}
+
+impl Store {
+    fn new(kind: KvType, n_rows: usize, head_dim: usize) -> Self {
+        match kind {
+            KvType::F32 => Store::F32(vec![0.0; n_rows * head_dim]),
+            KvType::Int8 => Store::Int8 {
+                q: vec![0; n_rows * head_dim],
+                scales: vec![0.0; n_rows],
+            },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Store::F32(d) => d.len() * 4,
+            Store::Int8 { q, scales } => q.len() + scales.len() * 4,
+        }
+    }
+
+    /// Writes row `row` (of `head_dim` values).
+    fn put(&mut self, row: usize, x: &[f32]) {
+        let hd = x.len();
+        match self {
+            Store::F32(d) => d[row * hd..(row + 1) * hd].copy_from_slice(x),
+            Store::Int8 { q, scales } => {
+                scales[row] = quantize_row(x, &mut q[row * hd..(row + 1) * hd])
+            }
+        }
+    }
+
+    /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
+    /// into runs of `new_run` rows.
+    fn regrow(
+        &self,
+        n_runs: usize,
+        old_run: usize,
+        new_run: usize,
+        live: usize,
+        hd: usize,
+    ) -> Self {
+        fn copy<T: Copy + Default>(
+            src: &[T],
+            n_runs: usize,
+            old: usize,
+            new: usize,
+            live: usize,
+        ) -> Vec<T> {
+            let mut out = vec![T::default(); n_runs * new];
+            for r in 0..n_runs {
+                out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
+            }
+            out
+        }
+        match self {
+            Store::F32(d) => Store::F32(copy(d, n_runs, old_run * hd, new_run * hd, live * hd)),
+            Store::Int8 { q, scales } => Store::Int8 {
+                q: copy(q, n_runs, old_run * hd, new_run * hd, live * hd),
+                scales: copy(scales, n_runs, old_run, new_run, live),
+            },
+        }
+    }
+}
+
+/// One head's cached positions `0..n_pos`, as attention reads them.
+#[derive(Debug, Clone, Copy)]
+pub enum HeadView<'a> {
+    /// Keys and values `[n_pos, head_dim]`.
+    F32 { keys: &'a [f32], values: &'a [f32] },
+    /// INT8 rows `[n_pos, head_dim]` with one scale per row `[n_pos]`.
+    Int8 {
+        keys: &'a [i8],
+        key_scales: &'a [f32],
+        values: &'a [i8],
+        value_scales: &'a [f32],
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct KvCache {
+    kind: KvType,
     n_layer: usize,
     n_head_kv: usize,
     head_dim: usize,
     capacity: usize,
     len: usize,
-    k: Vec<f32>, // [n_layer][n_head_kv][capacity][head_dim]
-    v: Vec<f32>, // [n_layer][n_head_kv][capacity][head_dim]
+    k: Store,
+    v: Store,
 }
 
 impl KvCache {
-    pub fn new(cfg: &ModelConfig, capacity: usize) -> Self {
-        let n = cfg.n_layer * cfg.n_head_kv * capacity * cfg.head_dim;
+    pub fn new(cfg: &ModelConfig, capacity: usize, kind: KvType) -> Self {
+        let n_rows = cfg.n_layer * cfg.n_head_kv * capacity;
         Self {
+            kind,
             n_layer: cfg.n_layer,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             capacity,
             len: 0,
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            k: Store::new(kind, n_rows, cfg.head_dim),
+            v: Store::new(kind, n_rows, cfg.head_dim),
         }
+    }
+
+    pub fn kind(&self) -> KvType {
+        self.kind
     }
 
     /// Positions filled so far.
@@ -46,7 +171,7 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
+        self.k.bytes() + self.v.bytes()
     }
 
     /// Forgets positions from `len` on (e.g. a chat turn that diverged from the cache).
@@ -60,17 +185,9 @@ impl KvCache {
             return;
         }
         let new_capacity = needed.max(self.capacity * 2);
-        let n_rows = self.n_layer * self.n_head_kv;
-        let row_old = self.capacity * self.head_dim;
-        let row_new = new_capacity * self.head_dim;
-        let live = self.len * self.head_dim;
-        for buf in [&mut self.k, &mut self.v] {
-            let mut grown = vec![0.0; n_rows * row_new];
-            for r in 0..n_rows {
-                grown[r * row_new..r * row_new + live]
-                    .copy_from_slice(&buf[r * row_old..r * row_old + live]);
-            }
-            *buf = grown;
+        let n_runs = self.n_layer * self.n_head_kv;
+        for store in [&mut self.k, &mut self.v] {
+            *store = store.regrow(n_runs, self.capacity, new_capacity, self.len, self.head_dim);
         }
         self.capacity = new_capacity;
     }
@@ -91,32 +208,39 @@ impl KvCache {
         self.len += n;
     }
 
-    fn offset(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
-        ((layer * self.n_head_kv + kv_head) * self.capacity + pos) * self.head_dim
+    /// Index of the row holding `pos` of `kv_head` in `layer`.
+    fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
+        (layer * self.n_head_kv + kv_head) * self.capacity + pos
     }
 
-    /// Keys of one head for positions `0..n_pos`: `[n_pos, head_dim]`.
-    pub fn keys(&self, layer: usize, kv_head: usize, n_pos: usize) -> &[f32] {
-        let start = self.offset(layer, kv_head, 0);
-        &self.k[start..start + n_pos * self.head_dim]
-    }
-
-    /// Values of one head for positions `0..n_pos`: `[n_pos, head_dim]`.
-    pub fn values(&self, layer: usize, kv_head: usize, n_pos: usize) -> &[f32] {
-        let start = self.offset(layer, kv_head, 0);
-        &self.v[start..start + n_pos * self.head_dim]
+    /// One head's positions `0..n_pos`.
+    pub fn head(&self, layer: usize, kv_head: usize, n_pos: usize) -> HeadView<'_> {
+        let (r0, hd) = (self.row(layer, kv_head, 0), self.head_dim);
+        let (rows, elems) = (r0..r0 + n_pos, r0 * hd..(r0 + n_pos) * hd);
+        match (&self.k, &self.v) {
+            (Store::F32(k), Store::F32(v)) => HeadView::F32 {
+                keys: &k[elems.clone()],
+                values: &v[elems],
+            },
+            (Store::Int8 { q: kq, scales: ks }, Store::Int8 { q: vq, scales: vs }) => {
+                HeadView::Int8 {
+                    keys: &kq[elems.clone()],
+                    key_scales: &ks[rows.clone()],
+                    values: &vq[elems],
+                    value_scales: &vs[rows],
+                }
+            }
+            _ => unreachable!("keys and values are created with the same type"),
+        }
     }
 
     /// Stores one position's keys and values for every KV head (`[n_head_kv * head_dim]` each).
     pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        for (h, (kh, vh)) in k
-            .chunks_exact(self.head_dim)
-            .zip(v.chunks_exact(self.head_dim))
-            .enumerate()
-        {
-            let o = self.offset(layer, h, pos);
-            self.k[o..o + self.head_dim].copy_from_slice(kh);
-            self.v[o..o + self.head_dim].copy_from_slice(vh);
+        let hd = self.head_dim;
+        for (h, (kh, vh)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let row = self.row(layer, h, pos);
+            self.k.put(row, kh);
+            self.v.put(row, vh);
         }
     }
 }

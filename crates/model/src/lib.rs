@@ -25,7 +25,7 @@ use pyramid_kernels::ops::rope_inv_freq;
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use forward::{LogitsFor, Scratch, Segment};
-pub use kv_cache::KvCache;
+pub use kv_cache::{HeadView, KvCache, KvType};
 pub use linear::{Calibration, Linear};
 pub use weights::{LayerWeights, Matrix, ModelWeights};
 
@@ -117,6 +117,11 @@ impl Model {
 
     /// A cache able to hold `capacity` positions (clamped to the model's context).
     pub fn new_kv_cache(&self, capacity: usize) -> KvCache {
-        KvCache::new(&self.config, capacity.min(self.config.n_ctx_train))
+        self.new_kv_cache_of(capacity, KvType::F32)
+    }
+
+    /// As [`Model::new_kv_cache`], storing keys and values as `kind`.
+    pub fn new_kv_cache_of(&self, capacity: usize, kind: KvType) -> KvCache {
+        KvCache::new(&self.config, capacity.min(self.config.n_ctx_train), kind)
     }
 }

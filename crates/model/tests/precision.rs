@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
-use pyramid_model::{LogitsFor, Model, Precision, Scratch};
+use pyramid_model::{KvType, LogitsFor, Model, Precision, Scratch};
 use pyramid_tokenizer::Tokenizer;
 use serde_json::Value;
 
@@ -159,4 +159,65 @@ fn qwen2_int8_agrees_with_f32() {
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "golden-qwen2.5-coder-0.5b-public.json",
     );
+}
+
+/// The INT8 KV cache (with f32 weights) against the f32 cache, teacher-forced as above.
+#[test]
+fn smollm2_int8_kv_cache_stays_close_to_f32() {
+    let path = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
+    let model = Model::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+    let refs: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../testdata/refs/golden-smollm2-135m-public.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let pool = ThreadPool::with_available_parallelism();
+    for prompt in refs["prompts"].as_array().unwrap() {
+        let ids: Vec<u32> = prompt["prompt_token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let mut caches =
+            [KvType::F32, KvType::Int8].map(|k| model.new_kv_cache_of(ids.len() + N_STEPS, k));
+        let mut scratch = Scratch::default();
+        let mut logits: Vec<Vec<f32>> = caches
+            .iter_mut()
+            .map(|kv| {
+                model
+                    .forward(&pool, &ids, kv, &mut scratch, LogitsFor::Last)
+                    .unwrap()
+            })
+            .collect();
+        let (mut kl_sum, mut agree, mut diverged) = (0.0, 0, false);
+        for _ in 0..N_STEPS {
+            kl_sum += kl(&logits[0], &logits[1]);
+            let next = argmax(&logits[0]);
+            diverged |= next != argmax(&logits[1]);
+            agree += usize::from(!diverged);
+            logits = caches
+                .iter_mut()
+                .map(|kv| {
+                    model
+                        .forward(&pool, &[next], kv, &mut scratch, LogitsFor::Last)
+                        .unwrap()
+                })
+                .collect();
+        }
+        let kl_mean = kl_sum / N_STEPS as f64;
+        let id = prompt["id"].as_str().unwrap();
+        eprintln!(
+            "smollm2 kv int8 {id:<12} greedy agreement {agree:>2}/{N_STEPS}  mean KL {kl_mean:.5}"
+        );
+        assert!(kl_mean < 0.005, "{id}: INT8 KV cache mean KL {kl_mean}");
+    }
 }

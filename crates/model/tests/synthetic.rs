@@ -287,3 +287,46 @@ fn batched_forward_equals_each_sequence_alone() {
         }
     }
 }
+
+/// An INT8 cache stays close to the f32 one, and growing it keeps results exactly.
+#[test]
+fn int8_kv_cache_tracks_f32_and_survives_growth() {
+    use pyramid_model::KvType;
+    let pool = ThreadPool::new(2).unwrap();
+    let model = build(&SyntheticSpec::tiny(Architecture::Llama));
+    let run = |kind: KvType, capacity: usize| {
+        let mut kv = model.new_kv_cache_of(capacity, kind);
+        let mut s = Scratch::default();
+        let mut out = Vec::new();
+        for chunk in PROMPT.chunks(4) {
+            kv.reserve(kv.len() + chunk.len());
+            out.push(
+                model
+                    .forward(&pool, chunk, &mut kv, &mut s, LogitsFor::Last)
+                    .unwrap(),
+            );
+        }
+        (out, kv)
+    };
+    let (f32_logits, f32_kv) = run(KvType::F32, 64);
+    let (i8_logits, i8_kv) = run(KvType::Int8, 64);
+    let (grown_logits, _) = run(KvType::Int8, 1);
+    assert_eq!(
+        i8_logits, grown_logits,
+        "growth must not change an INT8 cache"
+    );
+    assert!(
+        i8_kv.bytes() * 3 < f32_kv.bytes(),
+        "{} vs {}",
+        i8_kv.bytes(),
+        f32_kv.bytes()
+    );
+    for (a, b) in f32_logits.iter().zip(&i8_logits) {
+        let spread = a.iter().map(|v| v.abs()).fold(0.0, f32::max);
+        assert!(
+            max_abs_diff(a, b) < 0.05 * spread.max(1.0),
+            "INT8 cache drifts: {}",
+            max_abs_diff(a, b)
+        );
+    }
+}

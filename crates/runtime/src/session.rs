@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::{KvCache, LogitsFor, Model, Scratch, Segment};
+use pyramid_model::{KvCache, KvType, LogitsFor, Model, Scratch, Segment};
 
 use crate::{Result, RuntimeError};
 
@@ -38,7 +38,12 @@ impl Session {
     /// `capacity` positions are reserved up front; the cache grows on demand up to the
     /// model's context length.
     pub fn new(model: Arc<Model>, capacity: usize) -> Self {
-        let kv = model.new_kv_cache(capacity.max(1));
+        Self::with_kv_type(model, capacity, KvType::F32)
+    }
+
+    /// As [`Session::new`], caching keys and values as `kv_type`.
+    pub fn with_kv_type(model: Arc<Model>, capacity: usize, kv_type: KvType) -> Self {
+        let kv = model.new_kv_cache_of(capacity.max(1), kv_type);
         Self {
             model,
             kv,

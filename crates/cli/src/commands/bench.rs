@@ -64,7 +64,7 @@ struct Record {
     batch: usize,
     threads: usize,
     precision: String,
-    kv: &'static str,
+    kv: String,
     isa: &'static str,
     avg_ts: f64,
     stddev_ts: f64,
@@ -91,7 +91,13 @@ fn run_once(
     let n_vocab = loaded.model.config.n_vocab;
     let pool = &loaded.pool;
     let mut sessions: Vec<Session> = (0..batch)
-        .map(|_| Session::new(loaded.model.clone(), n_depth + n_prompt + n_gen + 1))
+        .map(|_| {
+            Session::with_kv_type(
+                loaded.model.clone(),
+                n_depth + n_prompt + n_gen + 1,
+                loaded.kv_type,
+            )
+        })
         .collect();
     let mut scratch = Scratch::default();
     let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
@@ -200,7 +206,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             batch: args.batch,
             threads: loaded.pool.n_threads(),
             precision: loaded.model.precision.to_string(),
-            kv: "f32",
+            kv: loaded.kv_type.to_string(),
             isa: isa::active().name(),
             avg_ts,
             stddev_ts,

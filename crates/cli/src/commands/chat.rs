@@ -35,7 +35,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         .sampling
         .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
     let tokenizer = &loaded.tokenizer;
-    let mut session = Session::new(loaded.model.clone(), 1024);
+    let mut session = Session::with_kv_type(loaded.model.clone(), 1024, loaded.kv_type);
     let mut messages: Vec<ChatMessage> = args
         .system
         .iter()

@@ -159,7 +159,11 @@ pub fn run(args: RunArgs) -> Result<()> {
     let params = args
         .sampling
         .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
-    let mut session = Session::new(loaded.model.clone(), prompt.len() + params.max_tokens);
+    let mut session = Session::with_kv_type(
+        loaded.model.clone(),
+        prompt.len() + params.max_tokens,
+        loaded.kv_type,
+    );
 
     let tokenizer = &loaded.tokenizer;
     let mut stream = StreamDecoder::new();
