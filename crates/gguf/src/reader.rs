@@ -16,6 +16,10 @@ pub const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// GGML tensors have at most four dimensions.
 pub const MAX_DIMS: u32 = 4;
+/// Elements reserved up front for an array or the tensor directory: a count read from the
+/// file is checked against the bytes left, but an in-memory `Value` is larger than its
+/// encoding, so larger collections grow as they are actually read.
+const MAX_PREALLOC: usize = 4096;
 /// Arrays of arrays deeper than this are rejected rather than recursed into.
 const MAX_ARRAY_DEPTH: u32 = 4;
 
@@ -122,8 +126,8 @@ impl GgufFile {
             metadata.insert(key, value);
         }
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut by_name = HashMap::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity((n_tensors as usize).min(MAX_PREALLOC));
+        let mut by_name = HashMap::with_capacity((n_tensors as usize).min(MAX_PREALLOC));
         for _ in 0..n_tensors {
             let name = cur.string("tensor name")?;
             let n_dims = cur.u32("tensor dimension count")?;
@@ -368,7 +372,7 @@ impl<'a> Cursor<'a> {
                     }
                 };
                 self.check_count(count, min_size, "array")?;
-                let mut items = Vec::with_capacity(count as usize);
+                let mut items = Vec::with_capacity((count as usize).min(MAX_PREALLOC));
                 for _ in 0..count {
                     items.push(self.value(elem_type, depth + 1, key)?);
                 }

@@ -12,6 +12,8 @@ pub enum KernelError {
     IsaUnavailable { requested: Isa, available: Isa },
     #[error("thread count must be at least 1")]
     ZeroThreads,
+    #[error("cannot start a worker thread: {0}")]
+    Spawn(String),
 }
 
 /// Kernel families, in increasing capability.
@@ -47,6 +49,7 @@ impl Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("fma")

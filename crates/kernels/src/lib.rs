@@ -9,8 +9,8 @@
 //!   layout GGUF uses, so both operands stream contiguously along `k`.
 //! - [`ops`]: RMSNorm, RoPE, softmax, SwiGLU and the small vector helpers attention uses.
 //!
-//! Invariant: kernels neither allocate nor return `Result`; callers check shapes once and
-//! kernels `debug_assert!` them.
+//! Invariant: kernels write into caller-provided buffers and do not return `Result`; the
+//! public entry points assert shapes (with checked arithmetic) before any raw load.
 
 pub mod int8;
 pub mod isa;

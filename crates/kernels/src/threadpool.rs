@@ -36,6 +36,10 @@ struct Shared {
     wake: Condvar,
     /// The caller parked on `done`, waiting for the last worker.
     caller_waiting: AtomicBool,
+    /// A `run` is in progress; concurrent or nested calls run inline instead.
+    busy: AtomicBool,
+    /// A worker's call panicked; `run` re-raises it once all workers are done.
+    worker_panicked: AtomicBool,
     done: Condvar,
 }
 
@@ -73,22 +77,25 @@ impl ThreadPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
             caller_waiting: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
+            worker_panicked: AtomicBool::new(false),
             done: Condvar::new(),
         });
-        let workers = (1..n_threads)
-            .map(|idx| {
-                let shared = Arc::clone(&shared);
-                std::thread::Builder::new()
-                    .name(format!("pyramid-worker-{idx}"))
-                    .spawn(move || worker_loop(&shared, idx))
-                    .expect("spawning a worker thread")
-            })
-            .collect();
-        Ok(Self {
+        let mut pool = Self {
             shared,
-            workers,
+            workers: Vec::with_capacity(n_threads - 1),
             n_threads,
-        })
+        };
+        for idx in 1..n_threads {
+            let shared = Arc::clone(&pool.shared);
+            let worker = std::thread::Builder::new()
+                .name(format!("pyramid-worker-{idx}"))
+                .spawn(move || worker_loop(&shared, idx))
+                // Dropping `pool` shuts down and joins the workers started so far.
+                .map_err(|e| KernelError::Spawn(e.to_string()))?;
+            pool.workers.push(worker);
+        }
+        Ok(pool)
     }
 
     /// One thread per available core.
@@ -102,22 +109,30 @@ impl ThreadPool {
     }
 
     /// Runs `f(thread_idx)` for every `thread_idx` in `0..n_threads` and returns when all
-    /// calls have returned. Calls from the same pool must not nest.
+    /// calls have returned. A call made while the pool is busy (nested, or from another
+    /// thread) runs all indices on the calling thread instead. A panic in any call is
+    /// re-raised here, after every worker has let go of `f`.
     pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.n_threads == 1 {
-            f(0);
+        let shared = &*self.shared;
+        if self.n_threads == 1
+            || shared
+                .busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            (0..self.n_threads).for_each(f);
             return;
         }
-        let shared = &*self.shared;
-        // SAFETY: erase the lifetime; we do not return until `pending` reaches zero,
-        // i.e. until no worker can touch `f` any more.
+        // SAFETY: erase the lifetime; we do not return (or unwind) until `pending` reaches
+        // zero, i.e. until no worker can touch `f` any more.
         let job = Job(unsafe {
             std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
                 f,
             )
         });
-        // SAFETY: all workers are idle (the previous `run` waited for `pending == 0`), so
-        // nobody reads `job` until the generation below is published.
+        // SAFETY: all workers are idle (the previous `run` waited for `pending == 0`, and
+        // `busy` excludes concurrent callers), so nobody reads `job` until the generation
+        // below is published.
         unsafe { *shared.job.get() = Some(job) };
         shared.pending.store(self.n_threads - 1, Ordering::SeqCst);
         shared.generation.fetch_add(1, Ordering::SeqCst);
@@ -125,17 +140,29 @@ impl ThreadPool {
             let _guard = shared.lock.lock().expect("pool lock poisoned");
             shared.wake.notify_all();
         }
-        f(0);
+        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0)));
+        self.wait_for_workers();
+        shared.busy.store(false, Ordering::Release);
+        if let Err(payload) = own {
+            std::panic::resume_unwind(payload);
+        }
+        if shared.worker_panicked.swap(false, Ordering::SeqCst) {
+            panic!("a thread-pool worker panicked");
+        }
+    }
+
+    fn wait_for_workers(&self) {
+        let shared = &*self.shared;
         for _ in 0..SPIN_ITERS {
             if shared.pending.load(Ordering::Acquire) == 0 {
                 return;
             }
             std::hint::spin_loop();
         }
-        let mut guard = shared.lock.lock().expect("pool lock poisoned");
+        let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
         shared.caller_waiting.store(true, Ordering::SeqCst);
         while shared.pending.load(Ordering::SeqCst) != 0 {
-            guard = shared.done.wait(guard).expect("pool lock poisoned");
+            guard = shared.done.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
         shared.caller_waiting.store(false, Ordering::SeqCst);
     }
@@ -170,7 +197,9 @@ fn worker_loop(shared: &Shared, idx: usize) {
         // keeps the closure alive until we decrement `pending`.
         let job = unsafe { (*shared.job.get()).expect("a new generation always carries a job") };
         let f = unsafe { &*job.0 };
-        f(idx);
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(idx))).is_err() {
+            shared.worker_panicked.store(true, Ordering::SeqCst);
+        }
         if shared.pending.fetch_sub(1, Ordering::SeqCst) == 1
             && shared.caller_waiting.load(Ordering::SeqCst)
         {
@@ -223,6 +252,37 @@ mod tests {
             hits.load(Ordering::Relaxed),
             1000 * (1 + (1 << 16) + (1 << 32))
         );
+    }
+
+    #[test]
+    fn panics_propagate_and_the_pool_stays_usable() {
+        let pool = ThreadPool::new(2).unwrap();
+        for bad in [0, 1] {
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(&|idx| assert_ne!(idx, bad, "thread {bad} fails"));
+            }));
+            assert!(
+                caught.is_err(),
+                "a panic on thread {bad} must reach the caller"
+            );
+        }
+        let hits = AtomicUsize::new(0);
+        pool.run(&|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn nested_runs_execute_inline() {
+        let pool = ThreadPool::new(2).unwrap();
+        let hits = AtomicUsize::new(0);
+        pool.run(&|_| {
+            pool.run(&|_| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 4);
     }
 
     #[test]

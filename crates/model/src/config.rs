@@ -120,6 +120,7 @@ impl ModelConfig {
             rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
         };
         for (what, v) in [
+            ("n_embd", cfg.n_embd),
             ("n_vocab", cfg.n_vocab),
             ("n_layer", cfg.n_layer),
             ("n_ff", cfg.n_ff),
@@ -129,6 +130,19 @@ impl ModelConfig {
             if v == 0 {
                 return Err(ModelError::BadConfig(format!("{what} is 0")));
             }
+        }
+        // The largest buffers (a full-context KV cache, the embedding table) must be
+        // addressable; a file claiming more is corrupt, not merely large.
+        let kv_elems = [cfg.n_layer, cfg.n_head_kv, cfg.head_dim, cfg.n_ctx_train, 2]
+            .into_iter()
+            .try_fold(1usize, usize::checked_mul);
+        let q_elems = cfg.n_head.checked_mul(cfg.head_dim);
+        let embd_elems = cfg.n_vocab.checked_mul(cfg.n_embd);
+        if kv_elems.is_none() || q_elems.is_none() || embd_elems.is_none() {
+            return Err(ModelError::BadConfig(format!(
+                "shapes overflow: {} layers, {} heads of {}, context {}, vocabulary {}",
+                cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_ctx_train, cfg.n_vocab
+            )));
         }
         Ok(cfg)
     }

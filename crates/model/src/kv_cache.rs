@@ -133,6 +133,8 @@ pub struct KvCache {
     n_head_kv: usize,
     head_dim: usize,
     capacity: usize,
+    /// The model's context: growth stops here.
+    max_capacity: usize,
     len: usize,
     k: Store,
     v: Store,
@@ -147,6 +149,7 @@ impl KvCache {
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             capacity,
+            max_capacity: cfg.n_ctx_train.max(capacity),
             len: 0,
             k: Store::new(kind, n_rows, cfg.head_dim),
             v: Store::new(kind, n_rows, cfg.head_dim),
@@ -180,11 +183,16 @@ impl KvCache {
     }
 
     /// Makes room for `needed` positions, copying the live ones into a larger buffer.
+    /// Doubling stops at the model's context; `needed` beyond it is left for the forward
+    /// pass to reject.
     pub fn reserve(&mut self, needed: usize) {
+        let needed = needed.min(self.max_capacity);
         if needed <= self.capacity {
             return;
         }
-        let new_capacity = needed.max(self.capacity * 2);
+        let new_capacity = needed
+            .max(self.capacity.saturating_mul(2))
+            .min(self.max_capacity);
         let n_runs = self.n_layer * self.n_head_kv;
         for store in [&mut self.k, &mut self.v] {
             *store = store.regrow(n_runs, self.capacity, new_capacity, self.len, self.head_dim);

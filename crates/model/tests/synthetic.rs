@@ -160,6 +160,9 @@ fn bad_inputs_are_errors() {
         })
     ));
     assert_eq!(kv.len(), 0, "a failed forward leaves the cache untouched");
+    let mut small = model.new_kv_cache(2);
+    small.reserve(1_000);
+    assert_eq!(small.capacity(), 8, "growth stops at the model's context");
 }
 
 fn load_with(edit: impl FnOnce(&mut pyramid_gguf::GgufWriter)) -> Result<Model, ModelError> {
@@ -193,6 +196,22 @@ fn unsupported_or_inconsistent_models_are_rejected_by_name() {
     })
     .unwrap_err();
     assert!(matches!(err, ModelError::TensorShape { .. }), "{err}");
+
+    // A zero width, and shapes whose buffers could not be addressed, are corrupt files.
+    let err = load_with(|w| {
+        w.add_metadata("llama.embedding_length", Value::U32(0))
+            .unwrap();
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::BadConfig(_)), "{err}");
+    let err = load_with(|w| {
+        w.add_metadata("llama.context_length", Value::U64(u64::MAX / 4))
+            .unwrap();
+        w.add_metadata("llama.block_count", Value::U64(1 << 40))
+            .unwrap();
+    })
+    .unwrap_err();
+    assert!(matches!(err, ModelError::BadConfig(_)), "{err}");
 }
 
 /// Rewrites the type id of tensor `name` in a serialised GGUF (the writer refuses to

@@ -28,7 +28,7 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    /// The names OpenAI's API uses.
+    /// Names as in OpenAI's API (`stop`, `length`), plus `cancelled` for our own stop.
     pub fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
@@ -102,11 +102,12 @@ pub fn generate(
         let token = sampler.sample(&mut logits, &history);
         tokens.push(token);
         history.push(token);
-        if !on_token(token) {
-            break FinishReason::Cancelled;
-        }
+        let keep_going = on_token(token);
         if !params.ignore_eos && params.stop_tokens.contains(&token) {
             break FinishReason::Stop;
+        }
+        if !keep_going {
+            break FinishReason::Cancelled;
         }
         if tokens.len() >= params.max_tokens {
             break FinishReason::Length;

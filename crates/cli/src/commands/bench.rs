@@ -167,11 +167,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("|---|---|---|---|---|---|---|");
     }
     for (n_depth, n_prompt, n_gen) in tests {
-        if n_depth + n_prompt + n_gen + 1 > n_ctx {
-            bail!(
-                "test needs {} positions but the model's context is {n_ctx}",
-                n_depth + n_prompt + n_gen + 1
-            );
+        let needed = [n_depth, n_prompt, n_gen, 1]
+            .into_iter()
+            .try_fold(0usize, usize::checked_add);
+        match needed {
+            Some(needed) if needed <= n_ctx => {}
+            _ => bail!("test needs {n_depth} + {n_prompt} + {n_gen} positions but the model's context is {n_ctx}"),
         }
         let n_tokens = (n_prompt + n_gen) * args.batch;
         run_once(&loaded, args.batch, n_depth, n_prompt, n_gen, 0)?; // warm-up

@@ -60,7 +60,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
             break;
         }
         messages.push(ChatMessage::new("user", line));
-        let prompt = tokenizer.encode_prompt(&template.render(&messages, true)?)?;
+        // The template carries its own BOS if it wants one; nothing is added on top.
+        let prompt = tokenizer.encode(&template.render(&messages, true)?, true)?;
 
         let mut stream = StreamDecoder::new();
         let mut reply_tokens = Vec::new();

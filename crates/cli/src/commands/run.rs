@@ -136,7 +136,10 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
     }
     let text = if args.chat {
         let template = loaded.tokenizer.chat_template()?;
-        template.render(&[ChatMessage::new("user", text)], true)?
+        // A rendered template carries its own BOS if it wants one (as Hugging Face's
+        // `apply_chat_template` assumes), so nothing is added on top.
+        let rendered = template.render(&[ChatMessage::new("user", text)], true)?;
+        return Ok(loaded.tokenizer.encode(&rendered, true)?);
     } else {
         text
     };

@@ -153,7 +153,31 @@ pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f3
 pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
     let m = a.m();
     assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
-    assert_eq!(out.len(), m * w.n, "out must be [m, n]");
+    assert!(
+        w.k_pad.is_multiple_of(K_PER_GROUP) && w.k <= w.k_pad,
+        "k_pad must cover k in whole groups"
+    );
+    let n_pad = w.n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+    // The kernels load whole 16-row blocks and 4-byte activation groups unchecked.
+    assert_eq!(
+        Some(w.data.len()),
+        n_pad.checked_mul(w.k_pad),
+        "packed weights must be [n_pad, k_pad]"
+    );
+    assert!(
+        w.scales.len() >= n_pad && w.row_sums.len() >= n_pad,
+        "scales and row sums cover n_pad"
+    );
+    assert_eq!(
+        Some(a.data.len()),
+        m.checked_mul(a.k_pad),
+        "activations must be [m, k_pad]"
+    );
+    assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
+    assert!(
+        isa <= Isa::detect(),
+        "{isa} kernels requested on a CPU without them"
+    );
     let n_blocks = w.n.div_ceil(ROWS_PER_BLOCK);
     let n_threads = pool.n_threads().min(n_blocks).max(1);
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -182,7 +206,8 @@ unsafe fn gemm_blocks(
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512 (VNNI checked inside).
         Isa::Avx512 if x86::has_vnni() => x86::gemm_blocks_vnni(a, w, out, blocks),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` implies AVX2; `Isa::Avx2` is only selected when present.
+        // SAFETY: `Isa::detect` requires AVX2 for `Isa::Avx512` too, and selects `Isa::Avx2`
+        // only when present.
         Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),
         _ => reference::gemm_blocks_scalar(a, w, out, blocks),
     }
@@ -221,6 +246,19 @@ mod tests {
                 gemm_i8_with(isa, &pool, &a, &w, &mut got);
                 assert_eq!(got, expected, "{isa} m={m} k={k} n={n}");
             }
+        }
+    }
+
+    #[test]
+    fn empty_inner_dimension_gives_zeros() {
+        let pool = ThreadPool::new(2).unwrap();
+        let w = PackedI8::quantize(&[], 5, 0);
+        let mut a = QuantizedRows::default();
+        a.quantize(&[], 3, 0, w.k_pad);
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; 15];
+            gemm_i8_with(isa, &pool, &a, &w, &mut out);
+            assert!(out.iter().all(|&v| v == 0.0), "{isa}");
         }
     }
 

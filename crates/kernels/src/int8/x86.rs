@@ -24,7 +24,7 @@ const L2_CHUNK_BYTES: usize = 512 * 1024;
 /// Splits `blocks` into runs whose packed weights fit in [`L2_CHUNK_BYTES`] (even-sized,
 /// so VNNI's block pairs stay whole).
 fn block_chunks(blocks: Range<usize>, k_pad: usize) -> impl Iterator<Item = Range<usize>> {
-    let block_bytes = ROWS_PER_BLOCK * k_pad;
+    let block_bytes = (ROWS_PER_BLOCK * k_pad).max(1);
     let per_chunk = (L2_CHUNK_BYTES / block_bytes).max(2) & !1;
     (blocks.start..blocks.end)
         .step_by(per_chunk)

@@ -57,9 +57,14 @@ pub fn matmul_with(
     k: usize,
     n: usize,
 ) {
-    assert_eq!(a.len(), m * k, "a must be [m, k]");
-    assert_eq!(w.len(), n * k, "w must be [n, k]");
-    assert_eq!(out.len(), m * n, "out must be [m, n]");
+    // Checked products: a wrapped product could let mismatched slices through to raw loads.
+    assert_eq!(Some(a.len()), m.checked_mul(k), "a must be [m, k]");
+    assert_eq!(Some(w.len()), n.checked_mul(k), "w must be [n, k]");
+    assert_eq!(Some(out.len()), m.checked_mul(n), "out must be [m, n]");
+    assert!(
+        isa <= Isa::detect(),
+        "{isa} kernels requested on a CPU without them"
+    );
     let out_ptr = OutPtr(out.as_mut_ptr());
     let n_threads = pool.n_threads().min(n.div_ceil(4)).max(1);
     pool.run(&|idx| {
