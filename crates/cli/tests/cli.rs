@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::Architecture;
 use serde_json::Value;
 
@@ -194,6 +194,15 @@ fn bad_input_gives_one_line_errors() {
     )
     .unwrap();
     let mamba = f.write("mamba.gguf", &w.to_bytes());
+    let mut q81 = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
+        .unwrap()
+        .to_bytes();
+    retype_tensor(
+        &mut q81,
+        "blk.0.attn_q.weight",
+        pyramid_gguf::GgmlType::Q8_1,
+    );
+    let q81 = f.write("q81.gguf", &q81);
     let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
     let long_prompt = "x".repeat(40);
 

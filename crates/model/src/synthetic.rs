@@ -212,6 +212,22 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
     Ok(w)
 }
 
+/// Rewrites the type of tensor `name` in a serialised GGUF, leaving its bytes alone: the
+/// writer refuses to produce such files, which is exactly why loaders must be tested on
+/// them. Panics if the tensor is absent (a test-construction error).
+pub fn retype_tensor(gguf: &mut [u8], name: &str, ty: GgmlType) {
+    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(name.as_bytes());
+    let at = gguf
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("tensor name present")
+        + needle.len();
+    let n_dims = u32::from_le_bytes(gguf[at..at + 4].try_into().expect("4 bytes")) as usize;
+    let type_at = at + 4 + 8 * n_dims;
+    gguf[type_at..type_at + 4].copy_from_slice(&ty.id().to_le_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

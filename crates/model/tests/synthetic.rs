@@ -3,7 +3,7 @@
 
 use pyramid_gguf::{GgmlType, GgufFile, Value};
 use pyramid_kernels::ThreadPool;
-use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Architecture, LogitsFor, Model, ModelError, Precision, Scratch};
 
 fn build(spec: &SyntheticSpec) -> Model {
@@ -214,28 +214,13 @@ fn unsupported_or_inconsistent_models_are_rejected_by_name() {
     assert!(matches!(err, ModelError::BadConfig(_)), "{err}");
 }
 
-/// Rewrites the type id of tensor `name` in a serialised GGUF (the writer refuses to
-/// produce such files, which is exactly why the reader must cope with them).
-fn patch_tensor_type(bytes: &mut [u8], name: &str, type_id: u32) {
-    let mut needle = (name.len() as u64).to_le_bytes().to_vec();
-    needle.extend_from_slice(name.as_bytes());
-    let at = bytes
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .expect("tensor name present")
-        + needle.len();
-    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-    let type_at = at + 4 + 8 * n_dims;
-    bytes[type_at..type_at + 4].copy_from_slice(&type_id.to_le_bytes());
-}
-
 #[test]
 fn a_weight_of_a_type_without_dequantisation_is_an_error_naming_it() {
     let mut bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
         .unwrap()
         .to_bytes();
     // Q8_1 (id 9) is an activation-only type: smaller than F32, so the file stays in bounds.
-    patch_tensor_type(&mut bytes, "blk.1.ffn_up.weight", 9);
+    retype_tensor(&mut bytes, "blk.1.ffn_up.weight", GgmlType::Q8_1);
     let err = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap_err();
     let msg = err.to_string();
     assert!(
