@@ -217,6 +217,10 @@ fn bad_input_gives_one_line_errors() {
         ),
         (vec!["run", "-m", &truncated, "--prompt", "hi"], "truncated"),
         (
+            vec!["run", "-m", &q81, "--prompt", "hi"],
+            "tensor 'blk.0.attn_q.weight' has type Q8_1",
+        ),
+        (
             vec!["run", "-m", &mamba, "--prompt", "hi"],
             "unsupported model architecture 'mamba'",
         ),
