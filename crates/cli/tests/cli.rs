@@ -341,12 +341,9 @@ fn forced_scalar_isa_gives_the_same_greedy_tokens() {
 }
 
 fn models_dir() -> PathBuf {
-    let home = std::env::var_os("PYRAMID_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid")
-        });
-    home.join("models")
+    pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
 }
 
 /// Text in, the reference's ids out: tokenizer, chat template and greedy decode together.

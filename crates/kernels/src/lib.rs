@@ -19,4 +19,4 @@ pub mod ops;
 pub mod threadpool;
 
 pub use isa::{Isa, KernelError};
-pub use threadpool::{split_range, ThreadPool};
+pub use threadpool::{split_range, SharedMut, ThreadPool};

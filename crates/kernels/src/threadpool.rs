@@ -224,6 +224,29 @@ impl Drop for ThreadPool {
     }
 }
 
+/// A buffer that the threads of one [`ThreadPool::run`] fill in disjoint parts.
+///
+/// Every user must guarantee that no two threads write the same element and that the
+/// buffer outlives the `run`; the `unsafe` blocks that dereference [`SharedMut::get`] say how.
+#[derive(Clone, Copy)]
+pub struct SharedMut(*mut f32);
+
+// SAFETY: only a pointer is shared; each user writes disjoint elements inside `run`, which
+// returns only after all threads are done.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    pub fn new(buf: &mut [f32]) -> Self {
+        Self(buf.as_mut_ptr())
+    }
+
+    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// The half-open range of `0..n` that thread `idx` of `n_threads` owns, in multiples of
 /// `align` so SIMD tiles never straddle two threads.
 pub fn split_range(n: usize, n_threads: usize, idx: usize, align: usize) -> std::ops::Range<usize> {

@@ -5,7 +5,7 @@ use pyramid_kernels::ops::{
     add_in_place, attention_scores, attention_scores_i8, rms_norm, rope_in_place,
     silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_i8,
 };
-use pyramid_kernels::{split_range, ThreadPool};
+use pyramid_kernels::{split_range, SharedMut, ThreadPool};
 
 use crate::kv_cache::{HeadView, KvCache};
 use crate::linear::{Calibration, LinearScratch, Site};
@@ -19,20 +19,6 @@ pub enum LogitsFor {
     Last,
     /// Every token: what tests comparing prefill strategies need.
     All,
-}
-
-/// Pointer to a buffer that threads fill in disjoint parts.
-#[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
-// SAFETY: every user writes a region no other thread touches, inside `ThreadPool::run`.
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
-
-impl SharedMut {
-    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// One sequence's share of a forward pass: its new tokens and its cache. The tokens take
@@ -304,7 +290,7 @@ fn attend(
     let qd = n_head * head_dim;
     let group = n_head / n_head_kv;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    let out_ptr = SharedMut(out.as_mut_ptr());
+    let out_ptr = SharedMut::new(out);
     let n_items = places.len() * n_head;
     pool.run(&|thread_idx| {
         let mut scores = Vec::new();

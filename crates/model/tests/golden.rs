@@ -8,12 +8,9 @@ use pyramid_model::{LogitsFor, Model, Scratch};
 use serde_json::Value;
 
 fn models_dir() -> PathBuf {
-    let home = std::env::var_os("PYRAMID_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/pyramid")
-        });
-    home.join("models")
+    pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
 }
 
 fn load_model(file: &str) -> Model {

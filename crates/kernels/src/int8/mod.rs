@@ -12,7 +12,7 @@ mod reference;
 mod x86;
 
 use crate::isa::{self, Isa};
-use crate::threadpool::{split_range, ThreadPool};
+use crate::threadpool::{split_range, SharedMut, ThreadPool};
 
 /// Output rows per packed block.
 pub const ROWS_PER_BLOCK: usize = 16;
@@ -131,19 +131,6 @@ impl QuantizedRows {
     }
 }
 
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: threads write disjoint column blocks of the output; see `gemm_i8_with`.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// `out[m, n] = dequant(a) · dequant(w)ᵀ` with the active ISA.
 pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
     gemm_i8_with(isa::active(), pool, a, w, out)
@@ -180,7 +167,7 @@ pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8
     );
     let n_blocks = w.n.div_ceil(ROWS_PER_BLOCK);
     let n_threads = pool.n_threads().min(n_blocks).max(1);
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut::new(out);
     pool.run(&|idx| {
         if idx >= n_threads {
             return;

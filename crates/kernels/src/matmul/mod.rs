@@ -13,24 +13,10 @@ mod x86;
 pub use reference::matmul_scalar;
 
 use crate::isa::{self, Isa};
-use crate::threadpool::{split_range, ThreadPool};
+use crate::threadpool::{split_range, SharedMut, ThreadPool};
 
 /// Weight rows per cache block: 64 rows of k ≤ 4864 floats stay within a Zen 4 / modern Intel L2.
 const N_BLOCK: usize = 64;
-
-/// Raw output pointer shared by threads that write disjoint columns.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: threads write disjoint column ranges of the output; see `matmul`.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
 
 /// Multithreaded `out = a · wᵀ` with the active ISA.
 pub fn matmul(
@@ -65,7 +51,7 @@ pub fn matmul_with(
         isa <= Isa::detect(),
         "{isa} kernels requested on a CPU without them"
     );
-    let out_ptr = OutPtr(out.as_mut_ptr());
+    let out_ptr = SharedMut::new(out);
     let n_threads = pool.n_threads().min(n.div_ceil(4)).max(1);
     pool.run(&|idx| {
         if idx >= n_threads {
