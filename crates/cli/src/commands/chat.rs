@@ -89,7 +89,11 @@ pub fn run(args: ChatArgs) -> Result<()> {
         };
         writeln!(stdout, "{}", stream.finish())?;
         if generation.finish_reason == FinishReason::Length {
-            eprintln!("[reply cut at {} tokens]", params.max_tokens);
+            if generation.tokens.len() >= params.max_tokens {
+                eprintln!("[reply cut at {} tokens]", params.max_tokens);
+            } else {
+                eprintln!("[reply cut: the conversation fills the model's context]");
+            }
         }
         if args.stats {
             let t = generation.timings;
