@@ -17,6 +17,39 @@ fn models_dir() -> PathBuf {
         .models_dir()
 }
 
+/// The path of a cached model file; CI fetches them before the tests run.
+fn model_path(file: &str) -> PathBuf {
+    let path = models_dir().join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
+    path
+}
+
+/// `(id, prompt_token_ids)` of every prompt in a reference file under testdata/refs.
+fn reference_prompts(golden: &str) -> Vec<(String, Vec<u32>)> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(golden);
+    let refs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    refs["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let ids = p["prompt_token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            (p["id"].as_str().unwrap().to_string(), ids)
+        })
+        .collect()
+}
+
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
@@ -47,12 +80,7 @@ fn compare(
     precision: Precision,
     calibrate: bool,
 ) -> Vec<(String, usize, f64)> {
-    let path = models_dir().join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh first",
-        path.display()
-    );
+    let path = model_path(file);
     let gguf = GgufFile::open(&path).unwrap();
     let reference = Model::from_gguf(&gguf).unwrap();
     let pool = ThreadPool::with_available_parallelism();
@@ -66,23 +94,8 @@ fn compare(
     let fast = Model::from_gguf(&gguf)
         .unwrap()
         .into_precision(precision, calibration.as_ref());
-    let refs: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../testdata/refs")
-                .join(golden),
-        )
-        .unwrap(),
-    )
-    .unwrap();
     let mut results = Vec::new();
-    for prompt in refs["prompts"].as_array().unwrap() {
-        let ids: Vec<u32> = prompt["prompt_token_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+    for (id, ids) in reference_prompts(golden) {
         let (mut kv_r, mut kv_f) = (
             reference.new_kv_cache(ids.len() + N_STEPS),
             fast.new_kv_cache(ids.len() + N_STEPS),
@@ -109,11 +122,7 @@ fn compare(
                 .forward(&pool, &[t_r], &mut kv_f, &mut s_f, LogitsFor::Last)
                 .unwrap();
         }
-        results.push((
-            prompt["id"].as_str().unwrap().to_string(),
-            agree,
-            kl_sum / N_STEPS as f64,
-        ));
+        results.push((id, agree, kl_sum / N_STEPS as f64));
     }
     results
 }
@@ -161,29 +170,10 @@ fn qwen2_int8_agrees_with_f32() {
 /// The INT8 KV cache (with f32 weights) against the f32 cache, teacher-forced as above.
 #[test]
 fn smollm2_int8_kv_cache_stays_close_to_f32() {
-    let path = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh first",
-        path.display()
-    );
+    let path = model_path("smollm2-135m-instruct-q4_1.gguf");
     let model = Model::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
-    let refs: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../testdata/refs/golden-smollm2-135m-public.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
     let pool = ThreadPool::with_available_parallelism();
-    for prompt in refs["prompts"].as_array().unwrap() {
-        let ids: Vec<u32> = prompt["prompt_token_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+    for (id, ids) in reference_prompts("golden-smollm2-135m-public.json") {
         let mut caches =
             [KvType::F32, KvType::Int8].map(|k| model.new_kv_cache_of(ids.len() + N_STEPS, k));
         let mut scratch = Scratch::default();
@@ -211,7 +201,6 @@ fn smollm2_int8_kv_cache_stays_close_to_f32() {
                 .collect();
         }
         let kl_mean = kl_sum / N_STEPS as f64;
-        let id = prompt["id"].as_str().unwrap();
         eprintln!(
             "smollm2 kv int8 {id:<12} greedy agreement {agree:>2}/{N_STEPS}  mean KL {kl_mean:.5}"
         );
