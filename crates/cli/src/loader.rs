@@ -21,8 +21,9 @@ pub struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// Weight precision: f32 (the reference) or int8 (W8A8, faster).
-    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    /// Weight precision: int8 (W8A8), int4 (4-bit weights, INT8 activations), bf16, or
+    /// f32 (the reference).
+    #[arg(long, default_value = "int8", value_parser = parse_precision)]
     pub precision: Precision,
     /// KV cache storage: f32, or int8 (a quarter of the bytes for long contexts).
     #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
@@ -89,12 +90,13 @@ impl ModelArgs {
             Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
         let model = match self.precision {
             Precision::F32 => model,
-            precision => {
+            precision if precision.quantises_activations() => {
                 // Outlier channels come from a short calibration pass of the f32 model.
                 let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
                 let calibration = model.calibrate(&pool, &tokens)?;
                 model.into_precision(precision, Some(&calibration))
             }
+            precision => model.into_precision(precision, None),
         };
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {

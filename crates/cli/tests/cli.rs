@@ -378,6 +378,8 @@ fn default_model_reproduces_reference_from_text() {
         };
         let mut args = vec![
             "run",
+            "--precision",
+            "f32",
             "--prompt",
             text,
             "--temperature",
@@ -401,7 +403,7 @@ fn default_model_reproduces_reference_from_text() {
 fn bench_reports_llama_bench_style_records() {
     let f = Fixture::new();
     let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
-    for precision in ["f32", "int8"] {
+    for precision in ["f32", "bf16", "int8", "int4"] {
         let out = f.run(&[
             "bench",
             "-m",
@@ -486,9 +488,9 @@ fn bench_reports_llama_bench_style_records() {
         "{}",
         stderr(&out)
     );
-    let out = f.run(&["run", "-m", &model, "--precision", "int4", "--prompt", "hi"]);
+    let out = f.run(&["run", "-m", &model, "--precision", "int3", "--prompt", "hi"]);
     assert!(
-        !out.status.success() && stderr(&out).contains("unknown precision 'int4'"),
+        !out.status.success() && stderr(&out).contains("unknown precision 'int3'"),
         "{}",
         stderr(&out)
     );

@@ -12,6 +12,7 @@
 //! Invariant: kernels write into caller-provided buffers and do not return `Result`; the
 //! public entry points assert shapes (with checked arithmetic) before any raw load.
 
+pub mod int4;
 pub mod int8;
 pub mod isa;
 pub mod matmul;

@@ -26,7 +26,7 @@ pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use forward::{LogitsFor, Scratch, Segment};
 pub use kv_cache::{HeadView, KvCache, KvType};
-pub use linear::{Calibration, Linear};
+pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
 pub use weights::{LayerWeights, Matrix, ModelWeights};
 
 /// How projection weights are stored and multiplied, chosen at load.
@@ -34,18 +34,34 @@ pub use weights::{LayerWeights, Matrix, ModelWeights};
 pub enum Precision {
     /// The reference: every weight dequantised to f32.
     F32,
+    /// bf16 weights widened to f32 in the kernel: half the bytes, f32 arithmetic.
+    Bf16,
     /// W8A8: INT8 weights per output row, activations quantised per token at run time.
     Int8,
+    /// W4A8: 4-bit weights per group of 32, activations INT8 per token.
+    Int4,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 2] = [Precision::F32, Precision::Int8];
+    pub const ALL: [Precision; 4] = [
+        Precision::F32,
+        Precision::Bf16,
+        Precision::Int8,
+        Precision::Int4,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
             Precision::Int8 => "int8",
+            Precision::Int4 => "int4",
         }
+    }
+
+    /// Whether activations are quantised, so calibrated outlier channels matter.
+    pub fn quantises_activations(self) -> bool {
+        matches!(self, Precision::Int8 | Precision::Int4)
     }
 
     pub fn parse(s: &str) -> Option<Self> {

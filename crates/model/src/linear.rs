@@ -1,13 +1,18 @@
 //! Projections in the precision chosen at load, and INT8 outlier channels.
 //!
-//! W8A8 quantises each token's activations with one scale. A few input channels of LLM
+//! - f32: the reference. bf16: the same product with half the weight bytes.
+//! - W8A8 (int8): INT8 weights per output row; W4A8 (int4): 4-bit weights per group of
+//!   32. Both quantise activations per token at run time.
+//!
+//! Quantising each token's activations with one scale has a catch. A few input channels of LLM
 //! activations are tens to hundreds of times larger than the rest (the "outlier channels"
 //! of LLM.int8() and llm.npu); with them in the scale, every other channel is left with a
 //! handful of levels. Those channels are found by a calibration pass ([`Calibration`]),
 //! removed from the INT8 product, and computed in f32 against f32 weight columns.
 
+use pyramid_kernels::int4::{gemm_i4, PackedI4};
 use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
-use pyramid_kernels::matmul::matmul;
+use pyramid_kernels::matmul::{bf16, matmul};
 use pyramid_kernels::ops::add_in_place;
 use pyramid_kernels::ThreadPool;
 
@@ -19,19 +24,70 @@ pub const OUTLIER_RATIO: f32 = 4.0;
 /// At most one channel in this many is kept in float, bounding the f32 side-product.
 pub const MAX_OUTLIER_FRACTION: usize = 16;
 
-/// INT8 weights with their outlier input channels split off in f32.
+/// Integer weights in one of the packed layouts the kernels take.
 #[derive(Debug, Clone)]
-pub struct Int8Linear {
+pub enum PackedWeights {
+    I8(PackedI8),
+    I4(PackedI4),
+}
+
+/// Bits per integer weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightBits {
+    Eight,
+    Four,
+}
+
+impl PackedWeights {
+    fn n(&self) -> usize {
+        match self {
+            PackedWeights::I8(p) => p.n,
+            PackedWeights::I4(p) => p.n,
+        }
+    }
+
+    fn k(&self) -> usize {
+        match self {
+            PackedWeights::I8(p) => p.k,
+            PackedWeights::I4(p) => p.k,
+        }
+    }
+
+    fn k_pad(&self) -> usize {
+        match self {
+            PackedWeights::I8(p) => p.k_pad,
+            PackedWeights::I4(p) => p.k_pad,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            PackedWeights::I8(p) => p.bytes(),
+            PackedWeights::I4(p) => p.bytes(),
+        }
+    }
+
+    fn gemm(&self, pool: &ThreadPool, a: &QuantizedRows, out: &mut [f32]) {
+        match self {
+            PackedWeights::I8(p) => gemm_i8(pool, a, p, out),
+            PackedWeights::I4(p) => gemm_i4(pool, a, p, out),
+        }
+    }
+}
+
+/// Integer weights with their outlier input channels split off in f32.
+#[derive(Debug, Clone)]
+pub struct QuantLinear {
     /// Quantised with the outlier columns zeroed.
-    pub packed: PackedI8,
+    pub packed: PackedWeights,
     /// Input channels computed in f32, ascending.
     pub outlier_channels: Vec<usize>,
     /// The outlier columns of the original weights: `[n_out, n_outliers]`.
     pub outlier_weights: Vec<f32>,
 }
 
-impl Int8Linear {
-    pub fn quantize(m: &Matrix, outlier_channels: Vec<usize>) -> Self {
+impl QuantLinear {
+    pub fn quantize(m: &Matrix, bits: WeightBits, outlier_channels: Vec<usize>) -> Self {
         let (n, k) = (m.n_rows, m.n_cols);
         let n_o = outlier_channels.len();
         let mut inliers = m.data.clone();
@@ -42,8 +98,12 @@ impl Int8Linear {
                 inliers[row * k + c] = 0.0;
             }
         }
+        let packed = match bits {
+            WeightBits::Eight => PackedWeights::I8(PackedI8::quantize(&inliers, n, k)),
+            WeightBits::Four => PackedWeights::I4(PackedI4::quantize(&inliers, n, k)),
+        };
         Self {
-            packed: PackedI8::quantize(&inliers, n, k),
+            packed,
             outlier_channels,
             outlier_weights,
         }
@@ -54,28 +114,45 @@ impl Int8Linear {
 #[derive(Debug, Clone)]
 pub enum Linear {
     F32(Matrix),
-    Int8(Int8Linear),
+    /// `[n_out, n_in]` row-major, like [`Matrix`].
+    Bf16 {
+        data: Vec<bf16>,
+        n_rows: usize,
+        n_cols: usize,
+    },
+    Quant(QuantLinear),
 }
 
 impl Linear {
+    pub fn to_bf16(m: &Matrix) -> Self {
+        Linear::Bf16 {
+            data: m.data.iter().map(|&v| bf16::from_f32(v)).collect(),
+            n_rows: m.n_rows,
+            n_cols: m.n_cols,
+        }
+    }
+
     pub fn n_out(&self) -> usize {
         match self {
             Linear::F32(m) => m.n_rows,
-            Linear::Int8(q) => q.packed.n,
+            Linear::Bf16 { n_rows, .. } => *n_rows,
+            Linear::Quant(q) => q.packed.n(),
         }
     }
 
     pub fn n_in(&self) -> usize {
         match self {
             Linear::F32(m) => m.n_cols,
-            Linear::Int8(q) => q.packed.k,
+            Linear::Bf16 { n_cols, .. } => *n_cols,
+            Linear::Quant(q) => q.packed.k(),
         }
     }
 
     pub fn bytes(&self) -> usize {
         match self {
             Linear::F32(m) => m.data.len() * 4,
-            Linear::Int8(q) => q.packed.bytes() + q.outlier_weights.len() * 4,
+            Linear::Bf16 { data, .. } => data.len() * 2,
+            Linear::Quant(q) => q.packed.bytes() + q.outlier_weights.len() * 4,
         }
     }
 
@@ -91,7 +168,12 @@ impl Linear {
     ) {
         match self {
             Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
-            Linear::Int8(q) => q.forward(pool, input, out, n, s),
+            Linear::Bf16 {
+                data,
+                n_rows,
+                n_cols,
+            } => matmul(pool, input, data, out, n, *n_cols, *n_rows),
+            Linear::Quant(q) => q.forward(pool, input, out, n, s),
         }
         if let Some(b) = bias {
             for row in out.chunks_exact_mut(self.n_out()) {
@@ -101,7 +183,7 @@ impl Linear {
     }
 }
 
-impl Int8Linear {
+impl QuantLinear {
     fn forward(
         &self,
         pool: &ThreadPool,
@@ -110,10 +192,14 @@ impl Int8Linear {
         n: usize,
         s: &mut LinearScratch,
     ) {
-        let (k, n_out, n_o) = (self.packed.k, self.packed.n, self.outlier_channels.len());
+        let (k, n_out, n_o) = (
+            self.packed.k(),
+            self.packed.n(),
+            self.outlier_channels.len(),
+        );
         if n_o == 0 {
-            s.quantized.quantize(input, n, k, self.packed.k_pad);
-            gemm_i8(pool, &s.quantized, &self.packed, out);
+            s.quantized.quantize(input, n, k, self.packed.k_pad());
+            self.packed.gemm(pool, &s.quantized, out);
             return;
         }
         // Split each row into inliers (quantised) and outliers (kept in f32).
@@ -126,8 +212,8 @@ impl Int8Linear {
                 row[c] = 0.0;
             }
         }
-        s.quantized.quantize(&s.inliers, n, k, self.packed.k_pad);
-        gemm_i8(pool, &s.quantized, &self.packed, out);
+        s.quantized.quantize(&s.inliers, n, k, self.packed.k_pad());
+        self.packed.gemm(pool, &s.quantized, out);
         s.outlier_out.resize(n * n_out, 0.0);
         matmul(
             pool,
@@ -142,7 +228,7 @@ impl Int8Linear {
     }
 }
 
-/// Buffers an INT8 projection reuses between calls.
+/// Buffers an integer projection reuses between calls.
 #[derive(Debug, Default)]
 pub struct LinearScratch {
     quantized: QuantizedRows,
@@ -296,11 +382,16 @@ mod tests {
                 .map(|(g, w)| (g - w).abs())
                 .fold(0.0, f32::max)
         };
-        let plain = err(&Linear::Int8(Int8Linear::quantize(&w, vec![])), &mut s);
-        let split = err(&Linear::Int8(Int8Linear::quantize(&w, vec![5])), &mut s);
-        assert!(
-            split * 20.0 < plain,
-            "outlier split error {split} vs plain {plain}"
-        );
+        let quant = |bits, outliers| Linear::Quant(QuantLinear::quantize(&w, bits, outliers));
+        for bits in [WeightBits::Eight, WeightBits::Four] {
+            let plain = err(&quant(bits, vec![]), &mut s);
+            let split = err(&quant(bits, vec![5]), &mut s);
+            assert!(
+                split * 5.0 < plain,
+                "{bits:?}: outlier split error {split} vs plain {plain}"
+            );
+        }
+        let bf16_err = err(&Linear::to_bf16(&w), &mut s);
+        assert!(bf16_err < 0.5, "bf16 error {bf16_err}");
     }
 }

@@ -6,7 +6,7 @@
 use pyramid_gguf::GgufFile;
 
 use crate::config::{Architecture, ModelConfig};
-use crate::linear::{Calibration, Int8Linear, Linear, Site};
+use crate::linear::{Calibration, Linear, QuantLinear, Site, WeightBits};
 use crate::{ModelError, Precision, Result};
 
 /// A row-major matrix `[n_rows, n_cols]`.
@@ -99,7 +99,7 @@ impl ModelWeights {
 }
 
 impl ModelWeights {
-    /// Converts the f32 projections to `precision`; with a calibration, INT8 projections
+    /// Converts the f32 projections to `precision`; with a calibration, integer projections
     /// keep their inputs' outlier channels in f32.
     pub fn into_precision(
         mut self,
@@ -111,10 +111,21 @@ impl ModelWeights {
         }
         let convert = |lin: &mut Linear, layer: usize, site: Site| {
             if let Linear::F32(m) = lin {
-                let outliers = calibration
-                    .map(|c| c.outliers(layer, site))
-                    .unwrap_or_default();
-                *lin = Linear::Int8(Int8Linear::quantize(m, outliers));
+                let outliers = || {
+                    calibration
+                        .map(|c| c.outliers(layer, site))
+                        .unwrap_or_default()
+                };
+                *lin = match precision {
+                    Precision::F32 => unreachable!("returned above"),
+                    Precision::Bf16 => Linear::to_bf16(m),
+                    Precision::Int8 => {
+                        Linear::Quant(QuantLinear::quantize(m, WeightBits::Eight, outliers()))
+                    }
+                    Precision::Int4 => {
+                        Linear::Quant(QuantLinear::quantize(m, WeightBits::Four, outliers()))
+                    }
+                };
             }
         };
         for (i, l) in self.layers.iter_mut().enumerate() {

@@ -1,4 +1,4 @@
-//! INT8 (W8A8) against the f32 reference on the public reference prompts: how long greedy
+//! bf16, INT8 (W8A8) and INT4 (W4A8) against the f32 reference on the public reference prompts: how long greedy
 //! decoding agrees, and the KL divergence of the next-token distributions when both are
 //! fed the reference path's tokens (teacher forcing).
 
@@ -127,12 +127,12 @@ fn compare(
     results
 }
 
-fn check(file: &str, golden: &str) {
-    let results = compare(file, golden, Precision::Int8, true);
-    let plain = compare(file, golden, Precision::Int8, false);
+fn check(file: &str, golden: &str, precision: Precision, max_kl: f64) {
+    let results = compare(file, golden, precision, true);
+    let plain = compare(file, golden, precision, false);
     for ((id, agree, kl), (_, agree_plain, kl_plain)) in results.iter().zip(&plain) {
         eprintln!(
-            "{file} int8 {id:<12} greedy agreement {agree:>2}/{N_STEPS} (without outliers {agree_plain:>2})  \
+            "{file} {precision} {id:<12} greedy agreement {agree:>2}/{N_STEPS} (without outliers {agree_plain:>2})  \
              mean KL {kl:.5} (without outliers {kl_plain:.5})"
         );
     }
@@ -145,8 +145,8 @@ fn check(file: &str, golden: &str) {
             "{file} {id}: outlier channels did not reduce KL ({kl} vs {kl_plain})"
         );
         assert!(
-            *kl < 0.02,
-            "{file} {id}: mean KL {kl} to the f32 reference is too large"
+            *kl < max_kl,
+            "{file} {precision} {id}: mean KL {kl} to the f32 reference is too large"
         );
     }
 }
@@ -156,6 +156,8 @@ fn smollm2_int8_agrees_with_f32() {
     check(
         "smollm2-135m-instruct-q4_1.gguf",
         "golden-smollm2-135m-public.json",
+        Precision::Int8,
+        0.02,
     );
 }
 
@@ -164,7 +166,36 @@ fn qwen2_int8_agrees_with_f32() {
     check(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "golden-qwen2.5-coder-0.5b-public.json",
+        Precision::Int8,
+        0.02,
     );
+}
+
+/// Four-bit groups with a minimum re-pack the GGUF's Q4_1 blocks nearly exactly; what is
+/// lost is mostly activation quantisation, as in INT8, plus the non-Q4_1 tensors.
+#[test]
+fn smollm2_int4_stays_close_to_f32() {
+    check(
+        "smollm2-135m-instruct-q4_1.gguf",
+        "golden-smollm2-135m-public.json",
+        Precision::Int4,
+        0.06,
+    );
+}
+
+/// bf16 keeps activations in f32 and rounds only the weights' mantissas.
+#[test]
+fn smollm2_bf16_is_nearly_f32() {
+    let results = compare(
+        "smollm2-135m-instruct-q4_1.gguf",
+        "golden-smollm2-135m-public.json",
+        Precision::Bf16,
+        false,
+    );
+    for (id, agree, kl) in results {
+        eprintln!("smollm2 bf16 {id:<12} greedy agreement {agree:>2}/{N_STEPS}  mean KL {kl:.5}");
+        assert!(kl < 0.005, "smollm2 bf16 {id}: mean KL {kl}");
+    }
 }
 
 /// The INT8 KV cache (with f32 weights) against the f32 cache, teacher-forced as above.

@@ -236,7 +236,7 @@ fn batched_forward_equals_each_sequence_alone() {
     use pyramid_model::Segment;
     let pool = ThreadPool::new(2).unwrap();
     for ty in [GgmlType::F32, GgmlType::Q8_0] {
-        for precision in [Precision::F32, Precision::Int8] {
+        for precision in Precision::ALL {
             let spec = SyntheticSpec {
                 weight_type: ty,
                 ..SyntheticSpec::tiny(Architecture::Qwen2)

@@ -101,11 +101,18 @@ pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
     max / 127.0
 }
 
+/// Width of the groups [`QuantizedRows::group_sums`] sums over (the W4A8 group).
+pub const SUM_GROUP: usize = 32;
+
 /// Activations quantised per row, `k` padded with zeros to the weights' `k_pad`.
 #[derive(Debug, Default, Clone)]
 pub struct QuantizedRows {
     pub data: Vec<i8>,    // [m, k_pad]
     pub scales: Vec<f32>, // [m]
+    /// `Σ q` of each row per [`SUM_GROUP`] values, `[m, ceil(k_pad / 32)]`: once per token
+    /// here rather than once per weight row in the W4A8 kernel, which needs it for its
+    /// groups' minimums.
+    pub group_sums: Vec<i32>,
     pub k_pad: usize,
 }
 
@@ -116,13 +123,16 @@ impl QuantizedRows {
         self.data.clear();
         self.data.resize(m * k_pad, 0);
         self.scales.clear();
+        self.group_sums.clear();
         self.k_pad = k_pad;
         for row in 0..m {
-            let scale = quantize_row(
-                &x[row * k..(row + 1) * k],
-                &mut self.data[row * k_pad..row * k_pad + k],
-            );
+            let q = &mut self.data[row * k_pad..(row + 1) * k_pad];
+            let scale = quantize_row(&x[row * k..(row + 1) * k], &mut q[..k]);
             self.scales.push(scale);
+            self.group_sums.extend(
+                q.chunks(SUM_GROUP)
+                    .map(|g| g.iter().map(|&v| i32::from(v)).sum::<i32>()),
+            );
         }
     }
 

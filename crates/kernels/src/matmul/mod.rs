@@ -4,12 +4,15 @@
 //! only its share of the weights: decode (m = 1) is bound by reading weights once.
 //! Within a thread, tiles of up to 4 activation rows × 4 weight rows reuse every loaded
 //! vector four times; weight rows are walked in blocks that stay in L2 while all
-//! activation rows pass over them.
+//! activation rows pass over them. Weights may be f32 or bf16 ([`WeightElem`]); the
+//! activations and the accumulation are f32 either way.
 
+mod elem;
 mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use elem::{bf16, WeightElem};
 pub use reference::matmul_scalar;
 
 use crate::isa::{self, Isa};
@@ -19,10 +22,10 @@ use crate::threadpool::{split_range, SharedMut, ThreadPool};
 const N_BLOCK: usize = 64;
 
 /// Multithreaded `out = a · wᵀ` with the active ISA.
-pub fn matmul(
+pub fn matmul<W: WeightElem>(
     pool: &ThreadPool,
     a: &[f32],
-    w: &[f32],
+    w: &[W],
     out: &mut [f32],
     m: usize,
     k: usize,
@@ -33,11 +36,11 @@ pub fn matmul(
 
 /// As [`matmul`] with an explicit ISA (tests compare every ISA against scalar).
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_with(
+pub fn matmul_with<W: WeightElem>(
     isa: Isa,
     pool: &ThreadPool,
     a: &[f32],
-    w: &[f32],
+    w: &[W],
     out: &mut [f32],
     m: usize,
     k: usize,
@@ -72,10 +75,10 @@ pub fn matmul_with(
 /// # Safety
 /// `out` points to `m * n` floats and no other thread writes columns in `cols`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_cols(
+unsafe fn matmul_cols<W: WeightElem>(
     isa: Isa,
     a: &[f32],
-    w: &[f32],
+    w: &[W],
     out: *mut f32,
     m: usize,
     k: usize,
@@ -117,19 +120,47 @@ mod tests {
         ] {
             let a = random(m * k, 1);
             let w = random(n * k, 2);
-            let mut expected = vec![0.0; m * n];
-            matmul_scalar(&a, &w, &mut expected, m, k, n);
-            for isa in Isa::available() {
-                let mut got = vec![f32::NAN; m * n];
-                matmul_with(isa, &pool, &a, &w, &mut got, m, k, n);
-                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-                    // Sums of k products of magnitude < 1 reassociated: error grows like sqrt(k)·eps.
-                    assert!(
-                        (g - e).abs() <= 1e-5 * (k as f32),
-                        "{isa} m={m} k={k} n={n} at {i}: {g} vs {e}"
-                    );
-                }
+            let w_bf16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+            check_against_scalar(&pool, &a, &w, m, k, n);
+            check_against_scalar(&pool, &a, &w_bf16, m, k, n);
+        }
+    }
+
+    fn check_against_scalar<W: WeightElem>(
+        pool: &ThreadPool,
+        a: &[f32],
+        w: &[W],
+        m: usize,
+        k: usize,
+        n: usize,
+    ) {
+        let mut expected = vec![0.0; m * n];
+        matmul_scalar(a, w, &mut expected, m, k, n);
+        for isa in Isa::available() {
+            let mut got = vec![f32::NAN; m * n];
+            matmul_with(isa, pool, a, w, &mut got, m, k, n);
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                // Sums of k products of magnitude < 1 reassociated: error grows like sqrt(k)·eps.
+                assert!(
+                    (g - e).abs() <= 1e-5 * (k as f32),
+                    "{isa} {} m={m} k={k} n={n} at {i}: {g} vs {e}",
+                    std::any::type_name::<W>()
+                );
             }
+        }
+    }
+
+    #[test]
+    fn bf16_weights_approximate_f32_weights() {
+        let (m, k, n) = (2, 300, 11);
+        let (a, w) = (random(m * k, 3), random(n * k, 4));
+        let w_bf16: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+        let (mut exact, mut rounded) = (vec![0.0; m * n], vec![0.0; m * n]);
+        matmul_scalar(&a, &w, &mut exact, m, k, n);
+        matmul_scalar(&a, &w_bf16, &mut rounded, m, k, n);
+        for (r, e) in rounded.iter().zip(&exact) {
+            // bf16 keeps 8 mantissa bits: relative error 2^-9 per weight, summed over k.
+            assert!((r - e).abs() < 0.05, "{r} vs {e}");
         }
     }
 }

@@ -2,10 +2,13 @@
 //!
 //! A tile computes `MR` activation rows against `NR` weight rows, keeping `MR × NR`
 //! vector accumulators in registers (AVX-512: 4 × 4 of 32 zmm; AVX2: 4 × 2 of 16 ymm),
-//! and reduces each accumulator horizontally once at the end.
+//! and reduces each accumulator horizontally once at the end. Weight loads widen to f32
+//! through [`WeightElem`]; tails shorter than a vector run in scalar.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+
+use super::WeightElem;
 
 /// Walks a column block in tiles; `$tile::<R, C>` must exist for R in 1..=4, C in {NR, 1}.
 macro_rules! driver {
@@ -14,9 +17,9 @@ macro_rules! driver {
         /// The CPU supports the enabled features; `out` points to `m * n` floats and no
         /// other thread writes columns in `cols`.
         #[target_feature(enable = $feature)]
-        pub(super) unsafe fn $name(
+        pub(super) unsafe fn $name<W: WeightElem>(
             a: &[f32],
-            w: &[f32],
+            w: &[W],
             out: *mut f32,
             m: usize,
             k: usize,
@@ -35,18 +38,18 @@ macro_rules! driver {
                     let out_ij = out.add(i * n + j);
                     if cols.end - j >= $nr {
                         match rows {
-                            4 => $tile::<4, $nr>(a_i, w_j, k, out_ij, n),
-                            3 => $tile::<3, $nr>(a_i, w_j, k, out_ij, n),
-                            2 => $tile::<2, $nr>(a_i, w_j, k, out_ij, n),
-                            _ => $tile::<1, $nr>(a_i, w_j, k, out_ij, n),
+                            4 => $tile::<W, 4, $nr>(a_i, w_j, k, out_ij, n),
+                            3 => $tile::<W, 3, $nr>(a_i, w_j, k, out_ij, n),
+                            2 => $tile::<W, 2, $nr>(a_i, w_j, k, out_ij, n),
+                            _ => $tile::<W, 1, $nr>(a_i, w_j, k, out_ij, n),
                         }
                         j += $nr;
                     } else {
                         match rows {
-                            4 => $tile::<4, 1>(a_i, w_j, k, out_ij, n),
-                            3 => $tile::<3, 1>(a_i, w_j, k, out_ij, n),
-                            2 => $tile::<2, 1>(a_i, w_j, k, out_ij, n),
-                            _ => $tile::<1, 1>(a_i, w_j, k, out_ij, n),
+                            4 => $tile::<W, 4, 1>(a_i, w_j, k, out_ij, n),
+                            3 => $tile::<W, 3, 1>(a_i, w_j, k, out_ij, n),
+                            2 => $tile::<W, 2, 1>(a_i, w_j, k, out_ij, n),
+                            _ => $tile::<W, 1, 1>(a_i, w_j, k, out_ij, n),
                         }
                         j += 1;
                     }
@@ -62,9 +65,9 @@ driver!(matmul_cols_avx2, tile_avx2, "avx2,fma", 2);
 
 #[target_feature(enable = "avx512f,fma")]
 #[inline]
-unsafe fn tile_avx512<const MR: usize, const NR: usize>(
+unsafe fn tile_avx512<W: WeightElem, const MR: usize, const NR: usize>(
     a: *const f32,
-    w: *const f32,
+    w: *const W,
     k: usize,
     out: *mut f32,
     n: usize,
@@ -74,7 +77,7 @@ unsafe fn tile_avx512<const MR: usize, const NR: usize>(
     while p + 16 <= k {
         let mut wv = [_mm512_setzero_ps(); NR];
         for (j, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(w.add(j * k + p));
+            *v = W::load16(w.add(j * k + p));
         }
         for (i, acc_i) in acc.iter_mut().enumerate() {
             let av = _mm512_loadu_ps(a.add(i * k + p));
@@ -84,24 +87,26 @@ unsafe fn tile_avx512<const MR: usize, const NR: usize>(
         }
         p += 16;
     }
-    if p < k {
-        let mask: __mmask16 = ((1u32 << (k - p)) - 1) as __mmask16;
-        let mut wv = [_mm512_setzero_ps(); NR];
-        for (j, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_maskz_loadu_ps(mask, w.add(j * k + p));
-        }
-        for (i, acc_i) in acc.iter_mut().enumerate() {
-            let av = _mm512_maskz_loadu_ps(mask, a.add(i * k + p));
-            for (acc_ij, wv_j) in acc_i.iter_mut().zip(&wv) {
-                *acc_ij = _mm512_fmadd_ps(av, *wv_j, *acc_ij);
-            }
-        }
-    }
     for (i, acc_i) in acc.iter().enumerate() {
         for (j, acc_ij) in acc_i.iter().enumerate() {
-            *out.add(i * n + j) = _mm512_reduce_add_ps(*acc_ij);
+            *out.add(i * n + j) = _mm512_reduce_add_ps(*acc_ij) + tail(a, w, k, i, j, p);
         }
     }
+}
+
+/// The `k - p` products a vector loop left over, in scalar.
+#[inline(always)]
+unsafe fn tail<W: WeightElem>(
+    a: *const f32,
+    w: *const W,
+    k: usize,
+    i: usize,
+    j: usize,
+    p: usize,
+) -> f32 {
+    (p..k).fold(0.0, |sum, q| {
+        sum + *a.add(i * k + q) * (*w.add(j * k + q)).to_f32()
+    })
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -115,9 +120,9 @@ unsafe fn hsum256(v: __m256) -> f32 {
 
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn tile_avx2<const MR: usize, const NR: usize>(
+unsafe fn tile_avx2<W: WeightElem, const MR: usize, const NR: usize>(
     a: *const f32,
-    w: *const f32,
+    w: *const W,
     k: usize,
     out: *mut f32,
     n: usize,
@@ -127,7 +132,7 @@ unsafe fn tile_avx2<const MR: usize, const NR: usize>(
     while p + 8 <= k {
         let mut wv = [_mm256_setzero_ps(); NR];
         for (j, v) in wv.iter_mut().enumerate() {
-            *v = _mm256_loadu_ps(w.add(j * k + p));
+            *v = W::load8(w.add(j * k + p));
         }
         for (i, acc_i) in acc.iter_mut().enumerate() {
             let av = _mm256_loadu_ps(a.add(i * k + p));
@@ -139,11 +144,7 @@ unsafe fn tile_avx2<const MR: usize, const NR: usize>(
     }
     for (i, acc_i) in acc.iter().enumerate() {
         for (j, acc_ij) in acc_i.iter().enumerate() {
-            let mut sum = hsum256(*acc_ij);
-            for q in p..k {
-                sum += *a.add(i * k + q) * *w.add(j * k + q);
-            }
-            *out.add(i * n + j) = sum;
+            *out.add(i * n + j) = hsum256(*acc_ij) + tail(a, w, k, i, j, p);
         }
     }
 }
