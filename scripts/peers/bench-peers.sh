@@ -374,6 +374,19 @@ make_q8_copies() {
 # ------------------------------------------------------------------- main ---
 resolve_models
 
+# Check pyramid before the long llama.cpp build, so a missing binary fails fast.
+PYRAMID_KV_FLAG=()
+if [[ "$SKIP_PYRAMID" == 0 && "$BUILD_ONLY" == 0 ]]; then
+    [[ -x "$PYRAMID_BIN" ]] || die "pyramid binary not found at $PYRAMID_BIN (build it with 'cargo build --release' or set PYRAMID_BIN)"
+    pyramid_help="$("$PYRAMID_BIN" bench --help 2>&1 || true)"
+    [[ "$pyramid_help" == *--json* ]] || die "$PYRAMID_BIN has no 'bench --json' subcommand"
+    if [[ "$pyramid_help" == *--kv* ]]; then
+        PYRAMID_KV_FLAG=(--kv "$KV")
+    elif [[ "$KV" != f32 ]]; then
+        die "$PYRAMID_BIN bench has no --kv option"
+    fi
+fi
+
 if [[ "$SKIP_LLAMA" == 0 || "$OV_FILE" == q8_0 && "$SKIP_OV" == 0 ]]; then
     ensure_llama
     make_q8_copies
@@ -385,12 +398,6 @@ if [[ "$BUILD_ONLY" == 1 ]]; then
     log "tools ready; --build-only given, stopping here"
     exit 0
 fi
-if [[ "$SKIP_PYRAMID" == 0 ]]; then
-    [[ -x "$PYRAMID_BIN" ]] || die "pyramid binary not found at $PYRAMID_BIN (build it with 'cargo build --release' or set PYRAMID_BIN)"
-    "$PYRAMID_BIN" bench --help 2>/dev/null | grep -q -- '--json' \
-        || die "$PYRAMID_BIN has no 'bench --json' subcommand"
-fi
-
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/bench-peers.XXXXXX")"
 MANIFEST="$WORK/manifest.jsonl"
 : >"$MANIFEST"
@@ -431,7 +438,7 @@ run_engine() { # run_engine REP MODEL_INDEX ENGINE
             ;;
         pyramid)
             cmd=("$PYRAMID_BIN" bench --model "${M_PATH[$i]}" -p "$N_PROMPT" -n "$N_GEN" -d "$N_DEPTH"
-                 -r 1 --threads "$THREADS" --precision "$PRECISION" --kv "$KV" --json)
+                 -r 1 --threads "$THREADS" --precision "$PRECISION" ${PYRAMID_KV_FLAG[@]+"${PYRAMID_KV_FLAG[@]}"} --json)
             ;;
     esac
     local t0 t1 rc=0 secs
@@ -469,15 +476,16 @@ END_ISO="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 # ----------------------------------------------------------------- report ---
 MODELS_JSON="$WORK/models.json"
-{
-    echo "["
-    for i in "${!M_KEY[@]}"; do
-        [[ $i -gt 0 ]] && echo ","
-        printf '{"key": "%s", "path": "%s", "q8_0_path": "%s"}' \
-            "${M_KEY[$i]}" "${M_PATH[$i]}" "${M_Q8[$i]:-}"
-    done
-    echo "]"
-} >"$MODELS_JSON"
+model_args=()
+for i in "${!M_KEY[@]}"; do
+    model_args+=("${M_KEY[$i]}" "${M_PATH[$i]}" "${M_Q8[$i]:-}")
+done
+"$PY" - "${model_args[@]}" >"$MODELS_JSON" <<'EOF'
+import json, sys
+a = sys.argv[1:]
+print(json.dumps([{"key": a[i], "path": a[i + 1], "q8_0_path": a[i + 2] or None}
+                  for i in range(0, len(a), 3)], indent=2))
+EOF
 
 mkdir -p "$(dirname "$OUT")"
 "$PY" "$SCRIPT_DIR/compare.py" \

@@ -54,6 +54,9 @@ def mean_sd(xs):
 def machine_fingerprint(loadavg_start):
     cpuinfo = read("/proc/cpuinfo")
     model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.M)
+    ident = {k: (m.group(1).strip() if m else None) for k, m in (
+        (k, re.search(r"^" + k + r"\s*:\s*(.*)$", cpuinfo, re.M))
+        for k in ("vendor_id", "cpu family", "model", "stepping", "cache size"))}
     flags_line = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.M)
     flags = set(flags_line.group(1).split()) if flags_line else set()
     physical = {(m.group(1), m.group(2)) for m in re.finditer(
@@ -66,6 +69,7 @@ def machine_fingerprint(loadavg_start):
         affinity = None
     return {
         "cpu_model": model.group(1).strip() if model else platform.processor(),
+        "cpu_id": ident,
         "logical_cpus": os.cpu_count(),
         "usable_cpus": affinity,
         "physical_cores": len(physical) or None,
@@ -108,6 +112,10 @@ def ov_versions(python):
 
 
 # ----------------------------------------------------------------- parsing --
+
+def int_list(text):
+    return [int(v) for v in str(text).split(",") if v.strip()]
+
 
 def test_name(n_prompt, n_gen):
     if n_prompt and n_gen:
@@ -277,7 +285,7 @@ def build(args):
         "finished": args.end,
         "invocation": args.invocation,
         "settings": {
-            "threads": args.threads, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+            "threads": args.threads, "n_prompt": int_list(args.n_prompt), "n_gen": int_list(args.n_gen),
             "n_depth": args.n_depth, "repetitions": args.repetitions,
             "precision": args.precision, "kv": args.kv, "ov_file": args.ov_file,
         },

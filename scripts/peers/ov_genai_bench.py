@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import time
 
@@ -53,7 +54,10 @@ def mean_sd(xs):
 
 
 def fail(message):
-    print(json.dumps({"error": message}))
+    # OpenVINO's messages name the source file and line of the check that
+    # failed; keep that in "detail" and drop it from the short reason.
+    short = re.sub(r" at /\S+?:\d+:", ":", message)
+    print(json.dumps({"error": short, "detail": message}))
     print(f"ov_genai_bench: {message}", file=sys.stderr)
     sys.exit(2)
 

@@ -5,6 +5,8 @@ use pyramid_kernels::ops::{
     add_in_place, attention_scores, attention_scores_i8, rms_norm, rope_in_place,
     silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_i8,
 };
+use std::sync::Mutex;
+
 use pyramid_kernels::{split_range, SharedMut, ThreadPool};
 
 use crate::kv_cache::{HeadView, KvCache};
@@ -23,10 +25,30 @@ pub enum LogitsFor {
 
 /// One sequence's share of a forward pass: its new tokens and its cache. The tokens take
 /// positions `kv.len()..` and attend to the cache and, causally, to each other.
+///
+/// The last `n_padding` tokens are padding, there to fill a fixed-shape chunk: their rows
+/// go through the projections like any other, but they are never stored in the cache nor
+/// attended to, so they cannot change any real token's result.
 #[derive(Debug)]
 pub struct Segment<'a> {
     pub tokens: &'a [u32],
+    pub n_padding: usize,
     pub kv: &'a mut KvCache,
+}
+
+impl<'a> Segment<'a> {
+    pub fn new(tokens: &'a [u32], kv: &'a mut KvCache) -> Self {
+        Self {
+            tokens,
+            n_padding: 0,
+            kv,
+        }
+    }
+
+    /// Tokens that are real, not padding.
+    pub fn n_real(&self) -> usize {
+        self.tokens.len() - self.n_padding
+    }
 }
 
 /// Where a row of the batch belongs.
@@ -34,21 +56,29 @@ pub struct Segment<'a> {
 struct RowPlace {
     segment: usize,
     pos: usize,
+    /// Padding rows are computed but neither cached nor attended.
+    padding: bool,
 }
 
-/// Activations of one forward pass, reused between calls to avoid reallocating per token.
+/// Activations of one forward pass, reused between calls. [`Scratch::for_shape`] sizes
+/// every buffer up front, after which passes of at most that shape never allocate.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    places: Vec<RowPlace>, // [n_tokens]
-    x: Vec<f32>,           // [n_tokens, n_embd] residual stream
-    h: Vec<f32>,           // [n_tokens, n_embd] normed input of a block
-    q: Vec<f32>,           // [n_tokens, q_dim]
-    k: Vec<f32>,           // [n_tokens, kv_dim]
-    v: Vec<f32>,           // [n_tokens, kv_dim]
-    attn: Vec<f32>,        // [n_tokens, q_dim]
-    o: Vec<f32>,           // [n_tokens, n_embd]
-    gate: Vec<f32>,        // [n_tokens, n_ff]
-    up: Vec<f32>,          // [n_tokens, n_ff]
+    places: Vec<RowPlace>,  // [n_tokens]
+    logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
+    normed: Vec<f32>,       // [n_rows, n_embd]
+    logits: Vec<f32>,       // [n_rows, n_vocab]
+    /// One attention-score buffer per pool thread: `[window]` each.
+    scores: Vec<Mutex<Vec<f32>>>,
+    x: Vec<f32>,    // [n_tokens, n_embd] residual stream
+    h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
+    q: Vec<f32>,    // [n_tokens, q_dim]
+    k: Vec<f32>,    // [n_tokens, kv_dim]
+    v: Vec<f32>,    // [n_tokens, kv_dim]
+    attn: Vec<f32>, // [n_tokens, q_dim]
+    o: Vec<f32>,    // [n_tokens, n_embd]
+    gate: Vec<f32>, // [n_tokens, n_ff]
+    up: Vec<f32>,   // [n_tokens, n_ff]
     linear: LinearScratch,
     /// When set, every projection input's per-channel peaks are recorded here.
     pub calibration: Option<Calibration>,
@@ -57,6 +87,45 @@ pub struct Scratch {
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.resize(len, 0.0);
     &mut buf[..len]
+}
+
+impl Scratch {
+    /// Buffers for passes of up to `n_tokens` rows over caches of up to `window` positions
+    /// on a pool of `n_threads`, allocated now so that running never allocates.
+    pub fn for_shape(model: &Model, n_tokens: usize, window: usize, n_threads: usize) -> Self {
+        let cfg = &model.config;
+        let (e, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let with = |len: usize| Vec::with_capacity(len);
+        Self {
+            places: Vec::with_capacity(n_tokens),
+            logit_rows: Vec::with_capacity(n_tokens),
+            normed: with(n_tokens * e),
+            logits: with(n_tokens * cfg.n_vocab),
+            scores: (0..n_threads)
+                .map(|_| Mutex::new(Vec::with_capacity(window)))
+                .collect(),
+            x: with(n_tokens * e),
+            h: with(n_tokens * e),
+            q: with(n_tokens * qd),
+            k: with(n_tokens * kvd),
+            v: with(n_tokens * kvd),
+            attn: with(n_tokens * qd),
+            o: with(n_tokens * e),
+            gate: with(n_tokens * ff),
+            up: with(n_tokens * ff),
+            linear: LinearScratch::for_shape(
+                n_tokens,
+                e.max(qd).max(ff),
+                e.max(qd).max(ff).max(cfg.n_vocab),
+            ),
+            calibration: None,
+        }
+    }
+
+    /// The logits of the last [`Model::forward_into`]: `[n_rows, n_vocab]`.
+    pub fn logits(&self) -> &[f32] {
+        &self.logits
+    }
 }
 
 impl Model {
@@ -70,14 +139,14 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<Vec<f32>> {
-        self.forward_batch(pool, &mut [Segment { tokens, kv }], scratch, which)
+        self.forward_batch(pool, &mut [Segment::new(tokens, kv)], scratch, which)
     }
 
     /// Runs several sequences in one pass: every projection reads its weights once for all
     /// rows, while each sequence attends only to its own cache. Prefill is one segment of
     /// many tokens; batched decode is many segments of one token; they may be mixed.
-    /// Returns logits `[n_rows, n_vocab]`: with [`LogitsFor::Last`] one row per segment,
-    /// with [`LogitsFor::All`] every row, in segment order.
+    /// Returns logits `[n_rows, n_vocab]`: with [`LogitsFor::Last`] one row per segment
+    /// (its last real token), with [`LogitsFor::All`] every row, in segment order.
     pub fn forward_batch(
         &self,
         pool: &ThreadPool,
@@ -85,12 +154,25 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<Vec<f32>> {
+        self.forward_into(pool, segments, scratch, which)?;
+        Ok(scratch.logits.clone())
+    }
+
+    /// As [`Model::forward_batch`], leaving the logits in [`Scratch::logits`]: with a
+    /// scratch from [`Scratch::for_shape`] this allocates nothing.
+    pub fn forward_into(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        scratch: &mut Scratch,
+        which: LogitsFor,
+    ) -> Result<()> {
         let cfg = &self.config;
         if segments.is_empty() {
             return Err(ModelError::EmptyInput);
         }
         for seg in segments.iter() {
-            if seg.tokens.is_empty() {
+            if seg.n_padding >= seg.tokens.len() {
                 return Err(ModelError::EmptyInput);
             }
             if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
@@ -99,14 +181,19 @@ impl Model {
                     n_vocab: cfg.n_vocab,
                 });
             }
-            let needed = seg.kv.len() + seg.tokens.len();
+            let needed = seg.kv.len() + seg.n_real();
             if needed > cfg.n_ctx_train {
                 return Err(ModelError::ContextLengthExceeded {
                     needed,
                     n_ctx: cfg.n_ctx_train,
                 });
             }
-            seg.kv.check_room(seg.tokens.len())?;
+            seg.kv.check_room(seg.n_real())?;
+        }
+        if scratch.scores.len() < pool.n_threads() {
+            scratch
+                .scores
+                .resize_with(pool.n_threads(), Default::default);
         }
 
         let e = cfg.n_embd;
@@ -118,6 +205,7 @@ impl Model {
                 .extend((0..seg.tokens.len()).map(|t| RowPlace {
                     segment,
                     pos: pos0 + t,
+                    padding: t >= seg.n_real(),
                 }));
         }
         let n = scratch.places.len();
@@ -131,22 +219,24 @@ impl Model {
             self.ffn_block(pool, layer_idx, layer, n, scratch);
         }
         for seg in segments.iter_mut() {
-            seg.kv.advance(seg.tokens.len());
+            seg.kv.advance(seg.n_real());
         }
 
-        let rows: Vec<usize> = match which {
-            LogitsFor::All => (0..n).collect(),
-            LogitsFor::Last => segments
-                .iter()
-                .scan(0, |end, seg| {
-                    *end += seg.tokens.len();
-                    Some(*end - 1)
-                })
-                .collect(),
-        };
+        let rows = &mut scratch.logit_rows;
+        rows.clear();
+        match which {
+            LogitsFor::All => rows.extend(0..n),
+            LogitsFor::Last => {
+                let mut start = 0;
+                for seg in segments.iter() {
+                    rows.push(start + seg.n_real() - 1);
+                    start += seg.tokens.len();
+                }
+            }
+        }
         let n_rows = rows.len();
-        let mut normed = vec![0.0; n_rows * e];
-        for (out, &r) in normed.chunks_exact_mut(e).zip(&rows) {
+        let normed = sized(&mut scratch.normed, n_rows * e);
+        for (out, &r) in normed.chunks_exact_mut(e).zip(rows.iter()) {
             rms_norm(
                 out,
                 &scratch.x[r * e..(r + 1) * e],
@@ -155,18 +245,13 @@ impl Model {
             );
         }
         if let Some(c) = &mut scratch.calibration {
-            c.record(0, Site::Head, &normed, e);
+            c.record(0, Site::Head, normed, e);
         }
-        let mut logits = vec![0.0; n_rows * cfg.n_vocab];
-        self.weights.output.forward(
-            pool,
-            &normed,
-            None,
-            &mut logits,
-            n_rows,
-            &mut scratch.linear,
-        );
-        Ok(logits)
+        let logits = sized(&mut scratch.logits, n_rows * cfg.n_vocab);
+        self.weights
+            .output
+            .forward(pool, normed, None, logits, n_rows, &mut scratch.linear);
+        Ok(())
     }
 
     fn attention_block(
@@ -213,19 +298,26 @@ impl Model {
                 &self.rope_inv_freq,
                 style,
             );
-            segments[place.segment]
-                .kv
-                .store(layer_idx, place.pos, &k[k_t], &v[v_t]);
+            if !place.padding {
+                segments[place.segment]
+                    .kv
+                    .store(layer_idx, place.pos, &k[k_t], &v[v_t]);
+            }
         }
 
         let attn = sized(&mut s.attn, n * qd);
-        let caches: Vec<&KvCache> = segments.iter().map(|seg| &*seg.kv).collect();
         let shape = HeadShape {
             n_head: cfg.n_head,
             n_head_kv: cfg.n_head_kv,
             head_dim: hd,
         };
-        attend(pool, shape, layer_idx, &s.places, q, &caches, attn);
+        let ctx = AttendInputs {
+            layer_idx,
+            places: &s.places,
+            segments,
+            scores: &s.scores,
+        };
+        attend(pool, shape, &ctx, q, attn);
 
         let o = sized(&mut s.o, n * e);
         if let Some(c) = &mut s.calibration {
@@ -271,15 +363,22 @@ struct HeadShape {
     head_dim: usize,
 }
 
-/// Causal grouped-query attention for every row, whose keys and values are already in
-/// its segment's cache. Threads split the (row, head) pairs.
+/// What attention reads besides the queries.
+struct AttendInputs<'s, 'a> {
+    layer_idx: usize,
+    places: &'s [RowPlace],
+    segments: &'s [Segment<'a>],
+    /// Per-thread score buffers.
+    scores: &'s [Mutex<Vec<f32>>],
+}
+
+/// Causal grouped-query attention for every real row, whose keys and values are already in
+/// its segment's cache; padding rows get zeros. Threads split the (row, head) pairs.
 fn attend(
     pool: &ThreadPool,
     shape: HeadShape,
-    layer_idx: usize,
-    places: &[RowPlace],
-    q: &[f32], // [n, n_head * head_dim]
-    caches: &[&KvCache],
+    ctx: &AttendInputs<'_, '_>,
+    q: &[f32],       // [n, n_head * head_dim]
     out: &mut [f32], // [n, n_head * head_dim]
 ) {
     let HeadShape {
@@ -287,19 +386,28 @@ fn attend(
         n_head_kv,
         head_dim,
     } = shape;
+    let AttendInputs {
+        layer_idx,
+        places,
+        segments,
+        scores,
+    } = *ctx;
     let qd = n_head * head_dim;
     let group = n_head / n_head_kv;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let out_ptr = SharedMut::new(out);
     let n_items = places.len() * n_head;
     pool.run(&|thread_idx| {
-        let mut scores = Vec::new();
+        let mut scores = scores[thread_idx]
+            .lock()
+            .expect("a score buffer is only used by its own thread");
+        let scores = &mut *scores;
         for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
             let (t, head) = (item / n_head, item % n_head);
             let place = places[t];
             let n_pos = place.pos + 1; // causal: attend to itself and everything before
             let kv_head = head / group;
-            let kv = caches[place.segment];
+            let kv: &KvCache = segments[place.segment].kv;
             let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
             // SAFETY: (row, head) pairs are split disjointly between threads, so this
             // head_dim-long slice of `out` is written by this thread only.
@@ -309,11 +417,15 @@ fn attend(
                     head_dim,
                 )
             };
+            if place.padding {
+                o.fill(0.0);
+                continue;
+            }
             match kv.head(layer_idx, kv_head, n_pos) {
                 HeadView::F32 { keys, values } => {
-                    attention_scores(q_h, keys, scale, &mut scores);
-                    softmax_in_place(&mut scores);
-                    weighted_sum(&scores, values, o);
+                    attention_scores(q_h, keys, scale, scores);
+                    softmax_in_place(scores);
+                    weighted_sum(scores, values, o);
                 }
                 HeadView::Int8 {
                     keys,
@@ -321,9 +433,9 @@ fn attend(
                     values,
                     value_scales,
                 } => {
-                    attention_scores_i8(q_h, keys, key_scales, scale, &mut scores);
-                    softmax_in_place(&mut scores);
-                    weighted_sum_i8(&scores, values, value_scales, o);
+                    attention_scores_i8(q_h, keys, key_scales, scale, scores);
+                    softmax_in_place(scores);
+                    weighted_sum_i8(scores, values, value_scales, o);
                 }
             }
         }

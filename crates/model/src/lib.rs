@@ -75,7 +75,7 @@ impl std::fmt::Display for Precision {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,

@@ -237,6 +237,24 @@ pub struct LinearScratch {
     outlier_out: Vec<f32>, // [n, n_out]
 }
 
+impl LinearScratch {
+    /// Room for projections of up to `n` rows, `max_in` inputs and `max_out` outputs.
+    pub fn for_shape(n: usize, max_in: usize, max_out: usize) -> Self {
+        let k_pad = max_in.next_multiple_of(pyramid_kernels::int8::SUM_GROUP);
+        Self {
+            quantized: QuantizedRows {
+                data: Vec::with_capacity(n * k_pad),
+                scales: Vec::with_capacity(n),
+                group_sums: Vec::with_capacity(n * k_pad / pyramid_kernels::int8::SUM_GROUP),
+                k_pad,
+            },
+            inliers: Vec::with_capacity(n * max_in),
+            outliers: Vec::with_capacity(n * max_in / MAX_OUTLIER_FRACTION),
+            outlier_out: Vec::with_capacity(n * max_out),
+        }
+    }
+}
+
 /// Where a projection's input comes from; projections sharing an input share outliers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Site {

@@ -267,7 +267,7 @@ fn batched_forward_equals_each_sequence_alone() {
             let mut segments: Vec<Segment> = caches
                 .iter_mut()
                 .zip(prompts)
-                .map(|(kv, tokens)| Segment { tokens, kv })
+                .map(|(kv, tokens)| Segment::new(tokens, kv))
                 .collect();
             model
                 .forward_batch(&pool, &mut segments, &mut s, LogitsFor::Last)
@@ -276,7 +276,7 @@ fn batched_forward_equals_each_sequence_alone() {
             let mut segments: Vec<Segment> = caches
                 .iter_mut()
                 .zip(&singles)
-                .map(|(kv, t)| Segment { tokens: t, kv })
+                .map(|(kv, t)| Segment::new(t, kv))
                 .collect();
             let together = model
                 .forward_batch(&pool, &mut segments, &mut s, LogitsFor::Last)
@@ -331,6 +331,48 @@ fn int8_kv_cache_tracks_f32_and_survives_growth() {
             max_abs_diff(a, b) < 0.05 * spread.max(1.0),
             "INT8 cache drifts: {}",
             max_abs_diff(a, b)
+        );
+    }
+}
+
+/// Padding rows fill a fixed-shape chunk without touching any real token: the logits of
+/// the real rows and everything decoded afterwards are bit-identical to an unpadded run.
+#[test]
+fn padded_chunks_equal_unpadded() {
+    use pyramid_model::Segment;
+    let pool = ThreadPool::new(2).unwrap();
+    for precision in Precision::ALL {
+        let model =
+            build(&SyntheticSpec::tiny(Architecture::Qwen2)).into_precision(precision, None);
+        let mut scratch = Scratch::default();
+        let run =
+            |tokens: &[u32], n_padding: usize, kv: &mut pyramid_model::KvCache, s: &mut Scratch| {
+                let mut seg = [Segment {
+                    tokens,
+                    n_padding,
+                    kv,
+                }];
+                model
+                    .forward_batch(&pool, &mut seg, s, LogitsFor::Last)
+                    .unwrap()
+            };
+        let mut plain_kv = model.new_kv_cache(16);
+        let plain = run(&PROMPT[..9], 0, &mut plain_kv, &mut scratch);
+        // Two chunks of 8: the second holds one real token and seven pads, and the
+        // window has no room for the pads' positions.
+        let mut padded_kv = model.new_kv_cache(16);
+        run(&PROMPT[..8], 0, &mut padded_kv, &mut scratch);
+        let mut chunk = [0u32; 8];
+        chunk[0] = PROMPT[8];
+        chunk[1..].fill(PROMPT[0]);
+        let padded = run(&chunk, 7, &mut padded_kv, &mut scratch);
+        assert_eq!(padded_kv.len(), 9, "{precision}: padding is not cached");
+        assert_eq!(padded, plain, "{precision}");
+        let next = [PROMPT[9]];
+        assert_eq!(
+            run(&next, 0, &mut padded_kv, &mut scratch),
+            run(&next, 0, &mut plain_kv, &mut scratch),
+            "{precision}: decode after a padded chunk"
         );
     }
 }

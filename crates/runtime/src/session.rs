@@ -154,10 +154,7 @@ pub fn step_batch(
     let mut segments: Vec<Segment> = sessions
         .iter_mut()
         .zip(new_tokens)
-        .map(|(session, tokens)| Segment {
-            tokens,
-            kv: &mut session.kv,
-        })
+        .map(|(session, tokens)| Segment::new(tokens, &mut session.kv))
         .collect();
     let logits = model.forward_batch(pool, &mut segments, scratch, LogitsFor::Last)?;
     for (session, tokens) in sessions.iter_mut().zip(new_tokens) {
