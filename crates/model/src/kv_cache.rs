@@ -200,6 +200,38 @@ impl KvCache {
         self.capacity = new_capacity;
     }
 
+    /// The live positions copied into a cache of exactly `capacity` positions: moving a
+    /// session to another window without recomputing anything. Keys and values are
+    /// copied as stored (INT8 rows keep their scales), so the result is bit-identical.
+    pub fn migrated(&self, capacity: usize) -> Result<KvCache> {
+        if capacity < self.len || capacity > self.max_capacity {
+            return Err(ModelError::ContextLengthExceeded {
+                needed: self.len.max(capacity),
+                n_ctx: if capacity < self.len {
+                    capacity
+                } else {
+                    self.max_capacity
+                },
+            });
+        }
+        let n_runs = self.n_layer * self.n_head_kv;
+        let (old, hd) = (self.capacity, self.head_dim);
+        Ok(KvCache {
+            capacity,
+            k: self.k.regrow(n_runs, old, capacity, self.len, hd),
+            v: self.v.regrow(n_runs, old, capacity, self.len, hd),
+            ..*self
+        })
+    }
+
+    /// Bytes the live positions occupy (what a migration copies).
+    pub fn used_bytes(&self) -> usize {
+        if self.capacity == 0 {
+            return 0;
+        }
+        self.bytes() / self.capacity * self.len
+    }
+
     /// Checks that `n_new` more positions fit.
     pub(crate) fn check_room(&self, n_new: usize) -> Result<()> {
         if self.len + n_new > self.capacity {

@@ -1,5 +1,7 @@
 use pyramid_model::ModelError;
 
+use crate::artifact::ArtifactShape;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error(transparent)]
@@ -16,6 +18,21 @@ pub enum RuntimeError {
     EmptyPrompt,
     #[error("context length exceeded: {needed} tokens needed, the model supports {n_ctx}")]
     ContextLengthExceeded { needed: usize, n_ctx: usize },
+    #[error("artifact {shape} cannot run this: {reason}")]
+    BadShape {
+        shape: ArtifactShape,
+        reason: String,
+    },
+    #[error("invalid window ladder: {0}")]
+    BadLadder(String),
+    #[error("context length exceeded: {needed} tokens needed, the largest window holds {largest}")]
+    BeyondLargestWindow { needed: usize, largest: usize },
+    #[error("artifact cache budget of {budget} bytes cannot hold {shape} ({bytes} bytes) beside the artifacts in use")]
+    OverBudget {
+        shape: ArtifactShape,
+        bytes: usize,
+        budget: usize,
+    },
 }
 
 pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

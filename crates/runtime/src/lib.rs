@@ -8,16 +8,29 @@
 //! - [`step_batch`]: several sessions advanced in one forward pass (batched decode, or
 //!   prefill chunks mixed with decode tokens), each weight read once for the batch.
 //!
+//! - [`artifact`]: static-shape stages (`prefill {chunk, window}`, `decode {batch,
+//!   window}`) compiled by a [`Backend`]; [`CpuBackend`] is the native one.
+//!   [`ArtifactCache`] keeps them under a memory budget; [`WindowLadder`] lists the
+//!   windows they are compiled for.
+//!
 //! Invariant: a session's `tokens()` are exactly the tokens whose keys and values are in
 //! its cache, in order.
 
+pub mod artifact;
+mod artifact_cache;
 mod error;
 mod generate;
 mod sampler;
 mod session;
+mod window;
 
+pub use artifact::{
+    prefill_chunked, ArtifactKey, ArtifactShape, Backend, Compiled, CpuBackend, Executable,
+};
+pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
 pub use generate::{generate, FinishReason, GenerateParams, Generation, Timings};
 pub use pyramid_model::Scratch;
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{step_batch, Session};
+pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};

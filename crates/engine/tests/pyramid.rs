@@ -1,0 +1,337 @@
+//! The window pyramid on a tiny random-weight model: chunked prefill equals whole
+//! prefill, migrated sessions equal sessions started large, and the predictive policy
+//! compiles ahead of crossings. Timing-dependent policy checks use a scripted backend
+//! (fixed compile and step times) so they do not depend on this machine's speed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyramid_engine::replay::{resolve, run_arm, tokens_identical, Append, ReplaySetup, TraceStep};
+use pyramid_engine::{Arm, EngineError, PyramidConfig, PyramidSession, WindowPyramid};
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::{Architecture, KvType, LogitsFor, Model, Precision, Scratch, Segment};
+use pyramid_runtime::{
+    prefill_chunked, ArtifactShape, Backend, CpuBackend, Executable, RuntimeError, WindowLadder,
+};
+
+fn tiny(precision: Precision) -> Arc<Model> {
+    let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Qwen2))
+        .unwrap()
+        .to_bytes();
+    let model = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
+    Arc::new(model.into_precision(precision, None))
+}
+
+fn config(arm: Arm, windows: &[usize], chunk: usize) -> PyramidConfig {
+    PyramidConfig {
+        ladder: WindowLadder::new(windows.to_vec(), 256).unwrap(),
+        prefill_chunk: chunk,
+        arm,
+        generation_reserve: 0,
+        artifact_budget: usize::MAX,
+        margin: Duration::from_millis(5),
+        first_compile_estimate: Duration::from_millis(10),
+    }
+}
+
+#[test]
+fn chunked_prefill_equals_whole_prefill() {
+    let pool = ThreadPool::new(2).unwrap();
+    for precision in [Precision::F32, Precision::Int8] {
+        let model = tiny(precision);
+        let prompt: Vec<u32> = (0..37).map(|i| (i * 7 + 3) % 300).collect();
+        let mut kv = model.new_kv_cache(64);
+        let whole = model
+            .forward(
+                &pool,
+                &prompt,
+                &mut kv,
+                &mut Scratch::default(),
+                LogitsFor::Last,
+            )
+            .unwrap();
+        let backend = CpuBackend::new(Arc::clone(&model), pool.n_threads());
+        for chunk in [1, 5, 16, 37, 64] {
+            let exe = backend
+                .compile(ArtifactShape::Prefill { chunk, window: 64 })
+                .unwrap();
+            let mut kv = model.new_kv_cache(64);
+            let mut logits = Vec::new();
+            prefill_chunked(exe.as_ref(), &pool, &prompt, &mut kv, &mut logits).unwrap();
+            assert_eq!(kv.len(), prompt.len());
+            let diff = logits
+                .iter()
+                .zip(&whole)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                diff < 1e-4,
+                "{precision} chunk {chunk}: logits differ by {diff}"
+            );
+            let argmax = |l: &[f32]| {
+                l.iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .unwrap()
+                    .0
+            };
+            assert_eq!(argmax(&logits), argmax(&whole), "{precision} chunk {chunk}");
+        }
+    }
+}
+
+#[test]
+fn artifacts_reject_shapes_they_were_not_compiled_for() {
+    let pool = ThreadPool::new(1).unwrap();
+    let model = tiny(Precision::F32);
+    let backend = CpuBackend::new(Arc::clone(&model), 1);
+    let exe = backend
+        .compile(ArtifactShape::Decode {
+            batch: 2,
+            window: 32,
+        })
+        .unwrap();
+    let mut logits = Vec::new();
+    let mut wrong_window = model.new_kv_cache(64);
+    let err = exe
+        .run(
+            &pool,
+            &mut [Segment::new(&[1], &mut wrong_window)],
+            &mut logits,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("a cache of 64 positions"), "{err}");
+    let mut kv = model.new_kv_cache(32);
+    let err = exe
+        .run(&pool, &mut [Segment::new(&[1, 2], &mut kv)], &mut logits)
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::BadShape { .. }), "{err}");
+    assert!(backend
+        .compile(ArtifactShape::Prefill {
+            chunk: 8,
+            window: 1000
+        })
+        .is_err());
+}
+
+fn trace(appends: &[usize], generate: usize) -> Vec<TraceStep> {
+    appends
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| TraceStep {
+            session: "a".to_string(),
+            step: i as u64,
+            append: Append::Tokens(n),
+            generate,
+        })
+        .chain((0..3).map(|i| TraceStep {
+            session: "b".to_string(),
+            step: i,
+            append: Append::Tokens(10),
+            generate,
+        }))
+        .collect()
+}
+
+fn no_text(_: &str) -> pyramid_engine::Result<Vec<u32>> {
+    unreachable!("token-count traces only")
+}
+
+/// Session "a" crosses 32, 64 and 128 through both prompts and decodes; every arm must
+/// produce exactly the tokens of the session started on the largest window.
+#[test]
+fn migrated_sessions_equal_sessions_started_large() {
+    let pool = ThreadPool::new(2).unwrap();
+    for (precision, kv_type) in [
+        (Precision::F32, KvType::F32),
+        (Precision::Int8, KvType::Int8),
+    ] {
+        let model = tiny(precision);
+        let steps = resolve(
+            &trace(&[20, 9, 30, 40, 60], 12),
+            model.config.n_vocab,
+            &no_text,
+        )
+        .unwrap();
+        let setup = ReplaySetup {
+            backend: Arc::new(CpuBackend::new(Arc::clone(&model), 2)),
+            model_id: 1,
+            kv_type,
+            config: config(Arm::Largest, &[32, 64, 128, 256], 16),
+            pool: &pool,
+        };
+        let arms: Vec<_> = Arm::ALL
+            .into_iter()
+            .map(|arm| run_arm(&setup, arm, &steps).unwrap())
+            .collect();
+        assert!(tokens_identical(&arms), "{precision}: arms disagree");
+        let generated: usize = arms[0].generated.iter().map(|(_, t)| t.len()).sum();
+        assert_eq!(generated, 8 * 12);
+        for arm in &arms {
+            assert!(arm.failed_sessions.is_empty(), "{:?}", arm.failed_sessions);
+            match arm.arm {
+                Arm::Largest => assert_eq!((arm.n_migrations, arm.n_reprefills), (0, 0)),
+                Arm::Reprefill => {
+                    assert!(arm.n_reprefills >= 3 && arm.n_migrations == 0, "{arm:?}")
+                }
+                Arm::OnDemand | Arm::Predictive => {
+                    assert!(arm.n_migrations >= 3 && arm.n_reprefills == 0, "{arm:?}")
+                }
+            }
+            assert!(arm.kv_bytes_used <= arm.kv_bytes_reserved);
+        }
+        assert!(arms[3].kv_bytes_reserved < arms[0].kv_bytes_reserved);
+    }
+}
+
+#[test]
+fn a_session_beyond_the_largest_window_fails_alone() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    // "a" needs 300 positions; "b" stays small and must finish normally.
+    let steps = resolve(&trace(&[100, 100, 100], 4), model.config.n_vocab, &no_text).unwrap();
+    let setup = ReplaySetup {
+        backend: Arc::new(CpuBackend::new(Arc::clone(&model), 2)),
+        model_id: 1,
+        kv_type: KvType::F32,
+        config: config(Arm::Predictive, &[64, 128, 256], 16),
+        pool: &pool,
+    };
+    let report = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    assert_eq!(report.failed_sessions.len(), 1);
+    let failure = &report.failed_sessions[0];
+    assert_eq!(failure.session, "a");
+    assert!(
+        failure.error.contains("context length exceeded") && failure.error.contains("256"),
+        "{}",
+        failure.error
+    );
+    let b = report.generated.iter().find(|(s, _)| s == "b").unwrap();
+    assert_eq!(b.1.len(), 3 * 4);
+
+    let pyramid = WindowPyramid::new(
+        setup.backend.clone(),
+        1,
+        KvType::F32,
+        config(Arm::OnDemand, &[64], 8),
+    )
+    .unwrap();
+    let mut session = PyramidSession::new(pyramid);
+    let err = session.prefill(&pool, &[1; 65]).err().unwrap();
+    assert!(matches!(
+        err,
+        EngineError::Runtime(RuntimeError::BeyondLargestWindow {
+            needed: 65,
+            largest: 64
+        })
+    ));
+}
+
+/// A backend with scripted costs: compiling takes `compile`, every run takes at least
+/// `run`. The policy sees slow compiles and steady steps without depending on how fast
+/// this machine is.
+struct Scripted {
+    inner: CpuBackend,
+    compile: Duration,
+    run: Duration,
+}
+
+struct ScriptedExe {
+    inner: Arc<dyn Executable>,
+    run: Duration,
+}
+
+impl Executable for ScriptedExe {
+    fn shape(&self) -> ArtifactShape {
+        self.inner.shape()
+    }
+    fn bytes(&self) -> usize {
+        self.inner.bytes()
+    }
+    fn executing_device(&self) -> String {
+        "scripted".to_string()
+    }
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> pyramid_runtime::Result<()> {
+        std::thread::sleep(self.run);
+        self.inner.run(pool, segments, logits)
+    }
+}
+
+impl Backend for Scripted {
+    fn device(&self) -> String {
+        "scripted".to_string()
+    }
+    fn model(&self) -> &Arc<Model> {
+        self.inner.model()
+    }
+    fn compile(&self, shape: ArtifactShape) -> pyramid_runtime::Result<Arc<dyn Executable>> {
+        std::thread::sleep(self.compile);
+        Ok(Arc::new(ScriptedExe {
+            inner: self.inner.compile(shape)?,
+            run: self.run,
+        }))
+    }
+}
+
+#[test]
+fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let setup = ReplaySetup {
+        backend: Arc::new(Scripted {
+            inner: CpuBackend::new(Arc::clone(&model), 2),
+            compile: Duration::from_millis(60),
+            run: Duration::from_millis(15),
+        }),
+        model_id: 1,
+        kv_type: KvType::F32,
+        config: config(Arm::Largest, &[48, 96, 192, 256], 16),
+        pool: &pool,
+    };
+    // Steady: 24 tokens a step (12 appended, 12 generated ≈ 180 ms of decode), so each
+    // crossing is seen a step ahead, with three times the compile time to spare.
+    let steady: Vec<TraceStep> = (0..9)
+        .map(|i| TraceStep {
+            session: "a".to_string(),
+            step: i,
+            append: Append::Tokens(12),
+            generate: 12,
+        })
+        .collect();
+    let steps = resolve(&steady, model.config.n_vocab, &no_text).unwrap();
+    let on_demand = run_arm(&setup, Arm::OnDemand, &steps).unwrap();
+    let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    assert!(tokens_identical(&[on_demand.clone(), predictive.clone()]));
+    assert!(on_demand.n_migrations >= 2 && predictive.n_migrations >= 2);
+    assert!(
+        on_demand.n_stalls >= 2 && on_demand.stall_ms >= 2.0 * 60.0,
+        "on demand waits for every compile: {on_demand:?}"
+    );
+    assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
+
+    // A sudden jump past the prediction: the session waits for its compile (a measured
+    // stall) and still produces exactly the tokens of the largest window.
+    let mut jump = steady[..3].to_vec();
+    jump.push(TraceStep {
+        session: "a".to_string(),
+        step: 3,
+        append: Append::Tokens(150),
+        generate: 4,
+    });
+    let steps = resolve(&jump, model.config.n_vocab, &no_text).unwrap();
+    let largest = run_arm(&setup, Arm::Largest, &steps).unwrap();
+    let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    assert!(tokens_identical(&[largest, predictive.clone()]));
+    assert!(
+        predictive.n_stalls >= 1 && predictive.stall_ms >= 30.0,
+        "{predictive:?}"
+    );
+    assert_eq!(predictive.n_reprefills, 0);
+}

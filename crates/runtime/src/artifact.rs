@@ -1,0 +1,284 @@
+//! Static-shape artifacts: a stage compiled for fixed shapes on one device.
+//!
+//! Static-shape accelerators (NPUs through OpenVINO or QNN) run graphs compiled for one
+//! shape; pyramid treats every backend that way, so the window pyramid above works the
+//! same on all of them. A [`Backend`] compiles an [`ArtifactShape`] into an
+//! [`Executable`]: prefill runs exactly `chunk` tokens (the last chunk padded) against a
+//! cache of exactly `window` positions; decode runs up to `batch` one-token sequences,
+//! each with a cache of exactly `window` positions. Compiling prepares everything that
+//! depends on the shape, so running allocates nothing.
+//!
+//! The native CPU backend ([`CpuBackend`]) shares one packed model between all its
+//! artifacts; compiling sizes the buffer plan for the shape and fixes the kernel family.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pyramid_kernels::{isa, ThreadPool};
+use pyramid_model::{KvCache, KvType, LogitsFor, Model, Precision, Scratch, Segment};
+
+use crate::{Result, RuntimeError};
+
+/// The fixed shape a stage is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ArtifactShape {
+    /// One sequence, exactly `chunk` tokens per run (padded), over `window` positions.
+    Prefill { chunk: usize, window: usize },
+    /// Up to `batch` sequences of one token each, every cache `window` positions.
+    Decode { batch: usize, window: usize },
+}
+
+impl ArtifactShape {
+    pub fn window(self) -> usize {
+        match self {
+            ArtifactShape::Prefill { window, .. } | ArtifactShape::Decode { window, .. } => window,
+        }
+    }
+
+    /// Rows one run computes.
+    pub fn rows(self) -> usize {
+        match self {
+            ArtifactShape::Prefill { chunk, .. } => chunk,
+            ArtifactShape::Decode { batch, .. } => batch,
+        }
+    }
+}
+
+impl std::fmt::Display for ArtifactShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArtifactShape::Prefill { chunk, window } => write!(f, "prefill c{chunk} w{window}"),
+            ArtifactShape::Decode { batch, window } => write!(f, "decode b{batch} w{window}"),
+        }
+    }
+}
+
+/// What identifies an artifact: the same key on the same backend gives the same program.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ArtifactKey {
+    /// Identifies the weights (see [`model_id`]).
+    pub model_id: u64,
+    pub device: String,
+    pub precision: Precision,
+    pub kv_type: KvType,
+    pub shape: ArtifactShape,
+}
+
+/// A stable id for a model file: its length and a hash of its first and last MiB, enough
+/// to tell GGUF files apart without reading hundreds of megabytes.
+pub fn model_id(bytes_head: &[u8], bytes_tail: &[u8], len: u64) -> u64 {
+    // FNV-1a: stable across runs and platforms, unlike std's randomly keyed hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in len.to_le_bytes().iter().chain(bytes_head).chain(bytes_tail) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A compiled stage, ready to run.
+pub trait Executable: Send + Sync {
+    fn shape(&self) -> ArtifactShape;
+
+    /// Memory the artifact holds beyond the shared weights.
+    fn bytes(&self) -> usize;
+
+    /// Where it really runs (for the route audit).
+    fn executing_device(&self) -> String;
+
+    /// Runs one step and writes each segment's last-real-token logits to `logits`
+    /// (`[n_segments, n_vocab]`). The segments must fit the shape: see [`ArtifactShape`].
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()>;
+}
+
+/// A device that compiles shapes into executables.
+pub trait Backend: Send + Sync {
+    /// The device name in artifact keys and reports (`cpu`, `ov:NPU`, …).
+    fn device(&self) -> String;
+
+    fn model(&self) -> &Arc<Model>;
+
+    /// Compiles `shape`. Slow on static devices: callers keep it off the decode path.
+    fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>>;
+}
+
+/// An executable with what it cost to make.
+#[derive(Clone)]
+pub struct Compiled {
+    pub executable: Arc<dyn Executable>,
+    pub compile_time: Duration,
+}
+
+impl std::fmt::Debug for Compiled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compiled")
+            .field("shape", &self.executable.shape())
+            .field("compile_time", &self.compile_time)
+            .finish()
+    }
+}
+
+/// Compiles and times.
+pub fn compile_timed(backend: &dyn Backend, shape: ArtifactShape) -> Result<Compiled> {
+    let start = Instant::now();
+    let executable = backend.compile(shape)?;
+    Ok(Compiled {
+        executable,
+        compile_time: start.elapsed(),
+    })
+}
+
+/// The native backend: the engine's own kernels on this CPU.
+pub struct CpuBackend {
+    model: Arc<Model>,
+    n_threads: usize,
+}
+
+impl CpuBackend {
+    /// Artifacts will run on pools of `n_threads`.
+    pub fn new(model: Arc<Model>, n_threads: usize) -> Self {
+        Self { model, n_threads }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>> {
+        let n_ctx = self.model.config.n_ctx_train;
+        let (rows, window) = (shape.rows(), shape.window());
+        if rows == 0 || window == 0 || window > n_ctx {
+            return Err(RuntimeError::BadShape {
+                shape,
+                reason: format!("rows and window must be in 1..={n_ctx}"),
+            });
+        }
+        let scratch = Scratch::for_shape(&self.model, rows, window, self.n_threads);
+        Ok(Arc::new(CpuExecutable {
+            model: Arc::clone(&self.model),
+            shape,
+            bytes: scratch_bytes(&self.model, rows, window, self.n_threads),
+            isa: isa::active().name(),
+            scratch: Mutex::new(scratch),
+        }))
+    }
+}
+
+/// What [`Scratch::for_shape`] reserves, for the cache's memory budget.
+fn scratch_bytes(model: &Model, rows: usize, window: usize, n_threads: usize) -> usize {
+    let c = &model.config;
+    let per_row = 4 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.n_vocab;
+    4 * (rows * per_row + n_threads * window) + rows * (c.n_embd.max(c.n_ff) + c.n_vocab) * 5
+}
+
+struct CpuExecutable {
+    model: Arc<Model>,
+    shape: ArtifactShape,
+    bytes: usize,
+    isa: &'static str,
+    /// One run at a time per artifact; sessions sharing it take turns.
+    scratch: Mutex<Scratch>,
+}
+
+impl Executable for CpuExecutable {
+    fn shape(&self) -> ArtifactShape {
+        self.shape
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn executing_device(&self) -> String {
+        format!("cpu ({})", self.isa)
+    }
+
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        check_fits(self.shape, segments)?;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.model
+            .forward_into(pool, segments, &mut scratch, LogitsFor::Last)?;
+        logits.clear();
+        logits.extend_from_slice(scratch.logits());
+        Ok(())
+    }
+}
+
+/// Checks that `segments` are what `shape` was compiled for.
+pub fn check_fits(shape: ArtifactShape, segments: &[Segment<'_>]) -> Result<()> {
+    let bad = |reason: String| Err(RuntimeError::BadShape { shape, reason });
+    let window = shape.window();
+    if let Some(seg) = segments.iter().find(|s| s.kv.capacity() != window) {
+        return bad(format!("a cache of {} positions", seg.kv.capacity()));
+    }
+    match shape {
+        ArtifactShape::Prefill { chunk, .. } => {
+            if segments.len() != 1 || segments[0].tokens.len() != chunk {
+                return bad(format!(
+                    "{} segments of {:?} tokens",
+                    segments.len(),
+                    segments.iter().map(|s| s.tokens.len()).collect::<Vec<_>>()
+                ));
+            }
+        }
+        ArtifactShape::Decode { batch, .. } => {
+            if segments.is_empty()
+                || segments.len() > batch
+                || segments.iter().any(|s| s.tokens.len() != 1)
+            {
+                return bad(format!("{} segments", segments.len()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs `tokens` into `kv` through a prefill artifact, `chunk` tokens at a time, the last
+/// chunk padded. Returns the logits after the last token.
+pub fn prefill_chunked(
+    executable: &dyn Executable,
+    pool: &ThreadPool,
+    tokens: &[u32],
+    kv: &mut KvCache,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let ArtifactShape::Prefill { chunk, .. } = executable.shape() else {
+        return Err(RuntimeError::BadShape {
+            shape: executable.shape(),
+            reason: "a decode artifact cannot prefill".to_string(),
+        });
+    };
+    if tokens.is_empty() {
+        return Err(RuntimeError::EmptyPrompt);
+    }
+    let mut padded = vec![0u32; chunk];
+    for piece in tokens.chunks(chunk) {
+        padded[..piece.len()].copy_from_slice(piece);
+        // Padding repeats the last real token: any valid id works, it is never attended.
+        let last = piece[piece.len() - 1];
+        padded[piece.len()..].fill(last);
+        let mut segments = [Segment {
+            tokens: &padded,
+            n_padding: chunk - piece.len(),
+            kv: &mut *kv,
+        }];
+        executable.run(pool, &mut segments, logits)?;
+    }
+    Ok(())
+}
