@@ -273,7 +273,7 @@ ensure_llama() {
     fi
 
     local src="$LLAMA_DIR/src" build="$LLAMA_DIR/build" top="llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
-    rm -rf "$src" "$build" "$LLAMA_DIR/bin"
+    rm -rf "$src" "$build" "${LLAMA_DIR:?}/bin"
     mkdir -p "$src" "$LLAMA_DIR/bin"
     log "unpacking vendor/llama.cpp"
     tar -xzf "$sdist" -C "$src" --strip-components=3 "$top/vendor/llama.cpp" \
@@ -287,7 +287,7 @@ ensure_llama() {
         -S "$src" -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA"
         -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
-        -DLLAMA_BUILD_TOOLS=ON
+        -DLLAMA_BUILD_TOOLS=ON -DGGML_CCACHE=OFF
     )
     # Network support is not needed; the option names changed across versions.
     grep -q 'option(LLAMA_CURL' "$src/CMakeLists.txt" && flags+=(-DLLAMA_CURL=OFF)
@@ -367,7 +367,7 @@ make_q8_copies() {
                 >"$dst.log" 2>&1 || { tail -n 20 "$dst.log" >&2; die "llama-quantize failed on $src"; }
             mv "$dst.tmp" "$dst"
         fi
-        M_Q8[$i]="$dst"
+        M_Q8[i]="$dst"
     done
 }
 

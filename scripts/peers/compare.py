@@ -142,7 +142,8 @@ def parse_run(run):
         n_prompt = int(rec.get("n_prompt", 0) or 0)
         n_gen = int(rec.get("n_gen", 0) or 0)
         records.append({
-            "test": rec.get("test") or test_name(n_prompt, n_gen),
+            # built from the lengths: engines spell depth and batch differently
+            "test": test_name(n_prompt, n_gen),
             "n_prompt": n_prompt,
             "n_gen": n_gen,
             "n_depth": int(rec.get("n_depth", 0) or 0),
@@ -150,11 +151,6 @@ def parse_run(run):
             "raw": rec,
         })
     return records, None
-
-
-def short_error(text):
-    text = " ".join(text.split())
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def own_quant_label(path):
@@ -205,9 +201,13 @@ def summarise(results):
     return engines, summary
 
 
-def fmt_cell(cell):
+def fmt_cell(cell, notes):
+    """A tok/s cell; a failure becomes "failed [k]" with its reason in notes[k-1]."""
     if cell.get("mean_ts") is None:
-        return "failed: " + short_error(cell.get("error", "no result")).replace("|", "\\|")
+        reason = " ".join(cell.get("error", "no result").split())
+        if reason not in notes:
+            notes.append(reason)
+        return f"failed [{notes.index(reason) + 1}]"
     return f"{cell['mean_ts']:.1f} ± {cell['sd_ts']:.1f}"
 
 
@@ -225,9 +225,10 @@ def render(results):
     ratio_cols = [(peer, title) for peer, title in RATIO_PEERS if "pyramid" in engines and peer in engines]
     cols += [title for _, title in ratio_cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|"]
+    notes = []
     for row in summary:
         cells = [f"{row['model']} ({quant.get(row['model'], 'own')})", row["test"]]
-        cells += [fmt_cell(row["engines"][e]) for e in engines]
+        cells += [fmt_cell(row["engines"][e], notes) for e in engines]
         for peer, _ in ratio_cols:
             r = row["ratios"].get(peer)
             cells.append(f"{r:.2f}×" if r else "—")
@@ -236,6 +237,8 @@ def render(results):
     note = (f"\n{m.get('cpu_model', '?')}, {settings['threads']} threads, "
             f"{settings['repetitions']} repetition(s) alternating engines; "
             f"tok/s mean ± sd; ratios are ratios of means.")
+    if notes:
+        note += "\n\nFailures:\n" + "\n".join(f"- [{k}] {r}" for k, r in enumerate(notes, 1))
     return engines, summary, "\n".join(lines) + "\n" + note
 
 

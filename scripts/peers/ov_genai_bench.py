@@ -21,8 +21,10 @@ import math
 import os
 import random
 import re
+import struct
 import sys
 import time
+from collections import Counter
 
 FILLER = (
     "Benchmarks measure how quickly a language model reads a prompt and writes "
@@ -51,6 +53,61 @@ def mean_sd(xs):
     if len(xs) < 2:
         return m, 0.0
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+GGML_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
+              9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 15: "Q8_K",
+              16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL", 21: "IQ3_S",
+              22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64", 28: "F64",
+              29: "IQ1_M", 30: "BF16"}
+
+
+def gguf_tensor_types(path):
+    """Counts the tensor types of a GGUF file (v2/v3), to explain a load failure."""
+    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+              10: "<Q", 11: "<q", 12: "<d"}
+    with open(path, "rb") as f:
+        def read(fmt):
+            size = struct.calcsize(fmt)
+            data = f.read(size)
+            if len(data) != size:
+                raise ValueError("truncated GGUF header")
+            return struct.unpack(fmt, data)[0]
+
+        def skip_string():
+            f.seek(read("<Q"), 1)
+
+        def skip_value(vtype):
+            if vtype == 8:
+                skip_string()
+            elif vtype == 9:
+                inner, count = read("<I"), read("<Q")
+                if inner in scalar:
+                    f.seek(struct.calcsize(scalar[inner]) * count, 1)
+                else:
+                    for _ in range(count):
+                        skip_value(inner)
+            elif vtype in scalar:
+                f.seek(struct.calcsize(scalar[vtype]), 1)
+            else:
+                raise ValueError(f"unknown GGUF value type {vtype}")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        if read("<I") < 2:
+            raise ValueError("GGUF version 1 is not supported")
+        n_tensors, n_kv = read("<Q"), read("<Q")
+        for _ in range(n_kv):
+            skip_string()
+            skip_value(read("<I"))
+        counts = Counter()
+        for _ in range(n_tensors):
+            skip_string()
+            f.seek(8 * read("<I"), 1)
+            ttype = read("<I")
+            read("<Q")
+            counts[GGML_TYPES.get(ttype, f"type{ttype}")] += 1
+        return counts
 
 
 def fail(message):
@@ -132,7 +189,14 @@ def main():
     try:
         runner = Runner(args)
     except Exception as e:  # noqa: BLE001 - the reason is the result here
-        fail(f"cannot load the model: {type(e).__name__}: {' '.join(str(e).split())}")
+        reason = f"cannot load the model: {type(e).__name__}: {' '.join(str(e).split())}"
+        try:
+            types = gguf_tensor_types(args.model)
+            reason += " (tensor types in the file: " + ", ".join(
+                f"{n} x{c}" for n, c in sorted(types.items())) + ")"
+        except (OSError, ValueError, struct.error):
+            pass
+        fail(reason)
 
     depth = args.n_depth
     records = []
