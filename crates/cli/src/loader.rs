@@ -50,6 +50,21 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
+/// [`pyramid_runtime::artifact::model_id`] of a file: its length and first and last MiB.
+fn file_model_id(path: &std::path::Path) -> Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const SPAN: u64 = 1 << 20;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let len = file.metadata()?.len();
+    let mut head = Vec::new();
+    (&mut file).take(SPAN).read_to_end(&mut head)?;
+    let mut tail = Vec::new();
+    file.seek(SeekFrom::Start(len.saturating_sub(SPAN)))?;
+    file.read_to_end(&mut tail)?;
+    Ok(pyramid_runtime::artifact::model_id(&head, &tail, len))
+}
+
 /// A known name becomes a cached path, fetched first if needed.
 pub fn resolve_model_path(name_or_path: &str) -> Result<PathBuf> {
     let cache = ModelCache::from_env()?;
@@ -69,6 +84,8 @@ fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
 
 pub struct Loaded {
     pub name: String,
+    /// Identifies the weights in artifact keys.
+    pub model_id: u64,
     pub kv_type: KvType,
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
@@ -101,6 +118,7 @@ impl ModelArgs {
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),
+            model_id: file_model_id(&path)?,
             kv_type: self.kv,
             model: Arc::new(model),
             tokenizer,

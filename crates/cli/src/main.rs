@@ -31,6 +31,9 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Measure prefill (pp) and decode (tg) throughput, llama-bench style.
     Bench(commands::bench::BenchArgs),
+    /// Replay agent sessions (a JSONL trace or a synthetic one) under four window
+    /// strategies: largest window, re-prefill on overflow, pyramid on demand, predictive.
+    Replay(commands::replay::ReplayArgs),
     /// List the models known by name and whether they are cached.
     Models,
     /// Download a known model into the cache.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
             Command::Tokenize(args) => commands::tokenize::run(args),
             Command::Inspect(args) => commands::inspect::run(args),
             Command::Bench(args) => commands::bench::run(args),
+            Command::Replay(args) => commands::replay::run(args),
             Command::Models => commands::models::list(),
             Command::Fetch(args) => commands::models::fetch(args),
         });

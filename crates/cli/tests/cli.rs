@@ -495,3 +495,121 @@ fn bench_reports_llama_bench_style_records() {
         stderr(&out)
     );
 }
+
+#[test]
+fn replay_runs_every_arm_with_identical_tokens_and_rejects_bad_input() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    let trace = f.write(
+        "trace.jsonl",
+        br#"{"session": "a", "step": 0, "append_tokens": 40, "generate_tokens": 6}
+{"session": "b", "step": 0, "append_text": "hello there", "generate_tokens": 3}
+{"session": "a", "step": 1, "append_tokens": 50, "generate_tokens": 6}
+{"session": "a", "step": 2, "append_tokens": 60, "generate_tokens": 6}
+"#,
+    );
+    let common = [
+        "-m",
+        &model,
+        "--windows",
+        "32,64,128,256",
+        "--prefill-chunk",
+        "16",
+        "--generation-reserve",
+        "8",
+    ];
+    let mut args = vec!["replay", "--trace", &trace, "--json"];
+    args.extend(common);
+    let out = f.run(&args);
+    assert_ok(&out);
+    let v: Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
+    assert_eq!(v["tokens_identical"], true);
+    assert_eq!(v["trace"]["sessions"], 2);
+    let arms = v["arms"].as_array().unwrap();
+    let names: Vec<&str> = arms.iter().map(|a| a["arm"].as_str().unwrap()).collect();
+    assert_eq!(names, ["largest", "reprefill", "on-demand", "predictive"]);
+    for a in arms {
+        for key in [
+            "total_ms",
+            "ttft_ms_p50",
+            "decode_ms_per_token",
+            "compile_ms",
+            "migration_ms",
+            "reprefill_ms",
+            "stall_ms",
+            "kv_bytes_reserved",
+            "kv_bytes_used",
+        ] {
+            assert!(a[key].is_number(), "{key} missing in {a}");
+        }
+        assert!(a.get("peak_rss_bytes").is_some());
+    }
+    assert!(arms[2]["n_migrations"].as_u64().unwrap() >= 2);
+    assert!(arms[1]["n_reprefills"].as_u64().unwrap() >= 2);
+
+    let mut args = vec![
+        "replay",
+        "--synthetic",
+        "--sessions",
+        "2",
+        "--scale",
+        "0.01",
+    ];
+    args.extend(common);
+    let out = f.run(&args);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("tokens identical across arms: yes"),
+        "{}",
+        stdout(&out)
+    );
+
+    let bad_trace = f.write(
+        "bad.jsonl",
+        br#"{"session": "a", "step": 0, "append_tokens": -3, "generate_tokens": 1}"#,
+    );
+    for (args, msg) in [
+        (
+            vec!["replay", "-m", &model, "--synthetic", "--windows", "64,32"],
+            "windows must increase",
+        ),
+        (
+            vec![
+                "replay",
+                "-m",
+                &model,
+                "--synthetic",
+                "--windows",
+                "128,512",
+            ],
+            "exceeds the model's context of 256",
+        ),
+        (
+            vec!["replay", "-m", &model, "--trace", &bad_trace],
+            "trace line 1: 'append_tokens' must be a non-negative integer, got -3",
+        ),
+        (
+            vec!["replay", "-m", &model, "--synthetic", "--arms", "fastest"],
+            "unknown arm 'fastest'",
+        ),
+        (
+            vec![
+                "replay",
+                "-m",
+                &model,
+                "--synthetic",
+                "--prefill-chunk",
+                "0",
+            ],
+            "--prefill-chunk",
+        ),
+        (vec!["replay", "-m", &model], "--trace"),
+    ] {
+        let out = f.run(&args);
+        assert!(
+            !out.status.success() && stderr(&out).contains(msg),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+}

@@ -335,3 +335,55 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     );
     assert_eq!(predictive.n_reprefills, 0);
 }
+
+/// The real model: a session whose decode crosses 1,024 and whose next prompt crosses
+/// 2,048 produces, after two migrations, exactly the tokens of a session started on the
+/// 4,096 window; and the INT8 KV cache migrates bit for bit as well.
+#[test]
+fn smollm2_migrates_across_1024_and_2048_with_identical_tokens() {
+    let path = pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
+        .join("smollm2-135m-instruct-q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
+    let gguf = GgufFile::open(&path).unwrap();
+    let model = Arc::new(Model::from_gguf_with(&gguf, Precision::Int8).unwrap());
+    let pool = ThreadPool::with_available_parallelism();
+    let steps = [(1000, 40), (1000, 20)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(append, generate))| TraceStep {
+            session: "agent".to_string(),
+            step: i as u64,
+            append: Append::Tokens(append),
+            generate,
+        })
+        .collect::<Vec<_>>();
+    let steps = resolve(&steps, model.config.n_vocab, &no_text).unwrap();
+    for kv_type in [KvType::F32, KvType::Int8] {
+        let setup = ReplaySetup {
+            backend: Arc::new(CpuBackend::new(Arc::clone(&model), pool.n_threads())),
+            model_id: 1,
+            kv_type,
+            config: PyramidConfig {
+                ladder: WindowLadder::new(vec![1024, 2048, 4096], 8192).unwrap(),
+                generation_reserve: 16,
+                // What `pyramid replay` uses.
+                margin: Duration::from_millis(20),
+                first_compile_estimate: Duration::from_millis(50),
+                ..config(Arm::Largest, &[256], 128)
+            },
+            pool: &pool,
+        };
+        let large = run_arm(&setup, Arm::Largest, &steps).unwrap();
+        let pyramid = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+        assert_eq!(pyramid.n_migrations, 2, "{kv_type}: {pyramid:?}");
+        assert_eq!(pyramid.n_stalls, 0, "{kv_type}");
+        assert!(tokens_identical(&[large.clone(), pyramid]), "{kv_type}");
+        assert_eq!(large.generated[0].1.len(), 60);
+    }
+}

@@ -2,5 +2,6 @@ pub mod bench;
 pub mod chat;
 pub mod inspect;
 pub mod models;
+pub mod replay;
 pub mod run;
 pub mod tokenize;

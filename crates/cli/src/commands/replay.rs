@@ -1,0 +1,253 @@
+//! `pyramid replay`: agent sessions step by step under each window strategy, side by side.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pyramid_engine::replay::{
+    parse_trace, resolve, run_arm, synthetic_trace, tokens_identical, ArmReport, ReplaySetup,
+};
+use pyramid_engine::{Arm, EngineError, PyramidConfig};
+use pyramid_kernels::isa;
+use pyramid_runtime::{CpuBackend, WindowLadder};
+use serde::Serialize;
+
+use crate::loader::ModelArgs;
+
+/// Prefill chunk when none is given: on this project's reference machine (2 Zen 4 cores,
+/// AVX2 kernels) throughput rises steeply up to 128-token chunks and is within a few
+/// percent of whole-prompt prefill beyond; see docs/PYRAMID.md for the measurement.
+pub const DEFAULT_PREFILL_CHUNK: usize = 128;
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A JSONL trace: {"session", "step", "append_tokens" or "append_text", "generate_tokens"}
+    /// per line.
+    #[arg(
+        long,
+        conflicts_with = "synthetic",
+        required_unless_present = "synthetic"
+    )]
+    pub trace: Option<std::path::PathBuf>,
+    /// A seeded synthetic trace instead: ~2,227 appended tokens a step, sessions of 8 steps
+    /// at the median and up to 100.
+    #[arg(long)]
+    pub synthetic: bool,
+    /// Sessions in the synthetic trace.
+    #[arg(long, default_value_t = 4)]
+    pub sessions: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Multiplies every token count of the synthetic trace (small models, CI).
+    #[arg(long, default_value_t = 1.0)]
+    pub scale: f64,
+    /// The window ladder, e.g. 1024,2048,4096 (default: 1K doubling up to the model's context).
+    #[arg(long)]
+    pub windows: Option<String>,
+    /// Tokens per prefill run.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
+    /// Positions kept free for generation when a session picks its first window.
+    #[arg(long, default_value_t = 256)]
+    pub generation_reserve: usize,
+    /// Memory the artifact cache may hold, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub artifact_budget_mib: usize,
+    /// Arms to run, comma-separated: largest, reprefill, on-demand, predictive.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "largest,reprefill,on-demand,predictive"
+    )]
+    pub arms: Vec<String>,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct TraceSummary {
+    source: String,
+    sessions: usize,
+    steps: usize,
+    appended_tokens: usize,
+    generate_tokens: usize,
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    model: &'a str,
+    precision: String,
+    kv: String,
+    threads: usize,
+    isa: &'static str,
+    device: &'static str,
+    windows: Vec<usize>,
+    prefill_chunk: usize,
+    trace: TraceSummary,
+    arms: &'a [ArmReport],
+    tokens_identical: bool,
+}
+
+pub fn run(args: ReplayArgs) -> Result<()> {
+    if args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if !(args.scale > 0.0 && args.scale.is_finite()) {
+        bail!("--scale must be a positive number, got {}", args.scale);
+    }
+    if args.synthetic && args.sessions == 0 {
+        bail!("--sessions must be at least 1");
+    }
+    let arms: Vec<Arm> = args
+        .arms
+        .iter()
+        .map(|a| {
+            Arm::parse(a).with_context(|| {
+                format!("unknown arm '{a}' (expected largest, reprefill, on-demand, predictive)")
+            })
+        })
+        .collect::<Result<_>>()?;
+    let (steps, source) = match &args.trace {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading trace {}", path.display()))?;
+            let steps = parse_trace(&text).with_context(|| format!("in {}", path.display()))?;
+            (steps, path.display().to_string())
+        }
+        None => (
+            synthetic_trace(args.seed, args.sessions, args.scale),
+            format!(
+                "synthetic (seed {}, {} sessions, scale {})",
+                args.seed, args.sessions, args.scale
+            ),
+        ),
+    };
+    if steps.is_empty() {
+        bail!("the trace has no steps");
+    }
+    let loaded = args.model.load()?;
+    let n_ctx = loaded.model.config.n_ctx_train;
+    let ladder = match &args.windows {
+        Some(text) => WindowLadder::parse(text, n_ctx)?,
+        None => WindowLadder::default_for(n_ctx),
+    };
+    let tokenizer = &loaded.tokenizer;
+    let tokenize = |text: &str| -> pyramid_engine::Result<Vec<u32>> {
+        tokenizer
+            .encode(text, false)
+            .map_err(|e| EngineError::BadTrace {
+                line: 0,
+                reason: format!("cannot tokenize append_text: {e}"),
+            })
+    };
+    let resolved = resolve(&steps, loaded.model.config.n_vocab, &tokenize)?;
+    let setup = ReplaySetup {
+        backend: Arc::new(CpuBackend::new(
+            Arc::clone(&loaded.model),
+            loaded.pool.n_threads(),
+        )),
+        model_id: loaded.model_id,
+        kv_type: loaded.kv_type,
+        config: PyramidConfig {
+            ladder: ladder.clone(),
+            prefill_chunk: args.prefill_chunk,
+            arm: Arm::Predictive,
+            generation_reserve: args.generation_reserve,
+            artifact_budget: args.artifact_budget_mib.saturating_mul(1 << 20),
+            margin: Duration::from_millis(20),
+            first_compile_estimate: Duration::from_millis(50),
+        },
+        pool: &loaded.pool,
+    };
+    let mut reports = Vec::new();
+    for arm in arms {
+        if !args.json {
+            eprintln!("running arm {} …", arm.name());
+        }
+        reports.push(run_arm(&setup, arm, &resolved)?);
+    }
+    let sessions: std::collections::HashSet<&str> =
+        steps.iter().map(|s| s.session.as_str()).collect();
+    let report = Report {
+        model: &loaded.name,
+        precision: loaded.model.precision.to_string(),
+        kv: loaded.kv_type.to_string(),
+        threads: loaded.pool.n_threads(),
+        isa: isa::active().name(),
+        device: "cpu",
+        windows: ladder.windows().to_vec(),
+        prefill_chunk: args.prefill_chunk,
+        trace: TraceSummary {
+            source,
+            sessions: sessions.len(),
+            steps: steps.len(),
+            appended_tokens: resolved.iter().map(|s| s.tokens.len()).sum(),
+            generate_tokens: resolved.iter().map(|s| s.generate).sum(),
+        },
+        tokens_identical: tokens_identical(&reports),
+        arms: &reports,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+fn print_table(r: &Report<'_>) {
+    println!(
+        "{} {} kv {} | {} threads {} | windows {:?} | chunk {} | {}: {} sessions, {} steps, {} appended + {} generated tokens",
+        r.model, r.precision, r.kv, r.threads, r.isa, r.windows, r.prefill_chunk,
+        r.trace.source, r.trace.sessions, r.trace.steps, r.trace.appended_tokens, r.trace.generate_tokens
+    );
+    println!(
+        "| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | migration ms (n) | re-prefill ms (n) | stall ms (n) | peak RSS MiB | KV reserved MiB | KV used MiB | failed sessions |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for a in r.arms {
+        println!(
+            "| {} | {:.0} | {:.1} | {:.2} | {:.1} ({}) | {:.2} ({}) | {:.1} ({}) | {:.1} ({}) | {} | {:.1} | {:.1} | {} |",
+            a.arm.name(),
+            a.total_ms,
+            a.ttft_ms_p50,
+            a.decode_ms_per_token,
+            a.compile_ms,
+            a.n_compiles,
+            a.migration_ms,
+            a.n_migrations,
+            a.reprefill_ms,
+            a.n_reprefills,
+            a.stall_ms,
+            a.n_stalls,
+            a.peak_rss_bytes
+                .map_or("n/a".to_string(), |b| format!("{:.0}", mib(b as usize))),
+            mib(a.kv_bytes_reserved),
+            mib(a.kv_bytes_used),
+            a.failed_sessions.len(),
+        );
+    }
+    for a in r.arms {
+        for f in &a.failed_sessions {
+            println!(
+                "{}: session {} stopped at step {}: {}",
+                a.arm.name(),
+                f.session,
+                f.step,
+                f.error
+            );
+        }
+    }
+    println!(
+        "tokens identical across arms: {}",
+        if r.tokens_identical { "yes" } else { "NO" }
+    );
+}
