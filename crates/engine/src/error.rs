@@ -18,6 +18,29 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("trace line {line}: {reason}")]
     BadTrace { line: usize, reason: String },
+    #[error("session {session} step {step}: {reason}")]
+    BadStep {
+        session: String,
+        step: u64,
+        reason: String,
+    },
+}
+
+impl EngineError {
+    /// A machine-readable code for the error kinds clients act on (OpenAI's vocabulary).
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            EngineError::Runtime(
+                RuntimeError::BeyondLargestWindow { .. }
+                | RuntimeError::ContextLengthExceeded { .. }
+                | RuntimeError::Model(ModelError::ContextLengthExceeded { .. }),
+            )
+            | EngineError::Model(ModelError::ContextLengthExceeded { .. }) => {
+                Some("context_length_exceeded")
+            }
+            _ => None,
+        }
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

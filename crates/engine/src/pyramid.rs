@@ -9,14 +9,17 @@
 //! migrate, and none of them ever changes a token.
 
 use std::collections::{HashMap, HashSet};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvCache, KvType, Segment};
 use pyramid_runtime::artifact::compile_timed;
 use pyramid_runtime::{
-    prefill_chunked, ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, WindowLadder,
+    prefill_chunked, ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, RuntimeError,
+    WindowLadder,
 };
 use serde::Serialize;
 
@@ -85,13 +88,17 @@ pub struct PyramidStats {
     pub n_stalls: usize,
     pub stall_ms: f64,
     pub n_evicted: usize,
+    /// Where the artifacts really ran, as their backend reports it (route audit).
+    pub executed_on: Option<String>,
 }
 
 struct State {
     cache: ArtifactCache,
     compiling: HashSet<ArtifactShape>,
+    /// Background compiles that failed, kept for the session that needs the shape; it
+    /// retries once in the foreground before giving up.
     failed: HashMap<ArtifactShape, String>,
-    /// The latest measured compile time of each stage kind, with its window.
+    /// The latest measured prefill compile time, with its window.
     last_prefill_compile: Option<(usize, Duration)>,
 }
 
@@ -103,6 +110,7 @@ pub struct WindowPyramid {
     state: Mutex<State>,
     compiled: Condvar,
     stats: Mutex<PyramidStats>,
+    background: Mutex<Vec<JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -117,10 +125,12 @@ impl WindowPyramid {
         kv_type: KvType,
         config: PyramidConfig,
     ) -> Result<Arc<Self>> {
-        if config.prefill_chunk == 0 {
-            return Err(EngineError::BadConfig(
-                "the prefill chunk must be at least 1 token".to_string(),
-            ));
+        let largest = config.ladder.largest();
+        if config.prefill_chunk == 0 || config.prefill_chunk > largest {
+            return Err(EngineError::BadConfig(format!(
+                "the prefill chunk must be between 1 and the largest window ({largest}) tokens, got {}",
+                config.prefill_chunk
+            )));
         }
         Ok(Arc::new(Self {
             state: Mutex::new(State {
@@ -135,6 +145,7 @@ impl WindowPyramid {
             config,
             compiled: Condvar::new(),
             stats: Mutex::new(PyramidStats::default()),
+            background: Mutex::new(Vec::new()),
         }))
     }
 
@@ -185,52 +196,77 @@ impl WindowPyramid {
         }
     }
 
-    /// Starts compiling `window`'s artifacts in the background (those not already there).
+    /// Starts compiling `window`'s artifacts in the background: those not compiled, not
+    /// in flight, and not already failed (a failure is retried by the session needing it).
     pub fn prepare(self: &Arc<Self>, window: usize) {
         for shape in self.shapes(window) {
             {
                 let mut state = lock(&self.state);
-                if state.compiling.contains(&shape) || state.cache.contains(&self.key(shape)) {
+                if state.compiling.contains(&shape)
+                    || state.failed.contains_key(&shape)
+                    || state.cache.contains(&self.key(shape))
+                {
                     continue;
                 }
                 state.compiling.insert(shape);
             }
             let pyramid = Arc::clone(self);
-            std::thread::spawn(move || pyramid.compile_and_publish(shape));
+            let handle = std::thread::spawn(move || {
+                // The artifact stays in the cache; a failure stays in `failed`.
+                let _ = pyramid.compile_and_publish(shape);
+            });
+            lock(&self.background).push(handle);
         }
     }
 
-    fn compile_and_publish(&self, shape: ArtifactShape) {
-        let result = compile_timed(self.backend.as_ref(), shape);
+    /// Waits for every background compile started so far.
+    pub fn join_background(&self) {
+        let handles = std::mem::take(&mut *lock(&self.background));
+        for h in handles {
+            // A compile panic is already recorded as a failure of its shape.
+            let _ = h.join();
+        }
+    }
+
+    /// Compiles `shape` (already marked as compiling), publishes the result, wakes the
+    /// waiters, and returns the artifact. A panicking backend counts as a failed compile,
+    /// so nobody waits forever.
+    fn compile_and_publish(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>> {
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            compile_timed(self.backend.as_ref(), shape)
+        }))
+        .unwrap_or_else(|_| {
+            Err(RuntimeError::BadShape {
+                shape,
+                reason: "the backend panicked while compiling".to_string(),
+            })
+        });
         let mut state = lock(&self.state);
         state.compiling.remove(&shape);
-        match result {
-            Ok(compiled) => {
-                let t = compiled.compile_time;
-                if matches!(shape, ArtifactShape::Prefill { .. }) {
-                    state.last_prefill_compile = Some((shape.window(), t));
-                }
-                match state.cache.insert(self.key(shape), compiled) {
-                    Ok(_) => {
-                        let mut stats = lock(&self.stats);
-                        stats.n_compiles += 1;
-                        stats.compile_ms += t.as_secs_f64() * 1e3;
-                    }
-                    Err(e) => {
-                        state.failed.insert(shape, e.to_string());
-                    }
-                }
+        let published = result.map_err(EngineError::from).and_then(|compiled| {
+            let t = compiled.compile_time;
+            let device = compiled.executable.executing_device();
+            if matches!(shape, ArtifactShape::Prefill { .. }) {
+                state.last_prefill_compile = Some((shape.window(), t));
             }
-            Err(e) => {
-                state.failed.insert(shape, e.to_string());
-            }
+            let exe = state.cache.insert(self.key(shape), compiled)?;
+            let mut stats = lock(&self.stats);
+            stats.n_compiles += 1;
+            stats.compile_ms += t.as_secs_f64() * 1e3;
+            stats.executed_on.get_or_insert(device);
+            Ok(exe)
+        });
+        if let Err(e) = &published {
+            state.failed.insert(shape, e.to_string());
         }
         drop(state);
         self.compiled.notify_all();
+        published
     }
 
     /// The artifact for `shape`: from the cache, from a compile in flight (waiting for
-    /// it), or compiled now. Returns it with the time spent waiting (zero on a hit).
+    /// it), or compiled now (retrying once after a failed background compile). Returns it
+    /// with the time spent waiting (zero on a hit).
     fn acquire(self: &Arc<Self>, shape: ArtifactShape) -> Result<(Arc<dyn Executable>, Duration)> {
         let start = Instant::now();
         let key = self.key(shape);
@@ -246,17 +282,21 @@ impl WindowPyramid {
                 return Ok((exe, wait));
             }
             waited = true;
-            if let Some(reason) = state.failed.remove(&shape) {
-                return Err(EngineError::Compile { shape, reason });
-            }
             if state.compiling.contains(&shape) {
                 state = self.compiled.wait(state).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
+            state.failed.remove(&shape);
             state.compiling.insert(shape);
             drop(state);
-            self.compile_and_publish(shape);
-            state = lock(&self.state);
+            let exe = self
+                .compile_and_publish(shape)
+                .map_err(|e| EngineError::Compile {
+                    shape,
+                    reason: e.to_string(),
+                })?;
+            lock(&self.state).failed.remove(&shape);
+            return Ok((exe, start.elapsed()));
         }
     }
 
@@ -369,18 +409,24 @@ impl PyramidSession {
         self.maybe_prepare_next();
     }
 
-    /// Places the session on a window holding `needed` positions: its first window, or a
-    /// move up the ladder (migration or re-prefill, by arm).
+    /// Places the session on a window holding `needed` positions (plus the generation
+    /// reserve where the ladder allows): its first window, or a move up the ladder
+    /// (migration or re-prefill, by arm). On failure the session is left as it was.
     fn ensure_room(&mut self, pool: &ThreadPool, needed: usize) -> Result<()> {
         let pyramid = Arc::clone(&self.pyramid);
         let cfg = pyramid.config();
         let ladder = &cfg.ladder;
-        let rung = ladder.rung_for(needed)?;
+        let rung = ladder.rung_for(needed)?.max(
+            ladder.rung_for(
+                needed
+                    .saturating_add(cfg.generation_reserve)
+                    .min(ladder.largest()),
+            )?,
+        );
         let Some(current) = &self.placement else {
             let rung = match cfg.arm {
                 Arm::Largest => ladder.windows().len() - 1,
-                _ => rung
-                    .max(ladder.rung_for((needed + cfg.generation_reserve).min(ladder.largest()))?),
+                _ => rung,
             };
             let window = ladder.windows()[rung];
             let ((prefill, decode), _) = self.acquire_window(window)?;
@@ -405,15 +451,13 @@ impl PyramidSession {
             s.n_stalls += usize::from(!waited.is_zero());
             s.stall_ms += waited.as_secs_f64() * 1e3;
         });
-        let old = self.placement.take().expect("checked above");
         let start = Instant::now();
         let kv = if cfg.arm == Arm::Reprefill {
             let mut kv = pyramid
                 .backend
                 .model()
                 .new_kv_cache_of(window, pyramid.kv_type);
-            let live = &self.tokens[..old.kv.len()];
-            drop(old);
+            let live = &self.tokens[..current.kv.len()];
             if !live.is_empty() {
                 prefill_chunked(prefill.as_ref(), pool, live, &mut kv, &mut self.logits)?;
             }
@@ -425,9 +469,8 @@ impl PyramidSession {
             });
             kv
         } else {
-            let kv = old.kv.migrated(window)?;
-            let bytes = old.kv.used_bytes();
-            drop(old);
+            let kv = current.kv.migrated(window)?;
+            let bytes = current.kv.used_bytes();
             pyramid.record(|s| {
                 s.n_migrations += 1;
                 s.migration_ms += start.elapsed().as_secs_f64() * 1e3;
@@ -435,6 +478,7 @@ impl PyramidSession {
             });
             kv
         };
+        // The old window's artifacts are released here, so the cache may evict them.
         self.placement = Some(Placement {
             window,
             prefill,

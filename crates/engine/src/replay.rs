@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::KvType;
-use pyramid_runtime::Backend;
+use pyramid_runtime::{argmax, Backend};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::pyramid::{Arm, PyramidConfig, PyramidSession, WindowPyramid};
+use crate::pyramid::{Arm, PyramidConfig, PyramidSession, PyramidStats, WindowPyramid};
 use crate::{EngineError, Result};
 
 /// Median tokens a step appends: a screenshot plus an action.
@@ -27,6 +27,9 @@ pub const MEDIAN_STEPS: f64 = 8.0;
 pub const MAX_STEPS: usize = 100;
 /// Median tokens an agent generates per step (an action).
 pub const MEDIAN_GENERATE_TOKENS: f64 = 48.0;
+/// No step appends or generates more than this (far beyond any model's context), so a
+/// typo in a trace is an error rather than an allocation that brings the process down.
+pub const MAX_STEP_TOKENS: u64 = 1 << 24;
 
 /// What a step appends.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,9 +67,15 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceStep>> {
         let count = |field: &str| -> Result<Option<u64>> {
             match obj.get(field) {
                 None => Ok(None),
-                Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
-                    bad(format!("'{field}' must be a non-negative integer, got {n}"))
-                }),
+                Some(Value::Number(n)) => match n.as_u64() {
+                    Some(v) if v <= MAX_STEP_TOKENS => Ok(Some(v)),
+                    Some(v) => Err(bad(format!(
+                        "'{field}' is {v}, beyond the limit of {MAX_STEP_TOKENS}"
+                    ))),
+                    None => Err(bad(format!(
+                        "'{field}' must be a non-negative integer, got {n}"
+                    ))),
+                },
                 Some(other) => Err(bad(format!(
                     "'{field}' must be a non-negative integer, got {other}"
                 ))),
@@ -124,8 +133,13 @@ pub fn synthetic_trace(seed: u64, n_sessions: usize, scale: f64) -> Vec<TraceSte
     for step in 0..lengths.iter().copied().max().unwrap_or(0) {
         for (s, &len) in lengths.iter().enumerate() {
             if step < len {
-                let append = (MEDIAN_APPEND_TOKENS * scale * (0.3 * normal()).exp()).round();
-                let generate = (MEDIAN_GENERATE_TOKENS * scale * (0.3 * normal()).exp()).round();
+                let max = MAX_STEP_TOKENS as f64;
+                let append = (MEDIAN_APPEND_TOKENS * scale * (0.3 * normal()).exp())
+                    .round()
+                    .min(max);
+                let generate = (MEDIAN_GENERATE_TOKENS * scale * (0.3 * normal()).exp())
+                    .round()
+                    .min(max);
                 steps.push(TraceStep {
                     session: format!("s{s}"),
                     step: step as u64,
@@ -142,6 +156,8 @@ pub fn synthetic_trace(seed: u64, n_sessions: usize, scale: f64) -> Vec<TraceSte
 #[derive(Debug, Clone)]
 pub struct ResolvedStep {
     pub session: String,
+    /// The trace's step number.
+    pub step: u64,
     pub tokens: Vec<u32>,
     pub generate: usize,
 }
@@ -157,7 +173,11 @@ pub fn resolve(
         .iter()
         .map(|s| {
             let tokens = match &s.append {
-                Append::Text(t) => tokenize(t)?,
+                Append::Text(t) => tokenize(t).map_err(|e| EngineError::BadStep {
+                    session: s.session.clone(),
+                    step: s.step,
+                    reason: e.to_string(),
+                })?,
                 Append::Tokens(n) => {
                     let seed = s
                         .session
@@ -171,6 +191,7 @@ pub fn resolve(
             };
             Ok(ResolvedStep {
                 session: s.session.clone(),
+                step: s.step,
                 tokens,
                 generate: s.generate,
             })
@@ -186,16 +207,9 @@ pub struct ArmReport {
     pub ttft_ms_p50: f64,
     pub ttft_ms_max: f64,
     pub decode_ms_per_token: f64,
-    pub n_compiles: usize,
-    pub compile_ms: f64,
-    pub n_migrations: usize,
-    pub migration_ms: f64,
-    pub migration_bytes: usize,
-    pub n_reprefills: usize,
-    pub reprefill_ms: f64,
-    pub reprefill_tokens: usize,
-    pub n_stalls: usize,
-    pub stall_ms: f64,
+    /// Compiles, migrations, re-prefills and stalls.
+    #[serde(flatten)]
+    pub stats: PyramidStats,
     /// Peak resident memory while the arm ran (Linux; `None` elsewhere).
     pub peak_rss_bytes: Option<u64>,
     /// The most KV cache memory reserved (windows) and used (live positions) at once.
@@ -211,18 +225,11 @@ pub struct ArmReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct FailedSession {
     pub session: String,
-    pub step: usize,
+    /// The trace's step number where it stopped.
+    pub step: u64,
+    /// `context_length_exceeded` when the session outgrew the largest window.
+    pub code: Option<&'static str>,
     pub error: String,
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -266,7 +273,7 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
     let mut failed: Vec<FailedSession> = Vec::new();
     let (mut ttfts, mut decode_time, mut n_decoded) = (Vec::new(), Duration::ZERO, 0usize);
     let (mut kv_reserved, mut kv_used) = (0usize, 0usize);
-    for (idx, step) in steps.iter().enumerate() {
+    for step in steps {
         if failed.iter().any(|f| f.session == step.session) {
             continue;
         }
@@ -307,7 +314,8 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
         if let Err(e) = outcome {
             failed.push(FailedSession {
                 session: step.session.clone(),
-                step: idx,
+                step: step.step,
+                code: e.code(),
                 error: e.to_string(),
             });
             live.remove(step.session.as_str());
@@ -326,6 +334,8 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
     let peak_rss_bytes = rss::peak();
     drop(live);
+    // Compiles still in flight would otherwise run into the next arm's measurement.
+    pyramid.join_background();
     let stats = pyramid.stats();
     ttfts.sort_by(f64::total_cmp);
     Ok(ArmReport {
@@ -338,16 +348,7 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
         } else {
             decode_time.as_secs_f64() * 1e3 / n_decoded as f64
         },
-        n_compiles: stats.n_compiles,
-        compile_ms: stats.compile_ms,
-        n_migrations: stats.n_migrations,
-        migration_ms: stats.migration_ms,
-        migration_bytes: stats.migration_bytes,
-        n_reprefills: stats.n_reprefills,
-        reprefill_ms: stats.reprefill_ms,
-        reprefill_tokens: stats.reprefill_tokens,
-        n_stalls: stats.n_stalls,
-        stall_ms: stats.stall_ms,
+        stats,
         peak_rss_bytes,
         kv_bytes_reserved: kv_reserved,
         kv_bytes_used: kv_used,
@@ -356,9 +357,10 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
     })
 }
 
-/// Whether every arm generated the same tokens for every session.
-pub fn tokens_identical(arms: &[ArmReport]) -> bool {
-    arms.windows(2).all(|w| w[0].generated == w[1].generated)
+/// Whether every arm generated the same tokens for every session (`None` with fewer
+/// than two arms: nothing was compared).
+pub fn tokens_identical(arms: &[ArmReport]) -> Option<bool> {
+    (arms.len() >= 2).then(|| arms.windows(2).all(|w| w[0].generated == w[1].generated))
 }
 
 /// Peak resident set size of this process, resettable between arms (Linux).

@@ -166,18 +166,30 @@ fn migrated_sessions_equal_sessions_started_large() {
             .into_iter()
             .map(|arm| run_arm(&setup, arm, &steps).unwrap())
             .collect();
-        assert!(tokens_identical(&arms), "{precision}: arms disagree");
+        assert_eq!(
+            tokens_identical(&arms),
+            Some(true),
+            "{precision}: arms disagree"
+        );
         let generated: usize = arms[0].generated.iter().map(|(_, t)| t.len()).sum();
         assert_eq!(generated, 8 * 12);
         for arm in &arms {
             assert!(arm.failed_sessions.is_empty(), "{:?}", arm.failed_sessions);
             match arm.arm {
-                Arm::Largest => assert_eq!((arm.n_migrations, arm.n_reprefills), (0, 0)),
+                Arm::Largest => {
+                    assert_eq!((arm.stats.n_migrations, arm.stats.n_reprefills), (0, 0))
+                }
                 Arm::Reprefill => {
-                    assert!(arm.n_reprefills >= 3 && arm.n_migrations == 0, "{arm:?}")
+                    assert!(
+                        arm.stats.n_reprefills >= 3 && arm.stats.n_migrations == 0,
+                        "{arm:?}"
+                    )
                 }
                 Arm::OnDemand | Arm::Predictive => {
-                    assert!(arm.n_migrations >= 3 && arm.n_reprefills == 0, "{arm:?}")
+                    assert!(
+                        arm.stats.n_migrations >= 3 && arm.stats.n_reprefills == 0,
+                        "{arm:?}"
+                    )
                 }
             }
             assert!(arm.kv_bytes_used <= arm.kv_bytes_reserved);
@@ -203,6 +215,7 @@ fn a_session_beyond_the_largest_window_fails_alone() {
     assert_eq!(report.failed_sessions.len(), 1);
     let failure = &report.failed_sessions[0];
     assert_eq!(failure.session, "a");
+    assert_eq!(failure.code, Some("context_length_exceeded"));
     assert!(
         failure.error.contains("context length exceeded") && failure.error.contains("256"),
         "{}",
@@ -308,13 +321,16 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     let steps = resolve(&steady, model.config.n_vocab, &no_text).unwrap();
     let on_demand = run_arm(&setup, Arm::OnDemand, &steps).unwrap();
     let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
-    assert!(tokens_identical(&[on_demand.clone(), predictive.clone()]));
-    assert!(on_demand.n_migrations >= 2 && predictive.n_migrations >= 2);
+    assert_eq!(
+        tokens_identical(&[on_demand.clone(), predictive.clone()]),
+        Some(true)
+    );
+    assert!(on_demand.stats.n_migrations >= 2 && predictive.stats.n_migrations >= 2);
     assert!(
-        on_demand.n_stalls >= 2 && on_demand.stall_ms >= 2.0 * 60.0,
+        on_demand.stats.n_stalls >= 2 && on_demand.stats.stall_ms >= 2.0 * 60.0,
         "on demand waits for every compile: {on_demand:?}"
     );
-    assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
+    assert_eq!(predictive.stats.n_stalls, 0, "{predictive:?}");
 
     // A sudden jump past the prediction: the session waits for its compile (a measured
     // stall) and still produces exactly the tokens of the largest window.
@@ -328,12 +344,12 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     let steps = resolve(&jump, model.config.n_vocab, &no_text).unwrap();
     let largest = run_arm(&setup, Arm::Largest, &steps).unwrap();
     let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
-    assert!(tokens_identical(&[largest, predictive.clone()]));
+    assert_eq!(tokens_identical(&[largest, predictive.clone()]), Some(true));
     assert!(
-        predictive.n_stalls >= 1 && predictive.stall_ms >= 30.0,
+        predictive.stats.n_stalls >= 1 && predictive.stats.stall_ms >= 30.0,
         "{predictive:?}"
     );
-    assert_eq!(predictive.n_reprefills, 0);
+    assert_eq!(predictive.stats.n_reprefills, 0);
 }
 
 /// The real model: a session whose decode crosses 1,024 and whose next prompt crosses
@@ -381,9 +397,68 @@ fn smollm2_migrates_across_1024_and_2048_with_identical_tokens() {
         };
         let large = run_arm(&setup, Arm::Largest, &steps).unwrap();
         let pyramid = run_arm(&setup, Arm::Predictive, &steps).unwrap();
-        assert_eq!(pyramid.n_migrations, 2, "{kv_type}: {pyramid:?}");
-        assert_eq!(pyramid.n_stalls, 0, "{kv_type}");
-        assert!(tokens_identical(&[large.clone(), pyramid]), "{kv_type}");
+        // Whether a compile this cheap finished before the crossing depends on the
+        // scheduler; the scripted-backend test checks the policy's timing.
+        assert_eq!(pyramid.stats.n_migrations, 2, "{kv_type}: {pyramid:?}");
+        assert_eq!(
+            tokens_identical(&[large.clone(), pyramid]),
+            Some(true),
+            "{kv_type}"
+        );
         assert_eq!(large.generated[0].1.len(), 60);
     }
+}
+
+/// A backend that panics compiling one window.
+struct Panicky {
+    inner: CpuBackend,
+    bad_window: usize,
+}
+
+impl Backend for Panicky {
+    fn device(&self) -> String {
+        "panicky".to_string()
+    }
+    fn model(&self) -> &Arc<Model> {
+        self.inner.model()
+    }
+    fn compile(&self, shape: ArtifactShape) -> pyramid_runtime::Result<Arc<dyn Executable>> {
+        assert_ne!(shape.window(), self.bad_window, "scripted compiler crash");
+        self.inner.compile(shape)
+    }
+}
+
+#[test]
+fn a_crashing_compile_is_an_error_for_the_session_that_needs_it_not_a_hang() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let backend = Arc::new(Panicky {
+        inner: CpuBackend::new(Arc::clone(&model), 2),
+        bad_window: 64,
+    });
+    for arm in [Arm::OnDemand, Arm::Predictive] {
+        let pyramid = WindowPyramid::new(
+            backend.clone(),
+            1,
+            KvType::F32,
+            config(arm, &[32, 64, 128], 8),
+        )
+        .unwrap();
+        let mut session = PyramidSession::new(Arc::clone(&pyramid));
+        session.prefill(&pool, &[5; 20]).unwrap();
+        session.end_step(20, Duration::from_millis(1));
+        let before = session.tokens().to_vec();
+        let err = session.prefill(&pool, &[5; 40]).err().unwrap();
+        assert!(
+            matches!(err, EngineError::Compile { .. }) && err.to_string().contains("panicked"),
+            "{arm:?}: {err}"
+        );
+        // The session is untouched and still usable on its window.
+        assert_eq!(session.tokens(), before.as_slice());
+        assert_eq!(session.window(), Some(32));
+        session.prefill(&pool, &[5; 25]).unwrap();
+        pyramid.join_background();
+    }
+    let too_big = WindowPyramid::new(backend, 1, KvType::F32, config(Arm::OnDemand, &[32], 33));
+    assert!(matches!(too_big, Err(EngineError::BadConfig(_))));
 }

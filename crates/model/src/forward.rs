@@ -90,17 +90,24 @@ fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
 }
 
 impl Scratch {
-    /// Buffers for passes of up to `n_tokens` rows over caches of up to `window` positions
-    /// on a pool of `n_threads`, allocated now so that running never allocates.
-    pub fn for_shape(model: &Model, n_tokens: usize, window: usize, n_threads: usize) -> Self {
+    /// Buffers for passes of up to `n_tokens` rows returning logits for up to `n_outputs`
+    /// of them, over caches of up to `window` positions on a pool of `n_threads`,
+    /// allocated now so that running never allocates.
+    pub fn for_shape(
+        model: &Model,
+        n_tokens: usize,
+        n_outputs: usize,
+        window: usize,
+        n_threads: usize,
+    ) -> Self {
         let cfg = &model.config;
         let (e, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         let with = |len: usize| Vec::with_capacity(len);
         Self {
             places: Vec::with_capacity(n_tokens),
-            logit_rows: Vec::with_capacity(n_tokens),
-            normed: with(n_tokens * e),
-            logits: with(n_tokens * cfg.n_vocab),
+            logit_rows: Vec::with_capacity(n_outputs),
+            normed: with(n_outputs * e),
+            logits: with(n_outputs * cfg.n_vocab),
             scores: (0..n_threads)
                 .map(|_| Mutex::new(Vec::with_capacity(window)))
                 .collect(),
@@ -116,7 +123,7 @@ impl Scratch {
             linear: LinearScratch::for_shape(
                 n_tokens,
                 e.max(qd).max(ff),
-                e.max(qd).max(ff).max(cfg.n_vocab),
+                (n_tokens * e.max(qd).max(ff)).max(n_outputs * cfg.n_vocab),
             ),
             calibration: None,
         }
@@ -398,9 +405,10 @@ fn attend(
     let out_ptr = SharedMut::new(out);
     let n_items = places.len() * n_head;
     pool.run(&|thread_idx| {
+        // Each thread locks only its own buffer; an error here means a panic poisoned it.
         let mut scores = scores[thread_idx]
             .lock()
-            .expect("a score buffer is only used by its own thread");
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scores = &mut *scores;
         for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
             let (t, head) = (item / n_head, item % n_head);

@@ -238,8 +238,9 @@ pub struct LinearScratch {
 }
 
 impl LinearScratch {
-    /// Room for projections of up to `n` rows, `max_in` inputs and `max_out` outputs.
-    pub fn for_shape(n: usize, max_in: usize, max_out: usize) -> Self {
+    /// Room for projections of up to `n` rows of at most `max_in` inputs, producing at
+    /// most `out_capacity` values.
+    pub fn for_shape(n: usize, max_in: usize, out_capacity: usize) -> Self {
         let k_pad = max_in.next_multiple_of(pyramid_kernels::int8::SUM_GROUP);
         Self {
             quantized: QuantizedRows {
@@ -250,7 +251,7 @@ impl LinearScratch {
             },
             inliers: Vec::with_capacity(n * max_in),
             outliers: Vec::with_capacity(n * max_in / MAX_OUTLIER_FRACTION),
-            outlier_out: Vec::with_capacity(n * max_out),
+            outlier_out: Vec::with_capacity(out_capacity),
         }
     }
 }

@@ -46,7 +46,7 @@ fn passes_within_the_prepared_shape_do_not_allocate() {
             .into_precision(precision, Some(&calibration));
         for kv_type in KvType::ALL {
             let (chunk, window) = (8, 64);
-            let mut scratch = Scratch::for_shape(&model, chunk, window, pool.n_threads());
+            let mut scratch = Scratch::for_shape(&model, chunk, 1, window, pool.n_threads());
             let mut kv = model.new_kv_cache_of(window, kv_type);
             let prompt: Vec<u32> = (1..=chunk as u32).collect();
             let before = ALLOCATIONS.load(Ordering::Relaxed);

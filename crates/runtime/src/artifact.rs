@@ -6,7 +6,7 @@
 //! [`Executable`]: prefill runs exactly `chunk` tokens (the last chunk padded) against a
 //! cache of exactly `window` positions; decode runs up to `batch` one-token sequences,
 //! each with a cache of exactly `window` positions. Compiling prepares everything that
-//! depends on the shape, so running allocates nothing.
+//! depends on the shape, so running an executable allocates nothing.
 //!
 //! The native CPU backend ([`CpuBackend`]) shares one packed model between all its
 //! artifacts; compiling sizes the buffer plan for the shape and fixes the kernel family.
@@ -158,28 +158,42 @@ impl Backend for CpuBackend {
     fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>> {
         let n_ctx = self.model.config.n_ctx_train;
         let (rows, window) = (shape.rows(), shape.window());
-        if rows == 0 || window == 0 || window > n_ctx {
+        if rows == 0 || rows > n_ctx || window == 0 || window > n_ctx {
             return Err(RuntimeError::BadShape {
                 shape,
                 reason: format!("rows and window must be in 1..={n_ctx}"),
             });
         }
-        let scratch = Scratch::for_shape(&self.model, rows, window, self.n_threads);
+        // Executables return the logits of each segment's last real token only.
+        let n_outputs = match shape {
+            ArtifactShape::Prefill { .. } => 1,
+            ArtifactShape::Decode { batch, .. } => batch,
+        };
+        let scratch = Scratch::for_shape(&self.model, rows, n_outputs, window, self.n_threads);
         Ok(Arc::new(CpuExecutable {
             model: Arc::clone(&self.model),
             shape,
-            bytes: scratch_bytes(&self.model, rows, window, self.n_threads),
+            bytes: scratch_bytes(&self.model, rows, n_outputs, window, self.n_threads),
             isa: isa::active().name(),
             scratch: Mutex::new(scratch),
         }))
     }
 }
 
-/// What [`Scratch::for_shape`] reserves, for the cache's memory budget.
-fn scratch_bytes(model: &Model, rows: usize, window: usize, n_threads: usize) -> usize {
+/// Roughly what [`Scratch::for_shape`] reserves, for the cache's memory budget.
+fn scratch_bytes(
+    model: &Model,
+    rows: usize,
+    n_outputs: usize,
+    window: usize,
+    n_threads: usize,
+) -> usize {
     let c = &model.config;
-    let per_row = 4 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff + c.n_vocab;
-    4 * (rows * per_row + n_threads * window) + rows * (c.n_embd.max(c.n_ff) + c.n_vocab) * 5
+    let widest = c.n_embd.max(c.q_dim()).max(c.n_ff);
+    let activations = rows * (4 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff);
+    let projection = rows * 3 * widest + (rows * widest).max(n_outputs * c.n_vocab);
+    let outputs = n_outputs * (c.n_embd + c.n_vocab);
+    4 * (activations + projection + outputs + n_threads * window) + rows * widest
 }
 
 struct CpuExecutable {
@@ -267,6 +281,7 @@ pub fn prefill_chunked(
     if tokens.is_empty() {
         return Err(RuntimeError::EmptyPrompt);
     }
+    let start_len = kv.len();
     let mut padded = vec![0u32; chunk];
     for piece in tokens.chunks(chunk) {
         padded[..piece.len()].copy_from_slice(piece);
@@ -278,7 +293,11 @@ pub fn prefill_chunked(
             n_padding: chunk - piece.len(),
             kv: &mut *kv,
         }];
-        executable.run(pool, &mut segments, logits)?;
+        if let Err(e) = executable.run(pool, &mut segments, logits) {
+            // All or nothing: earlier chunks' positions leave with the failure.
+            kv.truncate(start_len);
+            return Err(e);
+        }
     }
     Ok(())
 }

@@ -5,16 +5,13 @@
 //! them) are dropped; artifacts in use are never evicted, and if they alone exceed the
 //! budget the insertion is refused rather than silently overcommitting.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
-
 use crate::artifact::{ArtifactKey, Compiled, Executable};
 use crate::{Result, RuntimeError};
+use std::collections::HashMap;
+use std::sync::Arc;
 
 struct Entry {
     executable: Arc<dyn Executable>,
-    compile_time: Duration,
     last_used: u64,
 }
 
@@ -90,15 +87,10 @@ impl ArtifactCache {
             key,
             Entry {
                 executable: compiled.executable,
-                compile_time: compiled.compile_time,
                 last_used: self.clock,
             },
         );
         Ok(executable)
-    }
-
-    pub fn compile_time(&self, key: &ArtifactKey) -> Option<Duration> {
-        self.entries.get(key).map(|e| e.compile_time)
     }
 
     pub fn bytes(&self) -> usize {
@@ -125,6 +117,7 @@ mod tests {
     use crate::artifact::ArtifactShape;
     use pyramid_kernels::ThreadPool;
     use pyramid_model::{KvType, Precision, Segment};
+    use std::time::Duration;
 
     struct Fake {
         shape: ArtifactShape,
@@ -176,7 +169,6 @@ mod tests {
         assert!(cache.contains(&key(2)), "held artifacts stay");
         assert!(!cache.contains(&key(1)), "the unheld one goes");
         assert_eq!((cache.len(), cache.n_evicted()), (2, 1));
-        assert_eq!(cache.compile_time(&key(3)), Some(Duration::from_millis(3)));
 
         // Everything left is held: a new artifact that does not fit is refused.
         let also_held = cache.get(&key(3)).unwrap();

@@ -31,6 +31,6 @@ pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
 pub use generate::{generate, FinishReason, GenerateParams, Generation, Timings};
 pub use pyramid_model::Scratch;
-pub use sampler::{Sampler, SamplerConfig};
+pub use sampler::{argmax, Sampler, SamplerConfig};
 pub use session::{step_batch, Session};
 pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};

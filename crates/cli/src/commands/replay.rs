@@ -89,18 +89,19 @@ struct Report<'a> {
     prefill_chunk: usize,
     trace: TraceSummary,
     arms: &'a [ArmReport],
-    tokens_identical: bool,
+    /// `null` when fewer than two arms ran.
+    tokens_identical: Option<bool>,
 }
 
 pub fn run(args: ReplayArgs) -> Result<()> {
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
-    if !(args.scale > 0.0 && args.scale.is_finite()) {
-        bail!("--scale must be a positive number, got {}", args.scale);
+    if !(args.scale > 0.0 && args.scale <= 100.0) {
+        bail!("--scale must be in (0, 100], got {}", args.scale);
     }
-    if args.synthetic && args.sessions == 0 {
-        bail!("--sessions must be at least 1");
+    if args.synthetic && !(1..=100_000).contains(&args.sessions) {
+        bail!("--sessions must be in 1..=100000, got {}", args.sessions);
     }
     let arms: Vec<Arm> = args
         .arms
@@ -139,10 +140,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     let tokenize = |text: &str| -> pyramid_engine::Result<Vec<u32>> {
         tokenizer
             .encode(text, false)
-            .map_err(|e| EngineError::BadTrace {
-                line: 0,
-                reason: format!("cannot tokenize append_text: {e}"),
-            })
+            .map_err(|e| EngineError::BadConfig(format!("cannot tokenize append_text: {e}")))
     };
     let resolved = resolve(&steps, loaded.model.config.n_vocab, &tokenize)?;
     let setup = ReplaySetup {
@@ -220,14 +218,14 @@ fn print_table(r: &Report<'_>) {
             a.total_ms,
             a.ttft_ms_p50,
             a.decode_ms_per_token,
-            a.compile_ms,
-            a.n_compiles,
-            a.migration_ms,
-            a.n_migrations,
-            a.reprefill_ms,
-            a.n_reprefills,
-            a.stall_ms,
-            a.n_stalls,
+            a.stats.compile_ms,
+            a.stats.n_compiles,
+            a.stats.migration_ms,
+            a.stats.n_migrations,
+            a.stats.reprefill_ms,
+            a.stats.n_reprefills,
+            a.stats.stall_ms,
+            a.stats.n_stalls,
             a.peak_rss_bytes
                 .map_or("n/a".to_string(), |b| format!("{:.0}", mib(b as usize))),
             mib(a.kv_bytes_reserved),
@@ -248,6 +246,13 @@ fn print_table(r: &Report<'_>) {
     }
     println!(
         "tokens identical across arms: {}",
-        if r.tokens_identical { "yes" } else { "NO" }
+        match r.tokens_identical {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "n/a (one arm)",
+        }
     );
+    if let Some(device) = r.arms.iter().find_map(|a| a.stats.executed_on.as_deref()) {
+        println!("executed on: {device}");
+    }
 }

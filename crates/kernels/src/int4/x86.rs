@@ -11,18 +11,10 @@ use std::ops::Range;
 
 use super::{PackedI4, GROUP, GROUP_BYTES};
 use crate::int8::QuantizedRows;
+use crate::matmul::x86::hsum256;
 
 /// Tokens that share one unpacking of a weight group.
 const TOKENS_PER_TILE: usize = 4;
-
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn hsum256(v: __m256) -> f32 {
-    let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
-    let sum1 = _mm_add_ss(sum2, _mm_shuffle_ps(sum2, sum2, 1));
-    _mm_cvtss_f32(sum1)
-}
 
 /// # Safety
 /// The CPU has AVX2 and FMA; `out` points to `m * w.n` floats and no other thread writes

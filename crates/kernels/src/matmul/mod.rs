@@ -10,7 +10,7 @@
 mod elem;
 mod reference;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 pub use elem::{bf16, WeightElem};
 pub use reference::matmul_scalar;

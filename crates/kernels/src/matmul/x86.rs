@@ -109,9 +109,10 @@ unsafe fn tail<W: WeightElem>(
     })
 }
 
+/// Sum of the eight lanes.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn hsum256(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
     let sum4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let sum2 = _mm_add_ps(sum4, _mm_movehl_ps(sum4, sum4));
     let sum1 = _mm_add_ss(sum2, _mm_shuffle_ps(sum2, sum2, 1));
