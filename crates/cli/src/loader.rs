@@ -25,7 +25,7 @@ pub struct ModelArgs {
     /// f32 (the reference).
     #[arg(long, default_value = "int8", value_parser = parse_precision)]
     pub precision: Precision,
-    /// KV cache storage: f32, or int8 (a quarter of the bytes for long contexts).
+    /// KV cache storage: f32, f16 (half the bytes), or int8 (about a quarter).
     #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
     pub kv: KvType,
 }

@@ -454,16 +454,14 @@ fn bench_reports_llama_bench_style_records() {
     assert_ok(&out);
     let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert!(records.as_array().unwrap().iter().all(|r| r["batch"] == 3));
-    let out = f.run(&[
-        "bench", "-m", &model, "--kv", "int8", "-p", "8", "-n", "4", "-r", "1", "--json",
-    ]);
-    assert_ok(&out);
-    let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
-    assert!(records
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|r| r["kv"] == "int8"));
+    for kv in ["int8", "f16"] {
+        let out = f.run(&[
+            "bench", "-m", &model, "--kv", kv, "-p", "8", "-n", "4", "-r", "1", "--json",
+        ]);
+        assert_ok(&out);
+        let records: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert!(records.as_array().unwrap().iter().all(|r| r["kv"] == kv));
+    }
     let out = f.run(&["bench", "-m", &model, "--kv", "int3"]);
     assert!(
         !out.status.success() && stderr(&out).contains("unknown KV cache type 'int3'"),

@@ -5,6 +5,9 @@
 //! builds of the same code (the scalar one is their oracle). Loops use independent
 //! accumulators so the compiler vectorises them without reassociating sums.
 
+pub use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use crate::isa::{self, Isa};
 
 /// `out = x / rms(x) * weight`, one row of `weight.len()` elements at a time.
@@ -291,6 +294,40 @@ unsafe fn weighted_sum_i8_avx2(
     weighted_sum_i8_scalar(weights, values, value_scales, out)
 }
 
+/// Longest head the f16 attention helpers widen on the stack.
+pub const MAX_F16_HEAD_DIM: usize = 512;
+
+/// [`attention_scores`] over an f16 cache: each key row is widened to f32 (with F16C where
+/// the CPU has it) and dotted with the active ISA's [`dot`].
+pub fn attention_scores_f16(q: &[f32], keys: &[f16], scale: f32, out: &mut Vec<f32>) {
+    out.clear();
+    let hd = q.len();
+    assert!(
+        hd <= MAX_F16_HEAD_DIM,
+        "head_dim {hd} beyond {MAX_F16_HEAD_DIM}"
+    );
+    let mut row = [0.0f32; MAX_F16_HEAD_DIM];
+    for k in keys.chunks_exact(hd) {
+        k.convert_to_f32_slice(&mut row[..hd]);
+        out.push(dot(q, &row[..hd]) * scale);
+    }
+}
+
+/// [`weighted_sum`] over an f16 cache, widening each value row as above.
+pub fn weighted_sum_f16(weights: &[f32], values: &[f16], out: &mut [f32]) {
+    out.fill(0.0);
+    let hd = out.len();
+    assert!(
+        hd <= MAX_F16_HEAD_DIM,
+        "head_dim {hd} beyond {MAX_F16_HEAD_DIM}"
+    );
+    let mut row = [0.0f32; MAX_F16_HEAD_DIM];
+    for (&w, v) in weights.iter().zip(values.chunks_exact(hd)) {
+        v.convert_to_f32_slice(&mut row[..hd]);
+        axpy(out, w, &row[..hd]);
+    }
+}
+
 /// `x += y`.
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
@@ -462,6 +499,28 @@ mod tests {
         weighted_sum(&want, &dequant, &mut expected);
         for (g, w) in out.iter().zip(&expected) {
             assert!((g - w).abs() < 1e-4, "{g} vs {w}");
+        }
+    }
+
+    #[test]
+    fn f16_attention_helpers_match_widened_f32() {
+        let hd = 20;
+        let n_pos = 9;
+        let q: Vec<f32> = (0..hd).map(|i| (i as f32 * 0.3).sin()).collect();
+        let keys: Vec<f16> = (0..hd * n_pos)
+            .map(|i| f16::from_f32(((i * 37) % 255) as f32 / 100.0 - 1.2))
+            .collect();
+        let widened: Vec<f32> = keys.iter().map(|k| k.to_f32()).collect();
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        attention_scores_f16(&q, &keys, 0.25, &mut got);
+        attention_scores(&q, &widened, 0.25, &mut want);
+        assert_eq!(got, want);
+        let mut out = vec![0.0; hd];
+        weighted_sum_f16(&want, &keys, &mut out);
+        let mut expected = vec![0.0; hd];
+        weighted_sum(&want, &widened, &mut expected);
+        for (g, w) in out.iter().zip(&expected) {
+            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
         }
     }
 

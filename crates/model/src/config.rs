@@ -82,6 +82,12 @@ impl ModelConfig {
         let n_rot = md
             .opt(&key("rope.dimension_count"), |m, k| m.get_usize(k))?
             .unwrap_or(head_dim);
+        let max_head_dim = pyramid_kernels::ops::MAX_F16_HEAD_DIM;
+        if head_dim > max_head_dim {
+            return Err(ModelError::BadConfig(format!(
+                "head_dim {head_dim} is beyond the supported {max_head_dim}"
+            )));
+        }
         if n_rot > head_dim || n_rot % 2 != 0 {
             return Err(ModelError::BadConfig(format!(
                 "rope.dimension_count {n_rot} must be even and at most head_dim {head_dim}"

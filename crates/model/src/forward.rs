@@ -2,8 +2,9 @@
 //! against. One function per block of the model, top to bottom.
 
 use pyramid_kernels::ops::{
-    add_in_place, attention_scores, attention_scores_i8, rms_norm, rope_in_place,
-    silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_i8,
+    add_in_place, attention_scores, attention_scores_f16, attention_scores_i8, rms_norm,
+    rope_in_place, silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_f16,
+    weighted_sum_i8,
 };
 use std::sync::Mutex;
 
@@ -434,6 +435,11 @@ fn attend(
                     attention_scores(q_h, keys, scale, scores);
                     softmax_in_place(scores);
                     weighted_sum(scores, values, o);
+                }
+                HeadView::F16 { keys, values } => {
+                    attention_scores_f16(q_h, keys, scale, scores);
+                    softmax_in_place(scores);
+                    weighted_sum_f16(scores, values, o);
                 }
                 HeadView::Int8 {
                     keys,

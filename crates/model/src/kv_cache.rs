@@ -6,6 +6,8 @@
 //! is symmetric INT8 with its own f32 scale: a quarter of the bytes for long contexts,
 //! where decode is bound by reading the cache.
 
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use pyramid_kernels::int8::quantize_row;
 
 use crate::config::ModelConfig;
@@ -15,15 +17,18 @@ use crate::{ModelError, Result};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KvType {
     F32,
+    /// Half the bytes of f32, the format static-shape accelerators keep caches in.
+    F16,
     Int8,
 }
 
 impl KvType {
-    pub const ALL: [KvType; 2] = [KvType::F32, KvType::Int8];
+    pub const ALL: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Int8];
 
     pub fn name(self) -> &'static str {
         match self {
             KvType::F32 => "f32",
+            KvType::F16 => "f16",
             KvType::Int8 => "int8",
         }
     }
@@ -43,6 +48,7 @@ impl std::fmt::Display for KvType {
 #[derive(Debug, Clone)]
 enum Store {
     F32(Vec<f32>),
+    F16(Vec<f16>),
     /// Values and one scale per row (`[n_layer][n_head_kv][capacity]`).
     Int8 {
         q: Vec<i8>,
@@ -54,6 +60,7 @@ impl Store {
     fn new(kind: KvType, n_rows: usize, head_dim: usize) -> Self {
         match kind {
             KvType::F32 => Store::F32(vec![0.0; n_rows * head_dim]),
+            KvType::F16 => Store::F16(vec![f16::ZERO; n_rows * head_dim]),
             KvType::Int8 => Store::Int8 {
                 q: vec![0; n_rows * head_dim],
                 scales: vec![0.0; n_rows],
@@ -64,6 +71,7 @@ impl Store {
     fn bytes(&self) -> usize {
         match self {
             Store::F32(d) => d.len() * 4,
+            Store::F16(d) => d.len() * 2,
             Store::Int8 { q, scales } => q.len() + scales.len() * 4,
         }
     }
@@ -73,6 +81,7 @@ impl Store {
         let hd = x.len();
         match self {
             Store::F32(d) => d[row * hd..(row + 1) * hd].copy_from_slice(x),
+            Store::F16(d) => d[row * hd..(row + 1) * hd].convert_from_f32_slice(x),
             Store::Int8 { q, scales } => {
                 scales[row] = quantize_row(x, &mut q[row * hd..(row + 1) * hd])
             }
@@ -104,6 +113,7 @@ impl Store {
         }
         match self {
             Store::F32(d) => Store::F32(copy(d, n_runs, old_run * hd, new_run * hd, live * hd)),
+            Store::F16(d) => Store::F16(copy(d, n_runs, old_run * hd, new_run * hd, live * hd)),
             Store::Int8 { q, scales } => Store::Int8 {
                 q: copy(q, n_runs, old_run * hd, new_run * hd, live * hd),
                 scales: copy(scales, n_runs, old_run, new_run, live),
@@ -117,6 +127,8 @@ impl Store {
 pub enum HeadView<'a> {
     /// Keys and values `[n_pos, head_dim]`.
     F32 { keys: &'a [f32], values: &'a [f32] },
+    /// Keys and values `[n_pos, head_dim]` in f16.
+    F16 { keys: &'a [f16], values: &'a [f16] },
     /// INT8 rows `[n_pos, head_dim]` with one scale per row `[n_pos]`.
     Int8 {
         keys: &'a [i8],
@@ -259,6 +271,10 @@ impl KvCache {
         let (rows, elems) = (r0..r0 + n_pos, r0 * hd..(r0 + n_pos) * hd);
         match (&self.k, &self.v) {
             (Store::F32(k), Store::F32(v)) => HeadView::F32 {
+                keys: &k[elems.clone()],
+                values: &v[elems],
+            },
+            (Store::F16(k), Store::F16(v)) => HeadView::F16 {
                 keys: &k[elems.clone()],
                 values: &v[elems],
             },
