@@ -248,9 +248,15 @@ pub struct ReplaySetup<'a> {
     pub pool: &'a ThreadPool,
 }
 
-/// Runs `steps` under `arm`. A session that fails (say, it outgrows the largest window)
-/// is recorded and stops; the others go on.
-pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Result<ArmReport> {
+/// Runs `steps` under `arm`, calling `on_step` with the number of steps done after each.
+/// A session that fails (say, it outgrows the largest window) is recorded and stops; the
+/// others go on.
+pub fn run_arm(
+    setup: &ReplaySetup<'_>,
+    arm: Arm,
+    steps: &[ResolvedStep],
+    on_step: &dyn Fn(usize),
+) -> Result<ArmReport> {
     let config = PyramidConfig {
         arm,
         ..setup.config.clone()
@@ -273,7 +279,8 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
     let mut failed: Vec<FailedSession> = Vec::new();
     let (mut ttfts, mut decode_time, mut n_decoded) = (Vec::new(), Duration::ZERO, 0usize);
     let (mut kv_reserved, mut kv_used) = (0usize, 0usize);
-    for step in steps {
+    for (n_done, step) in steps.iter().enumerate() {
+        on_step(n_done);
         if failed.iter().any(|f| f.session == step.session) {
             continue;
         }
@@ -331,6 +338,7 @@ pub fn run_arm(setup: &ReplaySetup<'_>, arm: Arm, steps: &[ResolvedStep]) -> Res
         kv_reserved = kv_reserved.max(reserved);
         kv_used = kv_used.max(used);
     }
+    on_step(steps.len());
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
     let peak_rss_bytes = rss::peak();
     drop(live);

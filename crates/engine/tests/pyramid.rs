@@ -164,7 +164,7 @@ fn migrated_sessions_equal_sessions_started_large() {
         };
         let arms: Vec<_> = Arm::ALL
             .into_iter()
-            .map(|arm| run_arm(&setup, arm, &steps).unwrap())
+            .map(|arm| run_arm(&setup, arm, &steps, &|_| {}).unwrap())
             .collect();
         assert_eq!(
             tokens_identical(&arms),
@@ -211,7 +211,7 @@ fn a_session_beyond_the_largest_window_fails_alone() {
         config: config(Arm::Predictive, &[64, 128, 256], 16),
         pool: &pool,
     };
-    let report = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    let report = run_arm(&setup, Arm::Predictive, &steps, &|_| {}).unwrap();
     assert_eq!(report.failed_sessions.len(), 1);
     let failure = &report.failed_sessions[0];
     assert_eq!(failure.session, "a");
@@ -319,8 +319,8 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
         })
         .collect();
     let steps = resolve(&steady, model.config.n_vocab, &no_text).unwrap();
-    let on_demand = run_arm(&setup, Arm::OnDemand, &steps).unwrap();
-    let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    let on_demand = run_arm(&setup, Arm::OnDemand, &steps, &|_| {}).unwrap();
+    let predictive = run_arm(&setup, Arm::Predictive, &steps, &|_| {}).unwrap();
     assert_eq!(
         tokens_identical(&[on_demand.clone(), predictive.clone()]),
         Some(true)
@@ -342,8 +342,8 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
         generate: 4,
     });
     let steps = resolve(&jump, model.config.n_vocab, &no_text).unwrap();
-    let largest = run_arm(&setup, Arm::Largest, &steps).unwrap();
-    let predictive = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+    let largest = run_arm(&setup, Arm::Largest, &steps, &|_| {}).unwrap();
+    let predictive = run_arm(&setup, Arm::Predictive, &steps, &|_| {}).unwrap();
     assert_eq!(tokens_identical(&[largest, predictive.clone()]), Some(true));
     assert!(
         predictive.stats.n_stalls >= 1 && predictive.stats.stall_ms >= 30.0,
@@ -395,8 +395,8 @@ fn smollm2_migrates_across_1024_and_2048_with_identical_tokens() {
             },
             pool: &pool,
         };
-        let large = run_arm(&setup, Arm::Largest, &steps).unwrap();
-        let pyramid = run_arm(&setup, Arm::Predictive, &steps).unwrap();
+        let large = run_arm(&setup, Arm::Largest, &steps, &|_| {}).unwrap();
+        let pyramid = run_arm(&setup, Arm::Predictive, &steps, &|_| {}).unwrap();
         // Whether a compile this cheap finished before the crossing depends on the
         // scheduler; the scripted-backend test checks the policy's timing.
         assert_eq!(pyramid.stats.n_migrations, 2, "{kv_type}: {pyramid:?}");

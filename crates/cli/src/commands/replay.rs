@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 use pyramid_engine::replay::{
     parse_trace, resolve, run_arm, synthetic_trace, tokens_identical, ArmReport, ReplaySetup,
 };
@@ -163,10 +164,20 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     };
     let mut reports = Vec::new();
     for arm in arms {
-        if !args.json {
-            eprintln!("running arm {} …", arm.name());
-        }
-        reports.push(run_arm(&setup, arm, &resolved)?);
+        // Drawn on stderr only when it is a terminal.
+        let bar = ProgressBar::new(resolved.len() as u64).with_style(
+            ProgressStyle::with_template(
+                "{prefix:>10} [{bar:30}] {pos}/{len} steps, {elapsed} (eta {eta})",
+            )
+            .expect("a valid template")
+            .progress_chars("=> "),
+        );
+        bar.set_prefix(arm.name());
+        let report = run_arm(&setup, arm, &resolved, &|done| {
+            bar.set_position(done as u64)
+        })?;
+        bar.finish_and_clear();
+        reports.push(report);
     }
     let sessions: std::collections::HashSet<&str> =
         steps.iter().map(|s| s.session.as_str()).collect();
