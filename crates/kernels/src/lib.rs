@@ -17,6 +17,8 @@ pub mod int8;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+#[cfg(test)]
+mod test_support;
 pub mod threadpool;
 
 pub use isa::{Isa, KernelError};

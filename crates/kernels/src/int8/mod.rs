@@ -213,26 +213,12 @@ unsafe fn gemm_blocks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn random(len: usize, seed: u64) -> Vec<f32> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-    }
+    use crate::test_support::{random, RAGGED_GEMM_SHAPES};
 
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
         let pool = ThreadPool::new(2).unwrap();
-        for &(m, k, n) in &[
-            (1, 1, 1),
-            (1, 5, 17),
-            (3, 33, 7),
-            (5, 64, 40),
-            (4, 130, 33),
-            (9, 576, 67),
-            (1, 1000, 16),
-            (7, 63, 129),
-        ] {
+        for (m, k, n) in RAGGED_GEMM_SHAPES {
             let w = PackedI8::quantize(&random(n * k, 2), n, k);
             let mut a = QuantizedRows::default();
             a.quantize(&random(m * k, 1), m, k, w.k_pad);

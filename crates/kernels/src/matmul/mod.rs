@@ -99,12 +99,7 @@ unsafe fn matmul_cols<W: WeightElem>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-
-    fn random(len: usize, seed: u64) -> Vec<f32> {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-    }
+    use crate::test_support::random;
 
     #[test]
     fn every_isa_matches_scalar_on_ragged_shapes() {
