@@ -51,7 +51,8 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 }
 
 /// [`pyramid_runtime::artifact::model_id`] of a file: its length and first and last MiB.
-fn file_model_id(path: &std::path::Path) -> Result<u64> {
+/// Read only by commands that key artifacts, not on every load.
+pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     const SPAN: u64 = 1 << 20;
     let mut file =
@@ -84,8 +85,8 @@ fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
 
 pub struct Loaded {
     pub name: String,
-    /// Identifies the weights in artifact keys.
-    pub model_id: u64,
+    /// The GGUF file the model came from.
+    pub path: PathBuf,
     pub kv_type: KvType,
     pub model: Arc<Model>,
     pub tokenizer: Tokenizer,
@@ -118,7 +119,7 @@ impl ModelArgs {
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         Ok(Loaded {
             name: self.model.clone(),
-            model_id: file_model_id(&path)?,
+            path,
             kv_type: self.kv,
             model: Arc::new(model),
             tokenizer,

@@ -14,7 +14,7 @@ use pyramid_kernels::isa;
 use pyramid_runtime::{CpuBackend, WindowLadder};
 use serde::Serialize;
 
-use crate::loader::ModelArgs;
+use crate::loader::{file_model_id, ModelArgs};
 
 /// Prefill chunk when none is given: on this project's reference machine (2 Zen 4 cores,
 /// AVX2 kernels) throughput rises steeply up to 128-token chunks and is within a few
@@ -149,7 +149,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
             Arc::clone(&loaded.model),
             loaded.pool.n_threads(),
         )),
-        model_id: loaded.model_id,
+        model_id: file_model_id(&loaded.path)?,
         kv_type: loaded.kv_type,
         config: PyramidConfig {
             ladder: ladder.clone(),
