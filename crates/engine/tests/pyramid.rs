@@ -13,7 +13,8 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Architecture, KvType, LogitsFor, Model, Precision, Scratch, Segment};
 use pyramid_runtime::{
-    prefill_chunked, ArtifactShape, Backend, CpuBackend, Executable, RuntimeError, WindowLadder,
+    argmax, prefill_chunked, ArtifactShape, Backend, CpuBackend, Executable, RuntimeError,
+    WindowLadder,
 };
 
 fn tiny(precision: Precision) -> Arc<Model> {
@@ -70,13 +71,6 @@ fn chunked_prefill_equals_whole_prefill() {
                 diff < 1e-4,
                 "{precision} chunk {chunk}: logits differ by {diff}"
             );
-            let argmax = |l: &[f32]| {
-                l.iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .unwrap()
-                    .0
-            };
             assert_eq!(argmax(&logits), argmax(&whole), "{precision} chunk {chunk}");
         }
     }
