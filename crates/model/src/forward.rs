@@ -130,6 +130,36 @@ impl Scratch {
         }
     }
 
+    /// Bytes the buffers hold reserved (their capacity, not their current length).
+    pub fn reserved_bytes(&self) -> usize {
+        fn cap<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        let floats = [
+            &self.normed,
+            &self.logits,
+            &self.x,
+            &self.h,
+            &self.q,
+            &self.k,
+            &self.v,
+            &self.attn,
+            &self.o,
+            &self.gate,
+            &self.up,
+        ];
+        let scores: usize = self
+            .scores
+            .iter()
+            .map(|s| cap(&s.lock().unwrap_or_else(|p| p.into_inner())))
+            .sum();
+        cap(&self.places)
+            + cap(&self.logit_rows)
+            + floats.into_iter().map(cap).sum::<usize>()
+            + scores
+            + self.linear.reserved_bytes()
+    }
+
     /// The logits of the last [`Model::forward_into`]: `[n_rows, n_vocab]`.
     pub fn logits(&self) -> &[f32] {
         &self.logits

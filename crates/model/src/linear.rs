@@ -238,6 +238,17 @@ pub struct LinearScratch {
 }
 
 impl LinearScratch {
+    /// Bytes the buffers hold reserved.
+    pub fn reserved_bytes(&self) -> usize {
+        let q = &self.quantized;
+        q.data.capacity()
+            + 4 * (q.scales.capacity()
+                + q.group_sums.capacity()
+                + self.inliers.capacity()
+                + self.outliers.capacity()
+                + self.outlier_out.capacity())
+    }
+
     /// Room for projections of up to `n` rows of at most `max_in` inputs, producing at
     /// most `out_capacity` values.
     pub fn for_shape(n: usize, max_in: usize, out_capacity: usize) -> Self {

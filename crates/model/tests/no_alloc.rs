@@ -49,6 +49,7 @@ fn passes_within_the_prepared_shape_do_not_allocate() {
             let mut scratch = Scratch::for_shape(&model, chunk, 1, window, pool.n_threads());
             let mut kv = model.new_kv_cache_of(window, kv_type);
             let prompt: Vec<u32> = (1..=chunk as u32).collect();
+            let reserved = scratch.reserved_bytes();
             let before = ALLOCATIONS.load(Ordering::Relaxed);
             for step in 0..4 {
                 let tokens = if step == 0 { &prompt[..] } else { &prompt[..1] };
@@ -59,6 +60,11 @@ fn passes_within_the_prepared_shape_do_not_allocate() {
             }
             let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
             assert_eq!(allocations, 0, "{precision} kv {kv_type}");
+            assert_eq!(
+                scratch.reserved_bytes(),
+                reserved,
+                "{precision} kv {kv_type}"
+            );
         }
     }
 }

@@ -173,27 +173,11 @@ impl Backend for CpuBackend {
         Ok(Arc::new(CpuExecutable {
             model: Arc::clone(&self.model),
             shape,
-            bytes: scratch_bytes(&self.model, rows, n_outputs, window, self.n_threads),
+            bytes: scratch.reserved_bytes(),
             isa: isa::active().name(),
             scratch: Mutex::new(scratch),
         }))
     }
-}
-
-/// Roughly what [`Scratch::for_shape`] reserves, for the cache's memory budget.
-fn scratch_bytes(
-    model: &Model,
-    rows: usize,
-    n_outputs: usize,
-    window: usize,
-    n_threads: usize,
-) -> usize {
-    let c = &model.config;
-    let widest = c.n_embd.max(c.q_dim()).max(c.n_ff);
-    let activations = rows * (4 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff);
-    let projection = rows * 3 * widest + (rows * widest).max(n_outputs * c.n_vocab);
-    let outputs = n_outputs * (c.n_embd + c.n_vocab);
-    4 * (activations + projection + outputs + n_threads * window) + rows * widest
 }
 
 struct CpuExecutable {
