@@ -22,4 +22,9 @@ mod test_support;
 pub mod threadpool;
 
 pub use isa::{Isa, KernelError};
-pub use threadpool::{split_range, SharedMut, ThreadPool};
+pub use threadpool::{split_range, SharedSlice, Team, ThreadPool};
+
+/// Threads split a product's output columns on multiples of this: the INT8 kernel's block
+/// of 16 weight rows, which also keeps the f32 kernel's 4-wide tiles whole, so one split
+/// serves every kernel and a projection's side products land on the same thread.
+pub const COLUMN_ALIGN: usize = int8::ROWS_PER_BLOCK;

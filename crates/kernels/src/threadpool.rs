@@ -1,9 +1,11 @@
-//! A persistent pool that runs one closure on every thread and waits for all.
+//! A persistent pool that runs one closure on every thread, with barriers inside it.
 //!
-//! Written here rather than taken from rayon because a forward pass issues hundreds of
-//! small parallel regions per token: each must cost a wake-up, not a task-queue round
-//! trip or a thread spawn, and the split of work must be static so every thread touches
-//! the same weight rows every step (they stay in its cache).
+//! Written here rather than taken from rayon because a forward pass is one parallel
+//! region per call ([`ThreadPool::run_team`]): the threads stay inside it for every
+//! layer and meet at a [`Team::sync`] barrier between steps, so each step costs a
+//! barrier, not a task-queue round trip or a thread wake-up; and the split of work is
+//! static, so every thread touches the same weight rows every step (they stay in its
+//! cache).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -18,9 +20,89 @@ use crate::KernelError;
 /// machine) gives its core back quickly instead of spinning through its time slice.
 const SPIN_ITERS: u32 = 2_000;
 
-/// Type-erased pointer to the caller's closure; valid only while `run` waits.
+/// Type-erased pointer to the caller's closure; valid only while `run_team` waits.
 #[derive(Clone, Copy)]
-struct Job(*const (dyn Fn(usize) + Sync));
+struct Job(*const (dyn Fn(&Team) + Sync));
+
+/// A spin-then-yield barrier for the threads of one region. Yielding rather than parking:
+/// between two steps of a layer the wait is microseconds, and a descheduled partner is
+/// better served by giving it the core than by a futex round trip.
+#[derive(Default)]
+struct Barrier {
+    arrived: AtomicUsize,
+    /// Bumped by the last thread to arrive, releasing the others.
+    epoch: AtomicUsize,
+    /// A thread of the region panicked: the others must not wait for it.
+    poisoned: AtomicBool,
+}
+
+impl Barrier {
+    fn wait(&self, n_threads: usize) {
+        if n_threads == 1 {
+            return;
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        if self.arrived.fetch_add(1, Ordering::AcqRel) + 1 == n_threads {
+            self.arrived.store(0, Ordering::Relaxed);
+            self.epoch.fetch_add(1, Ordering::Release);
+            return;
+        }
+        let mut spins = 0u32;
+        while self.epoch.load(Ordering::Acquire) == epoch {
+            if self.poisoned.load(Ordering::Relaxed) {
+                panic!("another thread of the parallel region panicked");
+            }
+            spins += 1;
+            if spins < SPIN_ITERS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn reset(&self) {
+        self.arrived.store(0, Ordering::Relaxed);
+        self.poisoned.store(false, Ordering::Relaxed);
+    }
+}
+
+/// One thread's view of a [`ThreadPool::run_team`] region.
+pub struct Team<'a> {
+    idx: usize,
+    n_threads: usize,
+    barrier: &'a Barrier,
+}
+
+impl Team<'_> {
+    /// A team of one: what a region degrades to when the pool is busy.
+    fn solo(barrier: &Barrier) -> Team<'_> {
+        Team {
+            idx: 0,
+            n_threads: 1,
+            barrier,
+        }
+    }
+
+    pub fn idx(&self) -> usize {
+        self.idx
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Returns once every thread of the team has called `sync` as often as this one: what
+    /// any thread wrote before it is visible to all after it.
+    pub fn sync(&self) {
+        self.barrier.wait(self.n_threads);
+    }
+
+    /// This thread's share of `0..n`, in multiples of `align`.
+    pub fn split(&self, n: usize, align: usize) -> std::ops::Range<usize> {
+        split_range(n, self.n_threads, self.idx, align)
+    }
+}
 
 struct Shared {
     /// Bumped once per `run`; workers compare it with the last one they served.
@@ -36,8 +118,9 @@ struct Shared {
     wake: Condvar,
     /// The caller parked on `done`, waiting for the last worker.
     caller_waiting: AtomicBool,
-    /// A `run` is in progress; concurrent or nested calls run inline instead.
+    /// A region is in progress; concurrent or nested calls run as a team of one instead.
     busy: AtomicBool,
+    barrier: Barrier,
     /// A worker's call panicked; `run` re-raises it once all workers are done.
     worker_panicked: AtomicBool,
     done: Condvar,
@@ -78,6 +161,7 @@ impl ThreadPool {
             wake: Condvar::new(),
             caller_waiting: AtomicBool::new(false),
             busy: AtomicBool::new(false),
+            barrier: Barrier::default(),
             worker_panicked: AtomicBool::new(false),
             done: Condvar::new(),
         });
@@ -90,7 +174,7 @@ impl ThreadPool {
             let shared = Arc::clone(&pool.shared);
             let worker = std::thread::Builder::new()
                 .name(format!("pyramid-worker-{idx}"))
-                .spawn(move || worker_loop(&shared, idx))
+                .spawn(move || worker_loop(&shared, idx, n_threads))
                 // Dropping `pool` shuts down and joins the workers started so far.
                 .map_err(|e| KernelError::Spawn(e.to_string()))?;
             pool.workers.push(worker);
@@ -108,11 +192,13 @@ impl ThreadPool {
         self.n_threads
     }
 
-    /// Runs `f(thread_idx)` for every `thread_idx` in `0..n_threads` and returns when all
-    /// calls have returned. A call made while the pool is busy (nested, or from another
-    /// thread) runs all indices on the calling thread instead. A panic in any call is
-    /// re-raised here, after every worker has let go of `f`.
-    pub fn run(&self, f: &(dyn Fn(usize) + Sync)) {
+    /// Runs `f` on every thread of the pool as one team and returns when all calls have
+    /// returned. A call made while the pool is busy (nested, or from another thread) runs
+    /// `f` once on the calling thread as a team of one, so code must split its work by
+    /// [`Team::n_threads`], never by the pool's size. A panic in any call is re-raised
+    /// here, after every thread has let go of `f`; threads waiting at a barrier for the
+    /// one that panicked panic too rather than wait forever.
+    pub fn run_team(&self, f: &(dyn Fn(&Team) + Sync)) {
         let shared = &*self.shared;
         if self.n_threads == 1
             || shared
@@ -120,17 +206,17 @@ impl ThreadPool {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
         {
-            (0..self.n_threads).for_each(f);
+            f(&Team::solo(&Barrier::default()));
             return;
         }
         // SAFETY: erase the lifetime; we do not return (or unwind) until `pending` reaches
         // zero, i.e. until no worker can touch `f` any more.
         let job = Job(unsafe {
-            std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const (dyn Fn(usize) + Sync)>(
+            std::mem::transmute::<*const (dyn Fn(&Team) + Sync + '_), *const (dyn Fn(&Team) + Sync)>(
                 f,
             )
         });
-        // SAFETY: all workers are idle (the previous `run` waited for `pending == 0`, and
+        // SAFETY: all workers are idle (the previous call waited for `pending == 0`, and
         // `busy` excludes concurrent callers), so nobody reads `job` until the generation
         // below is published.
         unsafe { *shared.job.get() = Some(job) };
@@ -140,14 +226,28 @@ impl ThreadPool {
             let _guard = shared.lock.lock().expect("pool lock poisoned");
             shared.wake.notify_all();
         }
-        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(0)));
+        let team = self.member(0);
+        let own = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&team)));
+        if own.is_err() {
+            shared.barrier.poisoned.store(true, Ordering::SeqCst);
+        }
         self.wait_for_workers();
+        shared.barrier.reset();
         shared.busy.store(false, Ordering::Release);
+        let worker_panicked = shared.worker_panicked.swap(false, Ordering::SeqCst);
         if let Err(payload) = own {
             std::panic::resume_unwind(payload);
         }
-        if shared.worker_panicked.swap(false, Ordering::SeqCst) {
+        if worker_panicked {
             panic!("a thread-pool worker panicked");
+        }
+    }
+
+    fn member(&self, idx: usize) -> Team<'_> {
+        Team {
+            idx,
+            n_threads: self.n_threads,
+            barrier: &self.shared.barrier,
         }
     }
 
@@ -168,7 +268,7 @@ impl ThreadPool {
     }
 }
 
-fn worker_loop(shared: &Shared, idx: usize) {
+fn worker_loop(shared: &Shared, idx: usize, n_threads: usize) {
     let mut seen = 0u64;
     loop {
         let mut spins = 0u32;
@@ -197,7 +297,13 @@ fn worker_loop(shared: &Shared, idx: usize) {
         // keeps the closure alive until we decrement `pending`.
         let job = unsafe { (*shared.job.get()).expect("a new generation always carries a job") };
         let f = unsafe { &*job.0 };
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(idx))).is_err() {
+        let team = Team {
+            idx,
+            n_threads,
+            barrier: &shared.barrier,
+        };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&team))).is_err() {
+            shared.barrier.poisoned.store(true, Ordering::SeqCst);
             shared.worker_panicked.store(true, Ordering::SeqCst);
         }
         if shared.pending.fetch_sub(1, Ordering::SeqCst) == 1
@@ -224,26 +330,55 @@ impl Drop for ThreadPool {
     }
 }
 
-/// A buffer that the threads of one [`ThreadPool::run`] fill in disjoint parts.
+/// A buffer the threads of one region fill in disjoint parts and read after a barrier.
 ///
-/// Every user must guarantee that no two threads write the same element and that the
-/// buffer outlives the `run`; the `unsafe` blocks that dereference [`SharedMut::get`] say how.
-#[derive(Clone, Copy)]
-pub struct SharedMut(*mut f32);
+/// Every accessor is `unsafe`: the caller guarantees that between two [`Team::sync`]s no
+/// element is written by one thread while another thread reads or writes it.
+pub struct SharedSlice<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
 
-// SAFETY: only a pointer is shared; each user writes disjoint elements inside `run`, which
-// returns only after all threads are done.
-unsafe impl Send for SharedMut {}
-unsafe impl Sync for SharedMut {}
+// SAFETY: access is governed by the contract above; `T: Send` is enough for threads to
+// write their elements and `T: Sync` for all of them to read.
+unsafe impl<T: Send> Send for SharedSlice<'_, T> {}
+unsafe impl<T: Send + Sync> Sync for SharedSlice<'_, T> {}
 
-impl SharedMut {
-    pub fn new(buf: &mut [f32]) -> Self {
-        Self(buf.as_mut_ptr())
+impl<'a, T> SharedSlice<'a, T> {
+    pub fn new(buf: &'a mut [T]) -> Self {
+        Self {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            _borrow: std::marker::PhantomData,
+        }
     }
 
-    /// A method (not field access) so closures capture the `Sync` wrapper, not the raw pointer.
-    pub fn get(self) -> *mut f32 {
-        self.0
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The raw base, for kernels that write strided columns.
+    pub fn as_mut_ptr(&self) -> *mut T {
+        self.ptr
+    }
+
+    /// # Safety
+    /// No other thread touches `range` until the next barrier.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn range_mut(&self, range: std::ops::Range<usize>) -> &mut [T] {
+        assert!(range.start <= range.end && range.end <= self.len);
+        std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len())
+    }
+
+    /// # Safety
+    /// No thread writes any element until the next barrier.
+    pub unsafe fn as_slice(&self) -> &[T] {
+        std::slice::from_raw_parts(self.ptr, self.len)
     }
 }
 
@@ -267,8 +402,8 @@ mod tests {
         let pool = ThreadPool::new(3).unwrap();
         let hits = AtomicU64::new(0);
         for _ in 0..1000 {
-            pool.run(&|idx| {
-                hits.fetch_add(1 << (idx * 16), Ordering::Relaxed);
+            pool.run_team(&|team| {
+                hits.fetch_add(1 << (team.idx() * 16), Ordering::Relaxed);
             });
         }
         assert_eq!(
@@ -278,11 +413,38 @@ mod tests {
     }
 
     #[test]
+    fn sync_orders_every_write_before_every_later_read() {
+        let pool = ThreadPool::new(3).unwrap();
+        let mut buf = vec![0u64; 3 * 64];
+        let shared = SharedSlice::new(&mut buf);
+        let mismatches = AtomicUsize::new(0);
+        pool.run_team(&|team| {
+            for step in 1..=500u64 {
+                let mine = team.split(shared.len(), 1);
+                // SAFETY: each thread writes its own split, between barriers.
+                unsafe { shared.range_mut(mine) }.fill(step);
+                team.sync();
+                // SAFETY: nobody writes until the next barrier.
+                let all = unsafe { shared.as_slice() };
+                if all.iter().any(|&v| v != step) {
+                    mismatches.fetch_add(1, Ordering::Relaxed);
+                }
+                team.sync();
+            }
+        });
+        assert_eq!(mismatches.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn panics_propagate_and_the_pool_stays_usable() {
         let pool = ThreadPool::new(2).unwrap();
         for bad in [0, 1] {
             let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                pool.run(&|idx| assert_ne!(idx, bad, "thread {bad} fails"));
+                pool.run_team(&|team| {
+                    assert_ne!(team.idx(), bad, "thread {bad} fails");
+                    // The survivor must not wait here forever for the thread that failed.
+                    team.sync();
+                });
             }));
             assert!(
                 caught.is_err(),
@@ -290,22 +452,25 @@ mod tests {
             );
         }
         let hits = AtomicUsize::new(0);
-        pool.run(&|_| {
+        pool.run_team(&|team| {
+            team.sync();
             hits.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(hits.load(Ordering::Relaxed), 2);
     }
 
     #[test]
-    fn nested_runs_execute_inline() {
+    fn nested_regions_run_as_a_team_of_one() {
         let pool = ThreadPool::new(2).unwrap();
         let hits = AtomicUsize::new(0);
-        pool.run(&|_| {
-            pool.run(&|_| {
+        pool.run_team(&|_| {
+            pool.run_team(&|inner| {
+                assert_eq!(inner.n_threads(), 1);
+                inner.sync();
                 hits.fetch_add(1, Ordering::Relaxed);
             });
         });
-        assert_eq!(hits.load(Ordering::Relaxed), 4);
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
     }
 
     #[test]

@@ -1,18 +1,26 @@
-//! The f32 reference forward pass: the readable definition every fast path is checked
-//! against. One function per block of the model, top to bottom.
+//! The forward pass, as one parallel region per call.
+//!
+//! The pool's threads enter once ([`ThreadPool::run_team`]) and stay for every layer. Each
+//! layer is a fixed list of steps; a step splits its work statically (rows of the batch,
+//! output columns of a projection, or (row, head) pairs of attention) and ends at a
+//! barrier, after which its results are visible to every thread. Nothing is spawned or
+//! allocated inside, and the serial glue of a layer (norms, RoPE, activation quantisation,
+//! residual adds) is split across the threads like the products are.
+//!
+//! Every element is computed the same way whatever the number of threads, so the f32
+//! precision stays the reference the other precisions and the tests compare against.
+
+use std::sync::Mutex;
 
 use pyramid_kernels::ops::{
     add_in_place, attention_scores, attention_scores_f16, attention_scores_i8, rms_norm,
     rope_in_place, silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_f16,
     weighted_sum_i8,
 };
-use std::sync::Mutex;
-
-use pyramid_kernels::{split_range, SharedMut, ThreadPool};
+use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
 use crate::kv_cache::{HeadView, KvCache};
-use crate::linear::{Calibration, LinearScratch, Site};
-use crate::weights::LayerWeights;
+use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
 use crate::{Model, ModelError, Result};
 
 /// Which positions of a forward pass need logits.
@@ -55,6 +63,7 @@ impl<'a> Segment<'a> {
 /// Where a row of the batch belongs.
 #[derive(Debug, Clone, Copy)]
 struct RowPlace {
+    token: u32,
     segment: usize,
     pos: usize,
     /// Padding rows are computed but neither cached nor attended.
@@ -121,11 +130,7 @@ impl Scratch {
             o: with(n_tokens * e),
             gate: with(n_tokens * ff),
             up: with(n_tokens * ff),
-            linear: LinearScratch::for_shape(
-                n_tokens,
-                e.max(qd).max(ff),
-                (n_tokens * e.max(qd).max(ff)).max(n_outputs * cfg.n_vocab),
-            ),
+            linear: LinearScratch::for_shape(n_tokens, e.max(qd).max(ff)),
             calibration: None,
         }
     }
@@ -240,26 +245,14 @@ impl Model {
             let pos0 = seg.kv.len();
             scratch
                 .places
-                .extend((0..seg.tokens.len()).map(|t| RowPlace {
+                .extend(seg.tokens.iter().enumerate().map(|(t, &token)| RowPlace {
+                    token,
                     segment,
                     pos: pos0 + t,
                     padding: t >= seg.n_real(),
                 }));
         }
         let n = scratch.places.len();
-        let x = sized(&mut scratch.x, n * e);
-        let all_tokens = segments.iter().flat_map(|seg| seg.tokens.iter());
-        for (row, &id) in x.chunks_exact_mut(e).zip(all_tokens) {
-            row.copy_from_slice(self.weights.token_embd.row(id as usize));
-        }
-        for (layer_idx, layer) in self.weights.layers.iter().enumerate() {
-            self.attention_block(pool, layer_idx, layer, n, segments, scratch);
-            self.ffn_block(pool, layer_idx, layer, n, scratch);
-        }
-        for seg in segments.iter_mut() {
-            seg.kv.advance(seg.n_real());
-        }
-
         let rows = &mut scratch.logit_rows;
         rows.clear();
         match which {
@@ -273,189 +266,258 @@ impl Model {
             }
         }
         let n_rows = rows.len();
-        let normed = sized(&mut scratch.normed, n_rows * e);
-        for (out, &r) in normed.chunks_exact_mut(e).zip(rows.iter()) {
-            rms_norm(
-                out,
-                &scratch.x[r * e..(r + 1) * e],
-                &self.weights.output_norm,
-                cfg.rms_eps,
-            );
+        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let s = scratch;
+        let bufs = Buffers {
+            x: SharedSlice::new(sized(&mut s.x, n * e)),
+            h: SharedSlice::new(sized(&mut s.h, n * e)),
+            q: SharedSlice::new(sized(&mut s.q, n * qd)),
+            k: SharedSlice::new(sized(&mut s.k, n * kvd)),
+            v: SharedSlice::new(sized(&mut s.v, n * kvd)),
+            attn: SharedSlice::new(sized(&mut s.attn, n * qd)),
+            o: SharedSlice::new(sized(&mut s.o, n * e)),
+            gate: SharedSlice::new(sized(&mut s.gate, n * ff)),
+            up: SharedSlice::new(sized(&mut s.up, n * ff)),
+            normed: SharedSlice::new(sized(&mut s.normed, n_rows * e)),
+            logits: SharedSlice::new(sized(&mut s.logits, n_rows * cfg.n_vocab)),
+            prepared: s.linear.shared(n, e.max(qd).max(ff)),
+        };
+        let pass = Pass {
+            places: &s.places,
+            logit_rows: &s.logit_rows,
+            segments: Segments::new(segments),
+            scores: &s.scores,
+            calibration: Mutex::new(s.calibration.as_mut()),
+            bufs,
+        };
+        pool.run_team(&|team| self.region(team, &pass));
+        for seg in segments.iter_mut() {
+            seg.kv.advance(seg.n_real());
         }
-        if let Some(c) = &mut scratch.calibration {
-            c.record(0, Site::Head, normed, e);
-        }
-        let logits = sized(&mut scratch.logits, n_rows * cfg.n_vocab);
-        self.weights
-            .output
-            .forward(pool, normed, None, logits, n_rows, &mut scratch.linear);
         Ok(())
     }
 
-    fn attention_block(
-        &self,
-        pool: &ThreadPool,
-        layer_idx: usize,
-        layer: &LayerWeights,
-        n: usize,
-        segments: &mut [Segment<'_>],
-        s: &mut Scratch,
-    ) {
+    /// One thread's part of the whole pass.
+    fn region(&self, team: &Team, pass: &Pass<'_, '_>) {
         let cfg = &self.config;
+        let w = &self.weights;
         let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-        let h = sized(&mut s.h, n * e);
-        rms_norm(h, &s.x[..n * e], &layer.attn_norm, cfg.rms_eps);
-        if let Some(c) = &mut s.calibration {
-            c.record(layer_idx, Site::AttnIn, h, e);
-        }
-        let q = sized(&mut s.q, n * qd);
-        let k = sized(&mut s.k, n * kvd);
-        let v = sized(&mut s.v, n * kvd);
-        layer
-            .wq
-            .forward(pool, h, layer.bq.as_deref(), q, n, &mut s.linear);
-        layer
-            .wk
-            .forward(pool, h, layer.bk.as_deref(), k, n, &mut s.linear);
-        layer
-            .wv
-            .forward(pool, h, layer.bv.as_deref(), v, n, &mut s.linear);
-
-        let style = cfg.arch.rope_style();
-        for (t, place) in s.places.iter().enumerate() {
-            let (q_t, k_t, v_t) = (
-                t * qd..(t + 1) * qd,
-                t * kvd..(t + 1) * kvd,
-                t * kvd..(t + 1) * kvd,
-            );
-            rope_in_place(&mut q[q_t], hd, place.pos, &self.rope_inv_freq, style);
-            rope_in_place(
-                &mut k[k_t.clone()],
-                hd,
-                place.pos,
-                &self.rope_inv_freq,
-                style,
-            );
-            if !place.padding {
-                segments[place.segment]
-                    .kv
-                    .store(layer_idx, place.pos, &k[k_t], &v[v_t]);
+        let b = &pass.bufs;
+        let n = pass.places.len();
+        let my_rows = team.split(n, 1);
+        // SAFETY (every block below): between two barriers each thread writes only its own
+        // rows, columns, (row, head) pairs or segments of a buffer, and reads only buffers
+        // completed before the last barrier.
+        unsafe {
+            for r in my_rows.clone() {
+                b.x.range_mut(r * e..(r + 1) * e)
+                    .copy_from_slice(w.token_embd.row(pass.places[r].token as usize));
             }
         }
-
-        let attn = sized(&mut s.attn, n * qd);
-        let shape = HeadShape {
-            n_head: cfg.n_head,
-            n_head_kv: cfg.n_head_kv,
-            head_dim: hd,
-        };
-        let ctx = AttendInputs {
-            layer_idx,
-            places: &s.places,
-            segments,
-            scores: &s.scores,
-        };
-        attend(pool, shape, &ctx, q, attn);
-
-        let o = sized(&mut s.o, n * e);
-        if let Some(c) = &mut s.calibration {
-            c.record(layer_idx, Site::AttnOut, attn, qd);
+        for (li, layer) in w.layers.iter().enumerate() {
+            // Residual of the previous layer's FFN, then the attention norm.
+            unsafe {
+                for r in my_rows.clone() {
+                    let x = b.x.range_mut(r * e..(r + 1) * e);
+                    if li > 0 {
+                        add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+                    }
+                    rms_norm(
+                        b.h.range_mut(r * e..(r + 1) * e),
+                        x,
+                        &layer.attn_norm,
+                        cfg.rms_eps,
+                    );
+                }
+                layer
+                    .wq
+                    .prepare_rows(b.h.as_slice(), n, my_rows.clone(), &b.prepared);
+            }
+            team.sync();
+            unsafe {
+                pass.record(team, li, Site::AttnIn, b.h.as_slice(), e);
+                for (lin, bias, out) in [
+                    (&layer.wq, &layer.bq, &b.q),
+                    (&layer.wk, &layer.bk, &b.k),
+                    (&layer.wv, &layer.bv, &b.v),
+                ] {
+                    project(
+                        team,
+                        lin,
+                        b.h.as_slice(),
+                        &b.prepared,
+                        bias.as_deref(),
+                        out,
+                        n,
+                    );
+                }
+            }
+            team.sync();
+            let style = cfg.arch.rope_style();
+            unsafe {
+                for r in my_rows.clone() {
+                    let pos = pass.places[r].pos;
+                    let (q_r, k_r) = (
+                        b.q.range_mut(r * qd..(r + 1) * qd),
+                        b.k.range_mut(r * kvd..(r + 1) * kvd),
+                    );
+                    rope_in_place(q_r, hd, pos, &self.rope_inv_freq, style);
+                    rope_in_place(k_r, hd, pos, &self.rope_inv_freq, style);
+                }
+            }
+            team.sync();
+            // Each segment's cache is written by the one thread that owns the segment.
+            unsafe {
+                let (k, v) = (b.k.as_slice(), b.v.as_slice());
+                for seg in team.split(pass.segments.len, 1) {
+                    let kv = &mut pass.segments.get_mut(seg).kv;
+                    for (r, place) in pass.places.iter().enumerate() {
+                        if place.segment == seg && !place.padding {
+                            kv.store(
+                                li,
+                                place.pos,
+                                &k[r * kvd..(r + 1) * kvd],
+                                &v[r * kvd..(r + 1) * kvd],
+                            );
+                        }
+                    }
+                }
+            }
+            team.sync();
+            unsafe { self.attend(team, pass, li) };
+            team.sync();
+            unsafe {
+                pass.record(team, li, Site::AttnOut, b.attn.as_slice(), qd);
+            }
+            self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
+            team.sync();
+            unsafe {
+                for r in my_rows.clone() {
+                    let x = b.x.range_mut(r * e..(r + 1) * e);
+                    add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+                    rms_norm(
+                        b.h.range_mut(r * e..(r + 1) * e),
+                        x,
+                        &layer.ffn_norm,
+                        cfg.rms_eps,
+                    );
+                }
+                layer
+                    .w_gate
+                    .prepare_rows(b.h.as_slice(), n, my_rows.clone(), &b.prepared);
+            }
+            team.sync();
+            unsafe {
+                pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
+                let h = b.h.as_slice();
+                let my_cols = team.split(cfg.n_ff, COLUMN_ALIGN);
+                layer
+                    .w_gate
+                    .forward_cols(h, &b.prepared, None, &b.gate, n, my_cols.clone());
+                layer
+                    .w_up
+                    .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
+                // SwiGLU on the columns this thread just produced: no extra pass over memory.
+                for r in 0..n {
+                    let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
+                    silu_mul_in_place(b.gate.range_mut(cols.clone()), &b.up.as_slice()[cols]);
+                }
+            }
+            team.sync();
+            unsafe {
+                pass.record(team, li, Site::FfnDown, b.gate.as_slice(), cfg.n_ff);
+            }
+            self.prepared_project(team, &layer.w_down, &b.gate, &b.o, n, pass);
+            team.sync();
         }
-        layer.wo.forward(pool, attn, None, o, n, &mut s.linear);
-        add_in_place(&mut s.x[..n * e], o);
+        // The last residual and the final norm, only for the rows whose logits are wanted.
+        let n_rows = pass.logit_rows.len();
+        let my_logit_rows = team.split(n_rows, 1);
+        unsafe {
+            for i in my_logit_rows.clone() {
+                let r = pass.logit_rows[i];
+                let x = b.x.range_mut(r * e..(r + 1) * e);
+                add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+                rms_norm(
+                    b.normed.range_mut(i * e..(i + 1) * e),
+                    x,
+                    &w.output_norm,
+                    cfg.rms_eps,
+                );
+            }
+            w.output
+                .prepare_rows(b.normed.as_slice(), n_rows, my_logit_rows, &b.prepared);
+        }
+        team.sync();
+        unsafe {
+            pass.record(team, 0, Site::Head, b.normed.as_slice(), e);
+            project(
+                team,
+                &w.output,
+                b.normed.as_slice(),
+                &b.prepared,
+                None,
+                &b.logits,
+                n_rows,
+            );
+        }
     }
 
-    fn ffn_block(
+    /// `out = lin(input)` as two steps: this thread's rows prepared, a barrier, its columns.
+    fn prepared_project(
         &self,
-        pool: &ThreadPool,
-        layer_idx: usize,
-        layer: &LayerWeights,
+        team: &Team,
+        lin: &Linear,
+        input: &SharedSlice<'_, f32>,
+        out: &SharedSlice<'_, f32>,
         n: usize,
-        s: &mut Scratch,
+        pass: &Pass<'_, '_>,
     ) {
-        let cfg = &self.config;
-        let (e, ff) = (cfg.n_embd, cfg.n_ff);
-        let h = sized(&mut s.h, n * e);
-        rms_norm(h, &s.x[..n * e], &layer.ffn_norm, cfg.rms_eps);
-        if let Some(c) = &mut s.calibration {
-            c.record(layer_idx, Site::FfnIn, h, e);
+        // SAFETY: `input` was completed before the caller's last barrier; rows and then
+        // columns are split disjointly between the threads.
+        unsafe {
+            lin.prepare_rows(input.as_slice(), n, team.split(n, 1), &pass.bufs.prepared);
+            team.sync();
+            project(
+                team,
+                lin,
+                input.as_slice(),
+                &pass.bufs.prepared,
+                None,
+                out,
+                n,
+            );
         }
-        let gate = sized(&mut s.gate, n * ff);
-        let up = sized(&mut s.up, n * ff);
-        layer.w_gate.forward(pool, h, None, gate, n, &mut s.linear);
-        layer.w_up.forward(pool, h, None, up, n, &mut s.linear);
-        silu_mul_in_place(gate, up);
-        if let Some(c) = &mut s.calibration {
-            c.record(layer_idx, Site::FfnDown, gate, ff);
-        }
-        let o = sized(&mut s.o, n * e);
-        layer.w_down.forward(pool, gate, None, o, n, &mut s.linear);
-        add_in_place(&mut s.x[..n * e], o);
     }
-}
 
-#[derive(Debug, Clone, Copy)]
-struct HeadShape {
-    n_head: usize,
-    n_head_kv: usize,
-    head_dim: usize,
-}
-
-/// What attention reads besides the queries.
-struct AttendInputs<'s, 'a> {
-    layer_idx: usize,
-    places: &'s [RowPlace],
-    segments: &'s [Segment<'a>],
-    /// Per-thread score buffers.
-    scores: &'s [Mutex<Vec<f32>>],
-}
-
-/// Causal grouped-query attention for every real row, whose keys and values are already in
-/// its segment's cache; padding rows get zeros. Threads split the (row, head) pairs.
-fn attend(
-    pool: &ThreadPool,
-    shape: HeadShape,
-    ctx: &AttendInputs<'_, '_>,
-    q: &[f32],       // [n, n_head * head_dim]
-    out: &mut [f32], // [n, n_head * head_dim]
-) {
-    let HeadShape {
-        n_head,
-        n_head_kv,
-        head_dim,
-    } = shape;
-    let AttendInputs {
-        layer_idx,
-        places,
-        segments,
-        scores,
-    } = *ctx;
-    let qd = n_head * head_dim;
-    let group = n_head / n_head_kv;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let out_ptr = SharedMut::new(out);
-    let n_items = places.len() * n_head;
-    pool.run(&|thread_idx| {
+    /// Causal grouped-query attention for every real row, whose keys and values are already
+    /// in its segment's cache; padding rows get zeros. Threads split the (row, head) pairs.
+    ///
+    /// # Safety
+    /// `q` and the caches are complete and unwritten until the next barrier.
+    unsafe fn attend(&self, team: &Team, pass: &Pass<'_, '_>, layer_idx: usize) {
+        let cfg = &self.config;
+        let (n_head, head_dim) = (cfg.n_head, cfg.head_dim);
+        let qd = n_head * head_dim;
+        let group = n_head / cfg.n_head_kv;
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let q = pass.bufs.q.as_slice();
         // Each thread locks only its own buffer; an error here means a panic poisoned it.
-        let mut scores = scores[thread_idx]
+        let mut scores = pass.scores[team.idx()]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scores = &mut *scores;
-        for item in split_range(n_items, pool.n_threads(), thread_idx, 1) {
+        for item in team.split(pass.places.len() * n_head, 1) {
             let (t, head) = (item / n_head, item % n_head);
-            let place = places[t];
+            let place = pass.places[t];
             let n_pos = place.pos + 1; // causal: attend to itself and everything before
             let kv_head = head / group;
-            let kv: &KvCache = segments[place.segment].kv;
+            let kv: &KvCache = pass.segments.get(place.segment).kv;
             let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-            // SAFETY: (row, head) pairs are split disjointly between threads, so this
-            // head_dim-long slice of `out` is written by this thread only.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(
-                    out_ptr.get().add(t * qd + head * head_dim),
-                    head_dim,
-                )
-            };
+            let o = pass
+                .bufs
+                .attn
+                .range_mut(t * qd + head * head_dim..t * qd + (head + 1) * head_dim);
             if place.padding {
                 o.fill(0.0);
                 continue;
@@ -483,5 +545,101 @@ fn attend(
                 }
             }
         }
-    });
+    }
+}
+
+/// This thread's columns of `out = lin(input) (+ bias)`.
+///
+/// # Safety
+/// As [`Linear::forward_cols`], with columns split by the team.
+unsafe fn project(
+    team: &Team,
+    lin: &Linear,
+    input: &[f32],
+    prepared: &PreparedInput<'_>,
+    bias: Option<&[f32]>,
+    out: &SharedSlice<'_, f32>,
+    n: usize,
+) {
+    let cols = team.split(lin.n_out(), COLUMN_ALIGN);
+    lin.forward_cols(input, prepared, bias, out, n, cols);
+}
+
+/// The activations of one pass, shared by the region's threads.
+struct Buffers<'s> {
+    x: SharedSlice<'s, f32>,      // [n, n_embd] residual stream
+    h: SharedSlice<'s, f32>,      // [n, n_embd] normed input of a block
+    q: SharedSlice<'s, f32>,      // [n, q_dim]
+    k: SharedSlice<'s, f32>,      // [n, kv_dim]
+    v: SharedSlice<'s, f32>,      // [n, kv_dim]
+    attn: SharedSlice<'s, f32>,   // [n, q_dim]
+    o: SharedSlice<'s, f32>,      // [n, n_embd] output of a block, added to `x` next step
+    gate: SharedSlice<'s, f32>,   // [n, n_ff]
+    up: SharedSlice<'s, f32>,     // [n, n_ff]
+    normed: SharedSlice<'s, f32>, // [n_rows, n_embd]
+    logits: SharedSlice<'s, f32>, // [n_rows, n_vocab]
+    prepared: PreparedInput<'s>,
+}
+
+/// Everything a region reads besides the weights.
+struct Pass<'s, 'a> {
+    places: &'s [RowPlace],
+    logit_rows: &'s [usize],
+    segments: Segments<'s, 'a>,
+    /// Per-thread attention-score buffers.
+    scores: &'s [Mutex<Vec<f32>>],
+    /// Only thread 0 records, after the barrier that completes the recorded buffer.
+    calibration: Mutex<Option<&'s mut Calibration>>,
+    bufs: Buffers<'s>,
+}
+
+impl Pass<'_, '_> {
+    fn record(&self, team: &Team, layer: usize, site: Site, x: &[f32], width: usize) {
+        if team.idx() != 0 {
+            return;
+        }
+        let mut calibration = self
+            .calibration
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(c) = calibration.as_mut() {
+            c.record(layer, site, x, width);
+        }
+    }
+}
+
+/// The pass's segments: written (cache stores) by the thread that owns each, read by all
+/// after a barrier.
+struct Segments<'s, 'a> {
+    ptr: *mut Segment<'a>,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'s mut [Segment<'a>]>,
+}
+
+// SAFETY: access follows the barrier discipline documented on the accessors.
+unsafe impl Sync for Segments<'_, '_> {}
+
+impl<'s, 'a> Segments<'s, 'a> {
+    fn new(segments: &'s mut [Segment<'a>]) -> Self {
+        Self {
+            ptr: segments.as_mut_ptr(),
+            len: segments.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// # Safety
+    /// No other thread accesses segment `idx` until the next barrier.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get_mut(&self, idx: usize) -> &mut Segment<'a> {
+        assert!(idx < self.len);
+        &mut *self.ptr.add(idx)
+    }
+
+    /// # Safety
+    /// No thread writes segment `idx` until the next barrier.
+    unsafe fn get(&self, idx: usize) -> &Segment<'a> {
+        assert!(idx < self.len);
+        &*self.ptr.add(idx)
+    }
 }

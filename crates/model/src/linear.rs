@@ -10,11 +10,15 @@
 //! handful of levels. Those channels are found by a calibration pass ([`Calibration`]),
 //! removed from the INT8 product, and computed in f32 against f32 weight columns.
 
-use pyramid_kernels::int4::{gemm_i4, PackedI4};
-use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
-use pyramid_kernels::matmul::{bf16, matmul};
-use pyramid_kernels::ops::add_in_place;
-use pyramid_kernels::ThreadPool;
+use std::ops::Range;
+
+use pyramid_kernels::int4::{gemm_i4_cols, PackedI4};
+use pyramid_kernels::int8::{
+    gemm_i8_cols, quantize_row_excluding, sum_groups, PackedI8, QuantizedView, SUM_GROUP,
+};
+use pyramid_kernels::matmul::{bf16, matmul_cols};
+use pyramid_kernels::ops::{add_in_place, dot};
+use pyramid_kernels::{isa, SharedSlice, ThreadPool, COLUMN_ALIGN};
 
 use crate::weights::Matrix;
 
@@ -67,10 +71,17 @@ impl PackedWeights {
         }
     }
 
-    fn gemm(&self, pool: &ThreadPool, a: &QuantizedRows, out: &mut [f32]) {
+    /// # Safety
+    /// As [`gemm_i8_cols`].
+    unsafe fn gemm_cols(
+        &self,
+        a: &QuantizedView<'_>,
+        out: &SharedSlice<'_, f32>,
+        cols: Range<usize>,
+    ) {
         match self {
-            PackedWeights::I8(p) => gemm_i8(pool, a, p, out),
-            PackedWeights::I4(p) => gemm_i4(pool, a, p, out),
+            PackedWeights::I8(p) => gemm_i8_cols(isa::active(), a, p, out, cols),
+            PackedWeights::I4(p) => gemm_i4_cols(isa::active(), a, p, out, cols),
         }
     }
 }
@@ -156,7 +167,9 @@ impl Linear {
         }
     }
 
-    /// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)`.
+    /// `out[n, n_out] = input[n, n_in] · wᵀ (+ bias)` as a region of its own; inside a
+    /// forward pass the same two steps run as [`Linear::prepare_rows`] and
+    /// [`Linear::forward_cols`] between the layer's barriers.
     pub fn forward(
         &self,
         pool: &ThreadPool,
@@ -166,105 +179,177 @@ impl Linear {
         n: usize,
         s: &mut LinearScratch,
     ) {
+        let prepared = s.shared(n, self.n_in());
+        let out = SharedSlice::new(out);
+        pool.run_team(&|team| {
+            // SAFETY: rows, then (after the barrier) columns, are split disjointly.
+            unsafe {
+                self.prepare_rows(input, n, team.split(n, 1), &prepared);
+                team.sync();
+                self.forward_cols(
+                    input,
+                    &prepared,
+                    bias,
+                    &out,
+                    n,
+                    team.split(self.n_out(), COLUMN_ALIGN),
+                );
+            }
+        });
+    }
+
+    /// Prepares rows `rows` of `input` (`[n, n_in]`) for [`Linear::forward_cols`]: integer
+    /// weights need each row quantised with the outlier channels split off; float weights
+    /// read the input as it is. Projections of one [`Site`] share their preparation.
+    ///
+    /// # Safety
+    /// No other thread touches these rows of `prepared` until the next barrier.
+    pub unsafe fn prepare_rows(
+        &self,
+        input: &[f32],
+        n: usize,
+        rows: Range<usize>,
+        prepared: &PreparedInput<'_>,
+    ) {
+        let Linear::Quant(q) = self else { return };
+        let (k, k_pad) = (q.packed.k(), q.packed.k_pad());
+        let (n_sums, n_o) = (k_pad.div_ceil(SUM_GROUP), q.outlier_channels.len());
+        assert!(input.len() >= n * k && rows.end <= n && n * k_pad <= prepared.data.len());
+        for r in rows {
+            let x = &input[r * k..(r + 1) * k];
+            let q_row = prepared.data.range_mut(r * k_pad..(r + 1) * k_pad);
+            q_row[k..].fill(0);
+            prepared.scales.range_mut(r..r + 1)[0] =
+                quantize_row_excluding(x, &q.outlier_channels, &mut q_row[..k]);
+            sum_groups(q_row, prepared.sums.range_mut(r * n_sums..(r + 1) * n_sums));
+            let outliers = prepared.outliers.range_mut(r * n_o..(r + 1) * n_o);
+            for (o, &c) in outliers.iter_mut().zip(&q.outlier_channels) {
+                *o = x[c];
+            }
+        }
+    }
+
+    /// Computes columns `cols` (starting on a multiple of [`COLUMN_ALIGN`]) of
+    /// `out = input · wᵀ (+ bias)`, from `input` or, for integer weights, from its rows as
+    /// [`Linear::prepare_rows`] left them.
+    ///
+    /// # Safety
+    /// All rows of `prepared` are complete and unwritten until the next barrier, and no
+    /// other thread touches these columns of `out` until then.
+    pub unsafe fn forward_cols(
+        &self,
+        input: &[f32],
+        prepared: &PreparedInput<'_>,
+        bias: Option<&[f32]>,
+        out: &SharedSlice<'_, f32>,
+        n: usize,
+        cols: Range<usize>,
+    ) {
+        let n_out = self.n_out();
         match self {
-            Linear::F32(m) => matmul(pool, input, &m.data, out, n, m.n_cols, m.n_rows),
-            Linear::Bf16 {
+            Linear::F32(m) => matmul_cols(
+                isa::active(),
+                &input[..n * m.n_cols],
+                &m.data,
+                out,
+                n,
+                m.n_cols,
+                n_out,
+                cols.clone(),
+            ),
+            Linear::Bf16 { data, n_cols, .. } => matmul_cols(
+                isa::active(),
+                &input[..n * n_cols],
                 data,
-                n_rows,
-                n_cols,
-            } => matmul(pool, input, data, out, n, *n_cols, *n_rows),
-            Linear::Quant(q) => q.forward(pool, input, out, n, s),
+                out,
+                n,
+                *n_cols,
+                n_out,
+                cols.clone(),
+            ),
+            Linear::Quant(q) => {
+                let k_pad = q.packed.k_pad();
+                let view = QuantizedView {
+                    data: &prepared.data.as_slice()[..n * k_pad],
+                    scales: &prepared.scales.as_slice()[..n],
+                    group_sums: &prepared.sums.as_slice()[..n * k_pad.div_ceil(SUM_GROUP)],
+                    k_pad,
+                };
+                q.packed.gemm_cols(&view, out, cols.clone());
+                let n_o = q.outlier_channels.len();
+                if n_o > 0 {
+                    let outliers = &prepared.outliers.as_slice()[..n * n_o];
+                    for (r, x_o) in outliers.chunks_exact(n_o).enumerate() {
+                        let row = out.range_mut(r * n_out + cols.start..r * n_out + cols.end);
+                        for (o, j) in row.iter_mut().zip(cols.clone()) {
+                            *o += dot(x_o, &q.outlier_weights[j * n_o..(j + 1) * n_o]);
+                        }
+                    }
+                }
+            }
         }
         if let Some(b) = bias {
-            for row in out.chunks_exact_mut(self.n_out()) {
-                add_in_place(row, b);
+            for r in 0..n {
+                add_in_place(
+                    out.range_mut(r * n_out + cols.start..r * n_out + cols.end),
+                    &b[cols.clone()],
+                );
             }
         }
     }
 }
 
-impl QuantLinear {
-    fn forward(
-        &self,
-        pool: &ThreadPool,
-        input: &[f32],
-        out: &mut [f32],
-        n: usize,
-        s: &mut LinearScratch,
-    ) {
-        let (k, n_out, n_o) = (
-            self.packed.k(),
-            self.packed.n(),
-            self.outlier_channels.len(),
-        );
-        if n_o == 0 {
-            s.quantized.quantize(input, n, k, self.packed.k_pad());
-            self.packed.gemm(pool, &s.quantized, out);
-            return;
-        }
-        // Split each row into inliers (quantised) and outliers (kept in f32).
-        s.inliers.clear();
-        s.inliers.extend_from_slice(input);
-        s.outliers.clear();
-        for row in s.inliers.chunks_exact_mut(k) {
-            for &c in &self.outlier_channels {
-                s.outliers.push(row[c]);
-                row[c] = 0.0;
-            }
-        }
-        s.quantized.quantize(&s.inliers, n, k, self.packed.k_pad());
-        self.packed.gemm(pool, &s.quantized, out);
-        s.outlier_out.resize(n * n_out, 0.0);
-        matmul(
-            pool,
-            &s.outliers,
-            &self.outlier_weights,
-            &mut s.outlier_out,
-            n,
-            n_o,
-            n_out,
-        );
-        add_in_place(out, &s.outlier_out);
-    }
-}
-
-/// Buffers an integer projection reuses between calls.
+/// Buffers the quantised activations of one projection site live in between
+/// [`Linear::prepare_rows`] and [`Linear::forward_cols`]: sized once for the largest input
+/// of a pass, reused by every site in turn.
 #[derive(Debug, Default)]
 pub struct LinearScratch {
-    quantized: QuantizedRows,
-    inliers: Vec<f32>,     // [n, n_in]
-    outliers: Vec<f32>,    // [n, n_outliers]
-    outlier_out: Vec<f32>, // [n, n_out]
+    data: Vec<i8>,      // [n, k_pad]
+    scales: Vec<f32>,   // [n]
+    sums: Vec<i32>,     // [n, k_pad / SUM_GROUP]
+    outliers: Vec<f32>, // [n, n_outliers]
 }
 
 impl LinearScratch {
-    /// Bytes the buffers hold reserved.
-    pub fn reserved_bytes(&self) -> usize {
-        let q = &self.quantized;
-        q.data.capacity()
-            + 4 * (q.scales.capacity()
-                + q.group_sums.capacity()
-                + self.inliers.capacity()
-                + self.outliers.capacity()
-                + self.outlier_out.capacity())
-    }
-
-    /// Room for projections of up to `n` rows of at most `max_in` inputs, producing at
-    /// most `out_capacity` values.
-    pub fn for_shape(n: usize, max_in: usize, out_capacity: usize) -> Self {
-        let k_pad = max_in.next_multiple_of(pyramid_kernels::int8::SUM_GROUP);
+    /// Room for projections of up to `n` rows of at most `max_in` inputs.
+    pub fn for_shape(n: usize, max_in: usize) -> Self {
+        let k_pad = max_in.next_multiple_of(SUM_GROUP);
         Self {
-            quantized: QuantizedRows {
-                data: Vec::with_capacity(n * k_pad),
-                scales: Vec::with_capacity(n),
-                group_sums: Vec::with_capacity(n * k_pad / pyramid_kernels::int8::SUM_GROUP),
-                k_pad,
-            },
-            inliers: Vec::with_capacity(n * max_in),
+            data: Vec::with_capacity(n * k_pad),
+            scales: Vec::with_capacity(n),
+            sums: Vec::with_capacity(n * k_pad / SUM_GROUP),
             outliers: Vec::with_capacity(n * max_in / MAX_OUTLIER_FRACTION),
-            outlier_out: Vec::with_capacity(out_capacity),
         }
     }
+
+    /// Bytes the buffers hold reserved.
+    pub fn reserved_bytes(&self) -> usize {
+        self.data.capacity()
+            + 4 * (self.scales.capacity() + self.sums.capacity() + self.outliers.capacity())
+    }
+
+    /// The buffers sized for `n` rows of at most `max_in` inputs, shared by a region.
+    pub fn shared(&mut self, n: usize, max_in: usize) -> PreparedInput<'_> {
+        let k_pad = max_in.next_multiple_of(SUM_GROUP);
+        self.data.resize(n * k_pad, 0);
+        self.scales.resize(n, 0.0);
+        self.sums.resize(n * k_pad / SUM_GROUP, 0);
+        self.outliers.resize(n * max_in / MAX_OUTLIER_FRACTION, 0.0);
+        PreparedInput {
+            data: SharedSlice::new(&mut self.data),
+            scales: SharedSlice::new(&mut self.scales),
+            sums: SharedSlice::new(&mut self.sums),
+            outliers: SharedSlice::new(&mut self.outliers),
+        }
+    }
+}
+
+/// A projection input prepared for integer kernels, filled row by row by a region's threads.
+pub struct PreparedInput<'a> {
+    data: SharedSlice<'a, i8>,
+    scales: SharedSlice<'a, f32>,
+    sums: SharedSlice<'a, i32>,
+    outliers: SharedSlice<'a, f32>,
 }
 
 /// Where a projection's input comes from; projections sharing an input share outliers.
@@ -402,7 +487,7 @@ mod tests {
         }
         let pool = ThreadPool::new(1).unwrap();
         let mut want = vec![0.0; rows * n];
-        matmul(&pool, &x, &w.data, &mut want, rows, k, n);
+        pyramid_kernels::matmul::matmul(&pool, &x, &w.data, &mut want, rows, k, n);
         let mut s = LinearScratch::default();
         let err = |lin: &Linear, s: &mut LinearScratch| {
             let mut got = vec![0.0; rows * n];

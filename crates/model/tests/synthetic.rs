@@ -4,7 +4,9 @@
 use pyramid_gguf::{GgmlType, GgufFile, Value};
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, LogitsFor, Model, ModelError, Precision, Scratch};
+use pyramid_model::{
+    Architecture, KvType, LogitsFor, Model, ModelError, Precision, Scratch, Segment,
+};
 
 fn build(spec: &SyntheticSpec) -> Model {
     let bytes = synthetic_gguf(spec).expect("synthetic gguf").to_bytes();
@@ -51,6 +53,62 @@ fn prefill_equals_token_by_token_decode_for_both_architectures() {
                 d < 1e-4,
                 "{arch:?} position {t}: prefill and decode differ by {d}"
             );
+        }
+    }
+}
+
+/// The forward pass is one parallel region whose steps are split between threads and
+/// joined by barriers; a missing barrier or an overlapping split shows up as a result that
+/// depends on the number of threads. Every element is computed the same way whatever the
+/// split, so the results must be identical, not merely close.
+#[test]
+fn results_are_bit_identical_for_any_number_of_threads() {
+    let f32_model = build(&SyntheticSpec::tiny(Architecture::Qwen2));
+    let calibration = f32_model
+        .calibrate(&ThreadPool::new(1).unwrap(), &PROMPT)
+        .unwrap();
+    for precision in Precision::ALL {
+        let model = f32_model
+            .clone()
+            .into_precision(precision, Some(&calibration));
+        for kv_type in [KvType::F32, KvType::Int8] {
+            let run = |n_threads: usize| {
+                let pool = ThreadPool::new(n_threads).unwrap();
+                let mut scratch = Scratch::default();
+                let mut caches: Vec<_> = (0..3).map(|_| model.new_kv_cache_of(32, kv_type)).collect();
+                let mut logits = Vec::new();
+                // A padded prefill beside two shorter prompts, then a batched decode step
+                // of all three at different positions.
+                let mut segments: Vec<Segment> = caches
+                    .iter_mut()
+                    .zip([&PROMPT[..], &PROMPT[..5], &PROMPT[3..4]])
+                    .map(|(kv, tokens)| Segment::new(tokens, kv))
+                    .collect();
+                segments[0].n_padding = 2;
+                logits.extend(
+                    model
+                        .forward_batch(&pool, &mut segments, &mut scratch, LogitsFor::All)
+                        .unwrap(),
+                );
+                let mut segments: Vec<Segment> = caches
+                    .iter_mut()
+                    .zip([&[7u32][..], &[8], &[9]])
+                    .map(|(kv, tokens)| Segment::new(tokens, kv))
+                    .collect();
+                logits.extend(
+                    model
+                        .forward_batch(&pool, &mut segments, &mut scratch, LogitsFor::Last)
+                        .unwrap(),
+                );
+                logits
+            };
+            let one = run(1);
+            for n_threads in [2, 3] {
+                assert!(
+                    run(n_threads) == one,
+                    "{precision} with {kv_type:?} KV: {n_threads} threads differ from 1"
+                );
+            }
         }
     }
 }

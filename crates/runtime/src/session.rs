@@ -116,6 +116,20 @@ impl Session {
         Ok(logits)
     }
 
+    /// Keeps the first `len` tokens and their cache: the part of an earlier conversation a
+    /// new request shares.
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        self.kv.truncate(len);
+    }
+
+    /// Moves the cache into a buffer of exactly `capacity` positions (a window of the
+    /// pyramid), copying the live positions unchanged.
+    pub fn migrate(&mut self, capacity: usize) -> Result<()> {
+        self.kv = self.kv.migrated(capacity)?;
+        Ok(())
+    }
+
     /// Positions still free before the model's context limit.
     pub fn remaining_context(&self) -> usize {
         self.model.config.n_ctx_train - self.tokens.len()

@@ -1,13 +1,13 @@
 //! W4A8 matrix multiplication for decode, where reading weights is the bound: 4-bit
 //! weights in groups of [`GROUP`] along `k`, each group with its own f32 scale and
 //! minimum (`w ≈ q · scale + min`, `q` in 0..=15), times INT8 activations quantised per
-//! token ([`QuantizedRows`]).
+//! token ([`QuantizedRows`](crate::int8::QuantizedRows)).
 //!
 //! Scale-and-minimum groups of 32 are what GGUF's Q4_1 and Q4_K blocks are, so a model
 //! shipped in those re-packs almost losslessly; a symmetric 4-bit format would round them
 //! a second time. The minimum costs one extra sum per group: `Σ a·w = scale·Σ a·q +
 //! min·Σ a`, where `Σ a` comes once per token with the activations
-//! ([`QuantizedRows::group_sums`]).
+//! ([`QuantizedRows::group_sums`](crate::int8::QuantizedRows::group_sums)).
 //!
 //! A weight row is stored as `[k_pad / 32][16]` bytes: byte `j` of a group holds element
 //! `j` in its low nibble and element `j + 16` in its high nibble, so a group unpacks into
@@ -18,9 +18,12 @@ mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use crate::int8::QuantizedRows;
+use std::ops::Range;
+
+use crate::int8::QuantizedView;
 use crate::isa::{self, Isa};
-use crate::threadpool::{split_range, SharedMut, ThreadPool};
+use crate::threadpool::{SharedSlice, ThreadPool};
+use crate::COLUMN_ALIGN;
 
 /// Weights per scale and minimum.
 pub const GROUP: usize = crate::int8::SUM_GROUP;
@@ -114,12 +117,37 @@ impl PackedI4 {
 }
 
 /// `out[m, n] = dequant(a) · dequant(w)ᵀ` with the active ISA.
-pub fn gemm_i4(pool: &ThreadPool, a: &QuantizedRows, w: &PackedI4, out: &mut [f32]) {
+pub fn gemm_i4(pool: &ThreadPool, a: &QuantizedView<'_>, w: &PackedI4, out: &mut [f32]) {
     gemm_i4_with(isa::active(), pool, a, w, out)
 }
 
 /// As [`gemm_i4`] with an explicit ISA (tests compare every ISA against scalar).
-pub fn gemm_i4_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI4, out: &mut [f32]) {
+pub fn gemm_i4_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    a: &QuantizedView<'_>,
+    w: &PackedI4,
+    out: &mut [f32],
+) {
+    let out = SharedSlice::new(out);
+    pool.run_team(&|team| {
+        // SAFETY: the team's column splits are disjoint; `out` is not read until the end.
+        unsafe { gemm_i4_cols(isa, a, w, &out, team.split(w.n, COLUMN_ALIGN)) }
+    });
+}
+
+/// Computes output columns `cols` of every row: the part of a [`gemm_i4`] one thread of a
+/// region does.
+///
+/// # Safety
+/// No other thread accesses these columns of `out` until the next barrier.
+pub unsafe fn gemm_i4_cols(
+    isa: Isa,
+    a: &QuantizedView<'_>,
+    w: &PackedI4,
+    out: &SharedSlice<'_, f32>,
+    cols: Range<usize>,
+) {
     let m = a.m();
     assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
     assert!(
@@ -136,54 +164,33 @@ pub fn gemm_i4_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI4
         w.scales.len() == w.n * w.n_groups() && w.mins.len() == w.scales.len(),
         "one scale and minimum per row and group"
     );
-    assert_eq!(
-        Some(a.data.len()),
-        m.checked_mul(a.k_pad),
+    assert!(
+        a.data.len() >= m * a.k_pad,
         "activations must be [m, k_pad]"
     );
-    assert_eq!(
-        a.group_sums.len(),
-        m * w.n_groups(),
+    assert!(
+        a.group_sums.len() >= m * w.n_groups(),
         "activations carry one sum per group"
     );
     assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
+    assert!(cols.end <= w.n, "columns beyond the weights");
     assert!(
         isa <= Isa::detect(),
         "{isa} kernels requested on a CPU without them"
     );
-    let n_threads = pool.n_threads().min(w.n).max(1);
-    let out_ptr = SharedMut::new(out);
-    pool.run(&|idx| {
-        if idx >= n_threads {
-            return;
-        }
-        let rows = split_range(w.n, n_threads, idx, 1);
-        // SAFETY: each thread owns a disjoint range of weight rows, i.e. disjoint output
-        // columns; `out` outlives `pool.run`.
-        unsafe { gemm_rows(isa, a, w, out_ptr.get(), rows) };
-    });
-}
-
-/// # Safety
-/// `out` points to `m * w.n` floats and no other thread writes the columns in `rows`.
-unsafe fn gemm_rows(
-    isa: Isa,
-    a: &QuantizedRows,
-    w: &PackedI4,
-    out: *mut f32,
-    rows: std::ops::Range<usize>,
-) {
+    let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 for both `Isa::Avx2` and `Isa::Avx512`.
-        Isa::Avx512 | Isa::Avx2 => x86::gemm_rows_avx2(a, w, out, rows),
-        _ => reference::gemm_rows_scalar(a, w, out, rows),
+        Isa::Avx512 | Isa::Avx2 => x86::gemm_rows_avx2(a, w, out, cols),
+        _ => reference::gemm_rows_scalar(a, w, out, cols),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::int8::QuantizedRows;
     use crate::test_support::{random, RAGGED_GEMM_SHAPES};
 
     #[test]
@@ -194,10 +201,10 @@ mod tests {
             let mut a = QuantizedRows::default();
             a.quantize(&random(m * k, 1), m, k, w.k_pad);
             let mut expected = vec![0.0; m * n];
-            gemm_i4_with(Isa::Scalar, &pool, &a, &w, &mut expected);
+            gemm_i4_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
             for isa in Isa::available() {
                 let mut got = vec![f32::NAN; m * n];
-                gemm_i4_with(isa, &pool, &a, &w, &mut got);
+                gemm_i4_with(isa, &pool, &a.view(), &w, &mut got);
                 for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
                     // Exact group sums; only the order of k / 32 float terms differs.
                     assert!(
@@ -217,7 +224,7 @@ mod tests {
         let mut a = QuantizedRows::default();
         a.quantize(&x, m, k, w.k_pad);
         let mut got = vec![0.0; m * n];
-        gemm_i4(&ThreadPool::new(1).unwrap(), &a, &w, &mut got);
+        gemm_i4(&ThreadPool::new(1).unwrap(), &a.view(), &w, &mut got);
         for i in 0..m {
             for col in 0..n {
                 let want: f64 = w
@@ -270,7 +277,7 @@ mod tests {
         a.quantize(&[], 3, 0, empty.k_pad);
         for isa in Isa::available() {
             let mut out = vec![f32::NAN; 15];
-            gemm_i4_with(isa, &pool, &a, &empty, &mut out);
+            gemm_i4_with(isa, &pool, &a.view(), &empty, &mut out);
             assert!(out.iter().all(|&v| v == 0.0), "{isa}");
         }
     }

@@ -1,7 +1,7 @@
 //! The scalar oracle: exact integer sums per group, scaled and added in `k` order.
 
 use super::{PackedI4, GROUP, GROUP_BYTES};
-use crate::int8::QuantizedRows;
+use crate::int8::QuantizedView;
 
 /// `Σ a·q` over one group.
 fn group_dot(a: &[i8], bytes: &[u8]) -> i32 {
@@ -16,7 +16,7 @@ fn group_dot(a: &[i8], bytes: &[u8]) -> i32 {
 /// # Safety
 /// `out` points to `m * w.n` floats and no other thread writes the columns in `rows`.
 pub(super) unsafe fn gemm_rows_scalar(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
     rows: std::ops::Range<usize>,

@@ -10,7 +10,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI4, GROUP, GROUP_BYTES};
-use crate::int8::QuantizedRows;
+use crate::int8::QuantizedView;
 use crate::matmul::x86::hsum256;
 
 /// Tokens that share one unpacking of a weight group.
@@ -21,7 +21,7 @@ const TOKENS_PER_TILE: usize = 4;
 /// the columns in `rows`.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn gemm_rows_avx2(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
     rows: Range<usize>,
@@ -45,7 +45,7 @@ pub(super) unsafe fn gemm_rows_avx2(
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn tile<const MR: usize>(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
     i0: usize,

@@ -12,7 +12,10 @@ mod reference;
 mod x86;
 
 use crate::isa::{self, Isa};
-use crate::threadpool::{split_range, SharedMut, ThreadPool};
+use std::ops::Range;
+
+use crate::threadpool::{SharedSlice, ThreadPool};
+use crate::COLUMN_ALIGN;
 
 /// Output rows per packed block.
 pub const ROWS_PER_BLOCK: usize = 16;
@@ -85,10 +88,21 @@ pub fn packed_index(row: usize, kk: usize, k_pad: usize) -> usize {
 /// Symmetric INT8 quantisation of one row into `[-127, 127]` (never -128, so the AVX2
 /// sign trick cannot overflow). Returns the scale; an all-zero row gets scale 0.
 pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
+    quantize_row_excluding(x, &[], out)
+}
+
+/// As [`quantize_row`], with the `excluded` channels (ascending) left out of the scale and
+/// quantised to zero: how the outlier channels computed in float are split off.
+pub fn quantize_row_excluding(x: &[f32], excluded: &[usize], out: &mut [i8]) -> f32 {
     debug_assert!(out.len() >= x.len());
-    let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let mut max = 0.0f32;
+    let mut from = 0;
+    for &c in excluded.iter().chain(std::iter::once(&x.len())) {
+        max = x[from..c].iter().fold(max, |m, v| m.max(v.abs()));
+        from = c + 1;
+    }
     if max == 0.0 || !max.is_finite() {
-        out.fill(0);
+        out[..x.len()].fill(0);
         return 0.0;
     }
     let inv = 127.0 / max;
@@ -98,7 +112,17 @@ pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
         let scaled = (v * inv).clamp(-127.0, 127.0);
         *o = (scaled + 0.5f32.copysign(scaled)) as i8;
     }
+    for &c in excluded {
+        out[c] = 0;
+    }
     max / 127.0
+}
+
+/// `Σ q` of each [`SUM_GROUP`] of a quantised row.
+pub fn sum_groups(q: &[i8], sums: &mut [i32]) {
+    for (sum, g) in sums.iter_mut().zip(q.chunks(SUM_GROUP)) {
+        *sum = g.iter().map(|&v| i32::from(v)).sum();
+    }
 }
 
 /// Width of the groups [`QuantizedRows::group_sums`] sums over (the W4A8 group).
@@ -120,34 +144,79 @@ impl QuantizedRows {
     /// Quantises `x` (`[m, k]`) in place of whatever this buffer held.
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize, k_pad: usize) {
         debug_assert_eq!(x.len(), m * k);
+        let n_sums = k_pad.div_ceil(SUM_GROUP);
         self.data.clear();
         self.data.resize(m * k_pad, 0);
         self.scales.clear();
         self.group_sums.clear();
+        self.group_sums.resize(m * n_sums, 0);
         self.k_pad = k_pad;
         for row in 0..m {
             let q = &mut self.data[row * k_pad..(row + 1) * k_pad];
-            let scale = quantize_row(&x[row * k..(row + 1) * k], &mut q[..k]);
-            self.scales.push(scale);
-            self.group_sums.extend(
-                q.chunks(SUM_GROUP)
-                    .map(|g| g.iter().map(|&v| i32::from(v)).sum::<i32>()),
-            );
+            self.scales
+                .push(quantize_row(&x[row * k..(row + 1) * k], &mut q[..k]));
+            sum_groups(q, &mut self.group_sums[row * n_sums..(row + 1) * n_sums]);
         }
     }
 
+    pub fn view(&self) -> QuantizedView<'_> {
+        QuantizedView {
+            data: &self.data,
+            scales: &self.scales,
+            group_sums: &self.group_sums,
+            k_pad: self.k_pad,
+        }
+    }
+}
+
+/// Quantised activations as the kernels read them. Borrowed, so the threads of a region
+/// can fill one shared buffer row by row and then all read it.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizedView<'a> {
+    pub data: &'a [i8],    // [m, k_pad]
+    pub scales: &'a [f32], // [m]
+    pub group_sums: &'a [i32],
+    pub k_pad: usize,
+}
+
+impl QuantizedView<'_> {
     pub fn m(&self) -> usize {
         self.scales.len()
     }
 }
 
 /// `out[m, n] = dequant(a) · dequant(w)ᵀ` with the active ISA.
-pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
+pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedView<'_>, w: &PackedI8, out: &mut [f32]) {
     gemm_i8_with(isa::active(), pool, a, w, out)
 }
 
 /// As [`gemm_i8`] with an explicit ISA (tests compare every ISA against scalar).
-pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8, out: &mut [f32]) {
+pub fn gemm_i8_with(
+    isa: Isa,
+    pool: &ThreadPool,
+    a: &QuantizedView<'_>,
+    w: &PackedI8,
+    out: &mut [f32],
+) {
+    let out = SharedSlice::new(out);
+    pool.run_team(&|team| {
+        // SAFETY: the team's column splits are disjoint; `out` is not read until the end.
+        unsafe { gemm_i8_cols(isa, a, w, &out, team.split(w.n, COLUMN_ALIGN)) }
+    });
+}
+
+/// Computes output columns `cols` of every row: the part of a [`gemm_i8`] one thread of a
+/// region does. `cols` starts on a multiple of [`COLUMN_ALIGN`].
+///
+/// # Safety
+/// No other thread accesses these columns of `out` until the next barrier.
+pub unsafe fn gemm_i8_cols(
+    isa: Isa,
+    a: &QuantizedView<'_>,
+    w: &PackedI8,
+    out: &SharedSlice<'_, f32>,
+    cols: Range<usize>,
+) {
     let m = a.m();
     assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
     assert!(
@@ -165,39 +234,21 @@ pub fn gemm_i8_with(isa: Isa, pool: &ThreadPool, a: &QuantizedRows, w: &PackedI8
         w.scales.len() >= n_pad && w.row_sums.len() >= n_pad,
         "scales and row sums cover n_pad"
     );
-    assert_eq!(
-        Some(a.data.len()),
-        m.checked_mul(a.k_pad),
+    assert!(
+        a.data.len() >= m * a.k_pad,
         "activations must be [m, k_pad]"
     );
     assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
     assert!(
+        (cols.is_empty() || cols.start.is_multiple_of(ROWS_PER_BLOCK)) && cols.end <= w.n,
+        "columns must start on a block"
+    );
+    assert!(
         isa <= Isa::detect(),
         "{isa} kernels requested on a CPU without them"
     );
-    let n_blocks = w.n.div_ceil(ROWS_PER_BLOCK);
-    let n_threads = pool.n_threads().min(n_blocks).max(1);
-    let out_ptr = SharedMut::new(out);
-    pool.run(&|idx| {
-        if idx >= n_threads {
-            return;
-        }
-        let blocks = split_range(n_blocks, n_threads, idx, 1);
-        // SAFETY: each thread owns a disjoint range of 16-row blocks, i.e. disjoint output
-        // columns; `out` outlives `pool.run`.
-        unsafe { gemm_blocks(isa, a, w, out_ptr.get(), blocks) };
-    });
-}
-
-/// # Safety
-/// `out` points to `m * w.n` floats and no other thread writes the columns of `blocks`.
-unsafe fn gemm_blocks(
-    isa: Isa,
-    a: &QuantizedRows,
-    w: &PackedI8,
-    out: *mut f32,
-    blocks: std::ops::Range<usize>,
-) {
+    let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
+    let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512 (VNNI checked inside).
@@ -223,10 +274,10 @@ mod tests {
             let mut a = QuantizedRows::default();
             a.quantize(&random(m * k, 1), m, k, w.k_pad);
             let mut expected = vec![0.0; m * n];
-            gemm_i8_with(Isa::Scalar, &pool, &a, &w, &mut expected);
+            gemm_i8_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
             for isa in Isa::available() {
                 let mut got = vec![f32::NAN; m * n];
-                gemm_i8_with(isa, &pool, &a, &w, &mut got);
+                gemm_i8_with(isa, &pool, &a.view(), &w, &mut got);
                 assert_eq!(got, expected, "{isa} m={m} k={k} n={n}");
             }
         }
@@ -240,7 +291,7 @@ mod tests {
         a.quantize(&[], 3, 0, w.k_pad);
         for isa in Isa::available() {
             let mut out = vec![f32::NAN; 15];
-            gemm_i8_with(isa, &pool, &a, &w, &mut out);
+            gemm_i8_with(isa, &pool, &a.view(), &w, &mut out);
             assert!(out.iter().all(|&v| v == 0.0), "{isa}");
         }
     }
@@ -253,7 +304,7 @@ mod tests {
         let mut a = QuantizedRows::default();
         a.quantize(&x, m, k, w.k_pad);
         let mut got = vec![0.0; m * n];
-        gemm_i8(&ThreadPool::new(1).unwrap(), &a, &w, &mut got);
+        gemm_i8(&ThreadPool::new(1).unwrap(), &a.view(), &w, &mut got);
         let mut want = vec![0.0; m * n];
         crate::matmul::matmul_scalar(&x, &wf, &mut want, m, k, n);
         for (g, e) in got.iter().zip(&want) {
@@ -270,6 +321,17 @@ mod tests {
         assert!((s - 2.0 / 127.0).abs() < 1e-7);
         assert_eq!(quantize_row(&[0.0; 4], &mut q), 0.0);
         assert_eq!(q, [0; 4]);
+    }
+
+    #[test]
+    fn excluded_channels_leave_the_scale_and_quantise_to_zero() {
+        let mut q = [0i8; 5];
+        let s = quantize_row_excluding(&[1.0, 300.0, -2.0, 0.5, -900.0], &[1, 4], &mut q);
+        assert_eq!(q, [64, 0, -127, 32, 0]);
+        assert!((s - 2.0 / 127.0).abs() < 1e-7);
+        let mut sums = [0; 1];
+        sum_groups(&q, &mut sums);
+        assert_eq!(sums, [64 - 127 + 32]);
     }
 
     #[test]

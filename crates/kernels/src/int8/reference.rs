@@ -1,11 +1,11 @@
 //! The scalar oracle: exact integer dot products over the packed layout.
 
-use super::{packed_index, PackedI8, QuantizedRows, ROWS_PER_BLOCK};
+use super::{packed_index, PackedI8, QuantizedView, ROWS_PER_BLOCK};
 
 /// # Safety
 /// `out` points to `m * w.n` floats and no other thread writes the columns of `blocks`.
 pub(super) unsafe fn gemm_blocks_scalar(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     blocks: std::ops::Range<usize>,

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI8, QuantizedRows, K_PER_GROUP, ROWS_PER_BLOCK};
+use super::{PackedI8, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
 
 pub(super) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
@@ -32,7 +32,7 @@ fn block_chunks(blocks: Range<usize>, k_pad: usize) -> impl Iterator<Item = Rang
 }
 
 #[inline(always)]
-unsafe fn load_a4(a: &QuantizedRows, row: usize, group: usize) -> i32 {
+unsafe fn load_a4(a: &QuantizedView<'_>, row: usize, group: usize) -> i32 {
     // SAFETY (caller): `row < m` and `group < k_pad / 4`, so the 4 bytes are in bounds.
     std::ptr::read_unaligned(a.data.as_ptr().add(row * a.k_pad + group * K_PER_GROUP) as *const i32)
 }
@@ -42,7 +42,7 @@ unsafe fn load_a4(a: &QuantizedRows, row: usize, group: usize) -> i32 {
 /// writes the columns of `blocks`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn gemm_blocks_vnni(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     blocks: Range<usize>,
@@ -75,7 +75,7 @@ pub(super) unsafe fn gemm_blocks_vnni(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
 unsafe fn tile_vnni<const MR: usize, const NB: usize>(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     row0: usize,
@@ -121,7 +121,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
 /// columns of `blocks`.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn gemm_blocks_avx2(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     blocks: Range<usize>,
@@ -147,7 +147,7 @@ pub(super) unsafe fn gemm_blocks_avx2(
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn tile_avx2<const MR: usize>(
-    a: &QuantizedRows,
+    a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     row0: usize,

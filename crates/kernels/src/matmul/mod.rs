@@ -16,7 +16,8 @@ pub use elem::{bf16, WeightElem};
 pub use reference::matmul_scalar;
 
 use crate::isa::{self, Isa};
-use crate::threadpool::{split_range, SharedMut, ThreadPool};
+use crate::threadpool::{SharedSlice, ThreadPool};
+use crate::COLUMN_ALIGN;
 
 /// Weight rows per cache block: 64 rows of k ≤ 4864 floats stay within a Zen 4 / modern Intel L2.
 const N_BLOCK: usize = 64;
@@ -46,53 +47,50 @@ pub fn matmul_with<W: WeightElem>(
     k: usize,
     n: usize,
 ) {
-    // Checked products: a wrapped product could let mismatched slices through to raw loads.
-    assert_eq!(Some(a.len()), m.checked_mul(k), "a must be [m, k]");
-    assert_eq!(Some(w.len()), n.checked_mul(k), "w must be [n, k]");
-    assert_eq!(Some(out.len()), m.checked_mul(n), "out must be [m, n]");
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
-    let out_ptr = SharedMut::new(out);
-    let n_threads = pool.n_threads().min(n.div_ceil(4)).max(1);
-    pool.run(&|idx| {
-        if idx >= n_threads {
-            return;
-        }
-        let cols = split_range(n, n_threads, idx, 4);
-        for block_start in cols.clone().step_by(N_BLOCK) {
-            let block = block_start..(block_start + N_BLOCK).min(cols.end);
-            // SAFETY: `block` lies within this thread's column range, disjoint from every
-            // other thread's; `out` outlives `pool.run`.
-            unsafe { matmul_cols(isa, a, w, out_ptr.get(), m, k, n, block) };
-        }
+    let out = SharedSlice::new(out);
+    pool.run_team(&|team| {
+        // SAFETY: the team's column splits are disjoint; `out` is not read until the end.
+        unsafe { matmul_cols(isa, a, w, &out, m, k, n, team.split(n, COLUMN_ALIGN)) }
     });
 }
 
-/// Computes columns `cols` of every output row.
+/// Computes output columns `cols` of every row: the part of a [`matmul`] one thread of a
+/// region does.
 ///
 /// # Safety
-/// `out` points to `m * n` floats and no other thread writes columns in `cols`.
+/// No other thread accesses these columns of `out` until the next barrier.
 #[allow(clippy::too_many_arguments)]
-unsafe fn matmul_cols<W: WeightElem>(
+pub unsafe fn matmul_cols<W: WeightElem>(
     isa: Isa,
     a: &[f32],
     w: &[W],
-    out: *mut f32,
+    out: &SharedSlice<'_, f32>,
     m: usize,
     k: usize,
     n: usize,
     cols: std::ops::Range<usize>,
 ) {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only ever selected when the CPU has it.
-        Isa::Avx512 => x86::matmul_cols_avx512(a, w, out, m, k, n, cols),
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx2` is only ever selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => x86::matmul_cols_avx2(a, w, out, m, k, n, cols),
-        _ => reference::matmul_cols_scalar(a, w, out, m, k, n, cols),
+    // Checked products: a wrapped product could let mismatched slices through to raw loads.
+    assert_eq!(Some(a.len()), m.checked_mul(k), "a must be [m, k]");
+    assert_eq!(Some(w.len()), n.checked_mul(k), "w must be [n, k]");
+    assert_eq!(Some(out.len()), m.checked_mul(n), "out must be [m, n]");
+    assert!(cols.end <= n, "columns beyond the weights");
+    assert!(
+        isa <= Isa::detect(),
+        "{isa} kernels requested on a CPU without them"
+    );
+    let out = out.as_mut_ptr();
+    for block_start in cols.clone().step_by(N_BLOCK) {
+        let block = block_start..(block_start + N_BLOCK).min(cols.end);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx512` is only ever selected when the CPU has it.
+            Isa::Avx512 => x86::matmul_cols_avx512(a, w, out, m, k, n, block),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Isa::Avx2` is only ever selected when the CPU has AVX2 and FMA.
+            Isa::Avx2 => x86::matmul_cols_avx2(a, w, out, m, k, n, block),
+            _ => reference::matmul_cols_scalar(a, w, out, m, k, n, block),
+        }
     }
 }
 
