@@ -21,6 +21,27 @@ for model in smollm2-135m qwen2.5-coder-0.5b; do
     ./target/release/pyramid fetch "$model"
 done
 
+echo "== python for the OpenAI-compatibility tests"
+# crates/cli/tests/openai/*.py drive `pyramid serve` with the official openai client,
+# installed into a private venv. `python3 -m venv` needs ensurepip, which Debian ships
+# in python3-venv; where that is missing, the venv is made without pip and the system
+# pip (python3-pip, pip >= 22.3 for --python) installs into it, so a fresh Debian with
+# only python3-pip works too.
+test_venv="${PYRAMID_HOME:-$HOME/.cache/pyramid}/test-venv"
+if [ ! -x "$test_venv/bin/python" ]; then
+    mkdir -p "$(dirname "$test_venv")"
+    if ! python3 -m venv "$test_venv" >/dev/null 2>&1; then
+        rm -rf "$test_venv"
+        python3 -m venv --without-pip "$test_venv"
+    fi
+fi
+if [ -x "$test_venv/bin/pip" ]; then
+    "$test_venv/bin/pip" install -q "openai>=1.40"
+else
+    python3 -m pip --python "$test_venv/bin/python" install -q "openai>=1.40"
+fi
+export PYRAMID_TEST_PYTHON="$test_venv/bin/python"
+
 echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings

@@ -34,6 +34,9 @@ enum Command {
     /// Replay agent sessions (a JSONL trace or a synthetic one) under four window
     /// strategies: largest window, re-prefill on overflow, pyramid on demand, predictive.
     Replay(commands::replay::ReplayArgs),
+    /// Serve the OpenAI HTTP API (chat and text completions, streaming) with continuous
+    /// batching and conversation reuse.
+    Serve(commands::serve::ServeArgs),
     /// List the models known by name and whether they are cached.
     Models,
     /// Download a known model into the cache.
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => commands::inspect::run(args),
             Command::Bench(args) => commands::bench::run(args),
             Command::Replay(args) => commands::replay::run(args),
+            Command::Serve(args) => commands::serve::run(args),
             Command::Models => commands::models::list(),
             Command::Fetch(args) => commands::models::fetch(args),
         });

@@ -75,7 +75,8 @@ fn results_are_bit_identical_for_any_number_of_threads() {
             let run = |n_threads: usize| {
                 let pool = ThreadPool::new(n_threads).unwrap();
                 let mut scratch = Scratch::default();
-                let mut caches: Vec<_> = (0..3).map(|_| model.new_kv_cache_of(32, kv_type)).collect();
+                let mut caches: Vec<_> =
+                    (0..3).map(|_| model.new_kv_cache_of(32, kv_type)).collect();
                 let mut logits = Vec::new();
                 // A padded prefill beside two shorter prompts, then a batched decode step
                 // of all three at different positions.

@@ -4,4 +4,5 @@ pub mod inspect;
 pub mod models;
 pub mod replay;
 pub mod run;
+pub mod serve;
 pub mod tokenize;

@@ -1,0 +1,167 @@
+//! `pyramid serve`: the OpenAI-compatible HTTP server.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pyramid_runtime::WindowLadder;
+use pyramid_server::metrics::Metrics;
+use pyramid_server::{AppState, Engine, EngineConfig, DEFAULT_BODY_LIMIT};
+
+use super::replay::DEFAULT_PREFILL_CHUNK;
+use crate::loader::ModelArgs;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on; anything but loopback exposes the server to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on; 0 picks a free one (printed at start-up).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every request.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Conversations held at once, running and cached for reuse.
+    #[arg(long, default_value_t = 64)]
+    pub max_sessions: usize,
+    /// Sequences decoded together in one step (continuous batching).
+    #[arg(long, default_value_t = 32)]
+    pub max_batch: usize,
+    /// Requests waiting for a place in the batch before new ones get 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_queue: usize,
+    /// KV cache memory for running and cached conversations, e.g. 2GiB, 512MiB or bytes.
+    #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
+    pub kv_budget: usize,
+    /// The window ladder, e.g. 1024,2048,4096 (default: 1K doubling up to the model's context).
+    #[arg(long)]
+    pub windows: Option<String>,
+    /// Prompt tokens prefilled per step, shared by all sequences.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let scale: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        other => return Err(format!("unknown unit '{other}' (use B, KiB, MiB or GiB)")),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| format!("'{s}' is not a byte size like 512MiB"))
+}
+
+pub fn run(args: ServeArgs) -> Result<()> {
+    for (name, value) in [
+        ("--max-sessions", args.max_sessions),
+        ("--max-batch", args.max_batch),
+        ("--max-queue", args.max_queue),
+        ("--prefill-chunk", args.prefill_chunk),
+    ] {
+        if value == 0 {
+            bail!("{name} must be at least 1");
+        }
+    }
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("'{}' is not an IP address to listen on", args.host))?;
+    let loaded = args.model.load()?;
+    let n_ctx = loaded.model.config.n_ctx_train;
+    let ladder = match &args.windows {
+        Some(text) => WindowLadder::parse(text, n_ctx)?,
+        None => WindowLadder::default_for(n_ctx),
+    };
+    let max_context = ladder.largest();
+    let template = loaded.tokenizer.chat_template().ok();
+    let model_id = model_id(&loaded.name);
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let metrics = Arc::new(Metrics::default());
+    let engine = Engine::start(
+        Arc::clone(&loaded.model),
+        Arc::clone(&tokenizer),
+        loaded.pool,
+        EngineConfig {
+            max_batch: args.max_batch,
+            max_queue: args.max_queue,
+            max_sessions: args.max_sessions,
+            kv_budget: args.kv_budget,
+            prefill_chunk: args.prefill_chunk,
+            ladder,
+            kv_type: loaded.kv_type,
+        },
+        Arc::clone(&metrics),
+    )?;
+    let state = Arc::new(AppState::new(
+        engine,
+        tokenizer,
+        template,
+        model_id.clone(),
+        max_context,
+        args.api_key,
+        DEFAULT_BODY_LIMIT,
+        metrics,
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        // The first line of stdout is the address, for scripts that start us on port 0.
+        println!("pyramid serve: listening on http://{local} (model '{model_id}')");
+        std::io::stdout().flush()?;
+        pyramid_server::serve(listener, state, pyramid_server::shutdown_signal()).await?;
+        eprintln!("pyramid serve: shut down");
+        anyhow::Ok(())
+    })
+}
+
+/// A known model's name as given, or a file's stem: what clients put in `model`.
+fn model_id(name: &str) -> String {
+    let path = Path::new(name);
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        if let Some(stem) = path.file_stem() {
+            return stem.to_string_lossy().into_owned();
+        }
+    }
+    name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_with_units() {
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn model_ids_are_names_or_file_stems() {
+        assert_eq!(model_id("smollm2-135m"), "smollm2-135m");
+        assert_eq!(model_id("/models/qwen.Q4_K_M.gguf"), "qwen.Q4_K_M");
+    }
+}

@@ -1,0 +1,176 @@
+//! `pyramid serve` end to end: the real server on a loopback port, driven by the official
+//! `openai` Python client (installed into a venv by scripts/test.sh) and by raw HTTP.
+//! Each Python script under tests/openai/ states what it proves.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// The real default model, fetched by scripts/test.sh.
+const MODEL: &str = "smollm2-135m";
+/// A small ladder, so a short conversation crosses windows.
+const WINDOWS: &str = "256,512,1024,2048";
+
+fn models_home() -> PathBuf {
+    let models = pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir();
+    assert!(
+        models.join("smollm2-135m-instruct-q4_1.gguf").exists(),
+        "run scripts/test.sh (it fetches the models) first"
+    );
+    models.parent().unwrap().to_path_buf()
+}
+
+fn python() -> PathBuf {
+    let python = std::env::var_os("PYRAMID_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| models_home().join("test-venv/bin/python"));
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/test.sh (it installs the openai client into a venv)",
+        python.display()
+    );
+    python
+}
+
+/// A running server, killed on drop.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+            .args(["serve", "-m", MODEL, "--port", "0", "--windows", WINDOWS])
+            .args(extra)
+            .env("PYRAMID_HOME", models_home())
+            .env_remove("PYRAMID_ISA")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("pyramid serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("http://"))
+            .unwrap_or_else(|| panic!("no address in the server's first line: {line:?}"))
+            .to_string();
+        Self { child, url }
+    }
+
+    fn run_script(&self, script: &str, env: &[(&str, &str)]) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/openai")
+            .join(script);
+        let status = Command::new(python())
+            .arg(&path)
+            .env("PYRAMID_BASE_URL", &self.url)
+            .env("PYRAMID_MODEL_ID", MODEL)
+            .envs(env.iter().copied())
+            .status()
+            .expect("python runs");
+        assert!(status.success(), "{script} failed against {}", self.url);
+    }
+
+    /// One raw HTTP/1.1 exchange: (status, body).
+    fn raw(&self, request: &str) -> (u16, String) {
+        let addr = self.url.trim_start_matches("http://");
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let status = response
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+        let body = response.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (status, body)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn openai_client_api_errors_and_fuzz() {
+    let server = Server::start(&[]);
+    server.run_script("test_api.py", &[]);
+    server.run_script("test_errors.py", &[]);
+}
+
+#[test]
+fn concurrent_streams_equal_solo_ones_and_cancellation_frees_them() {
+    let server = Server::start(&[]);
+    server.run_script("test_concurrency.py", &[]);
+}
+
+#[test]
+fn agent_conversation_reuses_its_cache_across_windows() {
+    let (server, fresh) = (Server::start(&[]), Server::start(&[]));
+    server.run_script("test_agent.py", &[("PYRAMID_FRESH_BASE_URL", &fresh.url)]);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let server = Server::start(&["--api-key", "sesame"]);
+    let (status, body) =
+        server.raw("GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("\"invalid_api_key\""), "{body}");
+    let (status, body) = server.raw(
+        "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sesame\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{body}");
+    server.run_script("test_errors.py", &[("PYRAMID_API_KEY", "sesame")]);
+}
+
+#[test]
+fn sigterm_lets_a_stream_in_flight_finish() {
+    let mut server = Server::start(&[]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let body = format!(
+        r#"{{"model": "{MODEL}", "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0, "stream": true}}"#
+    );
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    write!(
+        stream,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Wait for the stream to start, then ask the server to stop.
+    let mut first = [0u8; 64];
+    let _ = stream.read(&mut first).unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut rest = String::new();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains("data: [DONE]"),
+        "the stream was cut: {rest:?}"
+    );
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "the server exits cleanly: {exit:?}");
+}

@@ -1,0 +1,452 @@
+//! OpenAI request parsing and validation.
+//!
+//! Requests are read from a `serde_json::Value` field by field rather than derived: a
+//! wrong type or value then becomes a 400 naming the parameter as the client spelled it
+//! (`messages[2].content`, `top_p`), where a derived deserialiser would report a line and
+//! column. Unknown fields are ignored, as OpenAI's own clients send many.
+
+use pyramid_runtime::SamplerConfig;
+use pyramid_tokenizer::ChatMessage;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+
+/// At most this many stop strings, as in OpenAI's API.
+const MAX_STOPS: usize = 4;
+/// `top_logprobs` is capped here, as in OpenAI's API.
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub endpoint: Endpoint,
+    pub model: String,
+    pub prompt: Prompt,
+    /// `None`: until the end-of-generation token or the window runs out.
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// `Some(k)`: report each token's logprob and its `k` most likely alternatives.
+    pub logprobs: Option<usize>,
+}
+
+pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::invalid_request("the body must be a JSON object"));
+    };
+    let model = match obj.get("model") {
+        Some(Value::String(m)) => m.clone(),
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_param("model", "'model' is required"))
+        }
+        Some(_) => return Err(ApiError::bad_param("model", "'model' must be a string")),
+    };
+    let prompt = match endpoint {
+        Endpoint::Chat => Prompt::Chat(messages(&obj)?),
+        Endpoint::Completion => Prompt::Text(completion_prompt(&obj)?),
+    };
+    let n = opt_u64(&obj, "n")?.unwrap_or(1);
+    if n != 1 {
+        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
+    }
+    let max_tokens = match endpoint {
+        Endpoint::Chat => opt_u64(&obj, "max_completion_tokens")?
+            .map(|v| ("max_completion_tokens", v))
+            .or(opt_u64(&obj, "max_tokens")?.map(|v| ("max_tokens", v))),
+        Endpoint::Completion => opt_u64(&obj, "max_tokens")?.map(|v| ("max_tokens", v)),
+    };
+    let max_tokens = match max_tokens {
+        Some((name, 0)) => {
+            return Err(ApiError::bad_param(
+                name,
+                format!("'{name}' must be at least 1"),
+            ))
+        }
+        Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_param(
+            "temperature",
+            "'temperature' must be between 0 and 2",
+        ));
+    }
+    let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_param("top_p", "'top_p' must be in (0, 1]"));
+    }
+    for name in ["presence_penalty", "frequency_penalty"] {
+        if let Some(v) = opt_f64(&obj, name)? {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("'{name}' must be between -2 and 2"),
+                ));
+            }
+            if v != 0.0 {
+                return Err(ApiError::bad_param(
+                    name,
+                    format!("'{name}' is not supported (only 0)"),
+                ));
+            }
+        }
+    }
+    let seed = match obj.get("seed") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => Some(
+            n.as_u64()
+                .or_else(|| n.as_i64().map(|v| v as u64))
+                .ok_or_else(|| ApiError::bad_param("seed", "'seed' must be an integer"))?,
+        ),
+        Some(_) => return Err(ApiError::bad_param("seed", "'seed' must be an integer")),
+    };
+    let sampler = SamplerConfig {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        // Without a seed every request samples differently, as clients expect.
+        seed: seed.unwrap_or_else(random_seed),
+        ..SamplerConfig::greedy()
+    };
+    let stop = stops(&obj)?;
+    let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => opt_bool(o, "include_usage")
+            .map_err(|_| {
+                ApiError::bad_param(
+                    "stream_options.include_usage",
+                    "'stream_options.include_usage' must be a boolean",
+                )
+            })?
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "stream_options",
+                "'stream_options' must be an object",
+            ))
+        }
+    };
+    let logprobs = match endpoint {
+        Endpoint::Chat => {
+            let wanted = opt_bool(&obj, "logprobs")?.unwrap_or(false);
+            let top = opt_u64(&obj, "top_logprobs")?;
+            if let Some(k) = top {
+                if k > MAX_TOP_LOGPROBS as u64 {
+                    return Err(ApiError::bad_param(
+                        "top_logprobs",
+                        format!("'top_logprobs' must be at most {MAX_TOP_LOGPROBS}"),
+                    ));
+                }
+                if !wanted {
+                    return Err(ApiError::bad_param(
+                        "top_logprobs",
+                        "'top_logprobs' needs 'logprobs': true",
+                    ));
+                }
+            }
+            wanted.then(|| top.unwrap_or(0) as usize)
+        }
+        Endpoint::Completion => match obj.get("logprobs") {
+            None | Some(Value::Null) => None,
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "logprobs",
+                    "'logprobs' is supported on /v1/chat/completions only",
+                ))
+            }
+        },
+    };
+    Ok(GenerationRequest {
+        endpoint,
+        model,
+        prompt,
+        max_tokens,
+        sampler,
+        stop,
+        stream,
+        include_usage,
+        logprobs,
+    })
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let list = match obj.get("messages") {
+        Some(Value::Array(list)) => list,
+        None | Some(Value::Null) => {
+            return Err(ApiError::bad_param("messages", "'messages' is required"))
+        }
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "messages",
+                "'messages' must be an array",
+            ))
+        }
+    };
+    if list.is_empty() {
+        return Err(ApiError::bad_param(
+            "messages",
+            "'messages' must not be empty",
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let at = |field: &str| format!("messages[{i}].{field}");
+            let Value::Object(m) = m else {
+                return Err(ApiError::bad_param(
+                    format!("messages[{i}]"),
+                    format!("messages[{i}] must be an object"),
+                ));
+            };
+            let role = match m.get("role") {
+                Some(Value::String(r)) => r.as_str(),
+                _ => {
+                    return Err(ApiError::bad_param(
+                        at("role"),
+                        format!("{} must be a string", at("role")),
+                    ))
+                }
+            };
+            // "developer" is OpenAI's newer name for the system role.
+            let role =
+                match role {
+                    "system" | "developer" => "system",
+                    "user" | "assistant" | "tool" => role,
+                    other => return Err(ApiError::bad_param(
+                        at("role"),
+                        format!(
+                            "{} '{other}' is not one of system, developer, user, assistant, tool",
+                            at("role")
+                        ),
+                    )),
+                };
+            let content = match m.get("content") {
+                Some(Value::String(c)) => c.clone(),
+                // An assistant turn that only called tools has no content.
+                Some(Value::Null) | None if role == "assistant" => String::new(),
+                Some(Value::Array(parts)) => text_parts(parts, &at("content"))?,
+                _ => {
+                    return Err(ApiError::bad_param(
+                        at("content"),
+                        format!(
+                            "{} must be a string or an array of text parts",
+                            at("content")
+                        ),
+                    ))
+                }
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+fn text_parts(parts: &[Value], at: &str) -> Result<String, ApiError> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        match (part.get("type"), part.get("text")) {
+            (Some(Value::String(t)), Some(Value::String(s))) if t == "text" => text.push_str(s),
+            _ => {
+                return Err(ApiError::bad_param(
+                    format!("{at}[{j}]"),
+                    format!("{at}[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}); this model reads text only"),
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+fn completion_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
+    match obj.get("prompt") {
+        Some(Value::String(p)) => Ok(p.clone()),
+        Some(Value::Array(list)) if list.len() == 1 => match &list[0] {
+            Value::String(p) => Ok(p.clone()),
+            _ => Err(ApiError::bad_param("prompt", "'prompt' must be a string")),
+        },
+        Some(Value::Array(_)) => Err(ApiError::bad_param(
+            "prompt",
+            "only one prompt per request is supported",
+        )),
+        None | Some(Value::Null) => Err(ApiError::bad_param("prompt", "'prompt' is required")),
+        Some(_) => Err(ApiError::bad_param("prompt", "'prompt' must be a string")),
+    }
+}
+
+fn stops(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
+            "stop",
+            format!("'stop' must be a non-empty string or an array of up to {MAX_STOPS} of them"),
+        )
+    };
+    let stops = match obj.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(list)) if list.len() <= MAX_STOPS => list
+            .iter()
+            .map(|s| s.as_str().map(str::to_string).ok_or_else(bad))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad()),
+    };
+    if stops.iter().any(String::is_empty) {
+        return Err(bad());
+    }
+    Ok(stops)
+}
+
+fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match (n.as_u64(), n.as_i64()) {
+            (Some(v), _) => Ok(Some(v)),
+            (None, Some(_)) => Err(ApiError::bad_param(
+                name,
+                format!("'{name}' must not be negative"),
+            )),
+            _ => Err(ApiError::bad_param(
+                name,
+                format!("'{name}' must be an integer"),
+            )),
+        },
+        Some(_) => Err(ApiError::bad_param(
+            name,
+            format!("'{name}' must be an integer"),
+        )),
+    }
+}
+
+fn opt_f64(obj: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(ApiError::bad_param(
+            name,
+            format!("'{name}' must be a number"),
+        )),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::bad_param(
+            name,
+            format!("'{name}' must be a boolean"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
+        parse(Endpoint::Chat, body.as_bytes())
+    }
+
+    #[test]
+    fn a_full_request_parses() {
+        let r = chat(r#"{"model": "m", "messages": [{"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 5, "temperature": 0, "stop": ["\n", "END"], "seed": 7,
+            "stream": true, "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 2}"#)
+        .unwrap();
+        let Prompt::Chat(m) = &r.prompt else { panic!() };
+        assert_eq!(
+            (m[0].role.as_str(), m[1].content.as_str()),
+            ("system", "hi")
+        );
+        assert_eq!(r.max_tokens, Some(5));
+        assert_eq!(r.sampler.temperature, 0.0);
+        assert_eq!(r.sampler.seed, 7);
+        assert_eq!(r.stop, ["\n", "END"]);
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.logprobs, Some(2));
+    }
+
+    #[test]
+    fn bad_values_name_their_parameter() {
+        for (body, param) in [
+            (r#"{"model": "m", "messages": []}"#, "messages"),
+            (
+                r#"{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user"}]}"#,
+                "messages[0].content",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}"#,
+                "temperature",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}"#,
+                "top_p",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#,
+                "max_tokens",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}"#,
+                "n",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a","b","c","d","e"]}"#,
+                "stop",
+            ),
+            (
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#,
+                "top_logprobs",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "x"}]}"#,
+                "model",
+            ),
+        ] {
+            let err = chat(body).unwrap_err();
+            assert_eq!(err.status, 400, "{body}");
+            assert_eq!(err.param.as_deref(), Some(param), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn malformed_json_is_a_400_without_param() {
+        for body in ["", "{", "[1, 2]", "{\"model\": \"m\", \"messages\": [1}"] {
+            let err = chat(body).unwrap_err();
+            assert_eq!(
+                (err.status.as_u16(), err.param.clone()),
+                (400, None),
+                "{body}"
+            );
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Every failure a client can see, as OpenAI's error body with the right status.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered to the client: `{"error": {"message", "type", "code", "param"}}`.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub code: Option<&'static str>,
+    pub param: Option<String>,
+    /// Seconds a client should wait before retrying (429 only).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            code: None,
+            param: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// A parameter with a bad value; `param` names it the way the request spelled it.
+    pub fn bad_param(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.into()),
+            code: Some("invalid_value"),
+            ..Self::invalid_request(message)
+        }
+    }
+
+    pub fn context_length_exceeded(needed: usize, limit: usize) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            param: Some("messages".into()),
+            ..Self::invalid_request(format!(
+                "this request needs {needed} tokens of context (the prompt plus one generated \
+                 token), but the largest window is {limit} tokens"
+            ))
+        }
+    }
+
+    pub fn model_not_found(model: &str, served: &str) -> Self {
+        Self {
+            code: Some("model_not_found"),
+            param: Some("model".into()),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("the model '{model}' does not exist; this server serves '{served}'"),
+            )
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        Self {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "a valid API key is required: send 'Authorization: Bearer <key>'",
+            )
+        }
+    }
+
+    pub fn queue_full(retry_after: u64) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                "the server's request queue is full; retry later",
+            )
+        }
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("no endpoint at '{path}'"),
+        )
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "this endpoint does not accept that HTTP method",
+        )
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn shutting_down() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        )
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "code": self.code,
+            "param": self.param,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert("retry-after", HeaderValue::from(secs));
+        }
+        response
+    }
+}

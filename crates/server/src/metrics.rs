@@ -1,0 +1,278 @@
+//! Counters, gauges and histograms, rendered in Prometheus' text format for `/metrics`.
+//! Written out by hand: a dozen series do not justify a metrics framework.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::scheduler::Usage;
+
+/// Latency buckets in seconds: from a fast decode step to a long prefill.
+const SECONDS_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0, 120.0,
+];
+const BATCH_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
+
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (c, &b) in self.counts.iter_mut().zip(self.bounds) {
+            if v <= b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (c, b) in self.counts.iter().zip(self.bounds) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", self.sum, self.count);
+    }
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    /// Responses by status code.
+    requests: Mutex<Vec<(u16, u64)>>,
+    pub prompt_tokens: AtomicU64,
+    pub cached_prompt_tokens: AtomicU64,
+    pub prefilled_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub migrations: AtomicU64,
+    pub queue_depth: AtomicU64,
+    pub running: AtomicU64,
+    pub cached_sessions: AtomicU64,
+    pub kv_bytes: AtomicU64,
+    ttft: Mutex<Histogram>,
+    inter_token: Mutex<Histogram>,
+    batch: Mutex<Histogram>,
+    migration_seconds: Mutex<Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Mutex::default(),
+            prompt_tokens: AtomicU64::default(),
+            cached_prompt_tokens: AtomicU64::default(),
+            prefilled_tokens: AtomicU64::default(),
+            generated_tokens: AtomicU64::default(),
+            cancelled: AtomicU64::default(),
+            migrations: AtomicU64::default(),
+            queue_depth: AtomicU64::default(),
+            running: AtomicU64::default(),
+            cached_sessions: AtomicU64::default(),
+            kv_bytes: AtomicU64::default(),
+            ttft: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
+            inter_token: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
+            batch: Mutex::new(Histogram::new(&BATCH_BUCKETS)),
+            migration_seconds: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Metrics {
+    pub fn record_request(&self, status: u16) {
+        let mut requests = lock(&self.requests);
+        match requests.iter_mut().find(|(s, _)| *s == status) {
+            Some((_, n)) => *n += 1,
+            None => requests.push((status, 1)),
+        }
+    }
+
+    pub fn record_finished(&self, usage: &Usage) {
+        self.prompt_tokens
+            .fetch_add(usage.prompt_tokens as u64, Ordering::Relaxed);
+        self.cached_prompt_tokens
+            .fetch_add(usage.cached_tokens as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_migration(&self, took: Duration) {
+        self.migrations.fetch_add(1, Ordering::Relaxed);
+        lock(&self.migration_seconds).observe(took.as_secs_f64());
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        lock(&self.ttft).observe(d.as_secs_f64());
+    }
+
+    pub fn observe_inter_token(&self, d: Duration) {
+        lock(&self.inter_token).observe(d.as_secs_f64());
+    }
+
+    pub fn observe_batch(&self, n: usize) {
+        lock(&self.batch).observe(n as f64);
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP pyramid_requests_total HTTP responses by status.\n# TYPE pyramid_requests_total counter"
+        );
+        let mut requests = lock(&self.requests).clone();
+        requests.sort_unstable();
+        for (status, n) in requests {
+            let _ = writeln!(out, "pyramid_requests_total{{status=\"{status}\"}} {n}");
+        }
+        let counters = [
+            (
+                "pyramid_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+                &self.prompt_tokens,
+            ),
+            (
+                "pyramid_cached_prompt_tokens_total",
+                "Prompt tokens reused from cached conversations instead of prefilled.",
+                &self.cached_prompt_tokens,
+            ),
+            (
+                "pyramid_prefilled_tokens_total",
+                "Prompt tokens run through the model.",
+                &self.prefilled_tokens,
+            ),
+            (
+                "pyramid_generated_tokens_total",
+                "Tokens sampled.",
+                &self.generated_tokens,
+            ),
+            (
+                "pyramid_cancelled_total",
+                "Sequences cancelled because their client went away.",
+                &self.cancelled,
+            ),
+            (
+                "pyramid_kv_migrations_total",
+                "KV caches moved into a larger window.",
+                &self.migrations,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                value.load(Ordering::Relaxed)
+            );
+        }
+        // The native backend compiles nothing per window, so no migration can stall on one;
+        // the series exist so dashboards read the same on every backend.
+        for (name, help) in [
+            (
+                "pyramid_artifact_compiles_total",
+                "Window artifacts compiled (none on the native CPU backend).",
+            ),
+            (
+                "pyramid_stalls_total",
+                "Migrations that waited for an artifact compile.",
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} 0");
+        }
+        let gauges = [
+            (
+                "pyramid_queue_depth",
+                "Requests waiting for a place in the batch.",
+                &self.queue_depth,
+            ),
+            (
+                "pyramid_running_sequences",
+                "Sequences in the batch.",
+                &self.running,
+            ),
+            (
+                "pyramid_cached_sessions",
+                "Finished conversations kept for reuse.",
+                &self.cached_sessions,
+            ),
+            (
+                "pyramid_kv_bytes",
+                "KV cache bytes held by running and cached conversations.",
+                &self.kv_bytes,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                value.load(Ordering::Relaxed)
+            );
+        }
+        lock(&self.ttft).render(
+            &mut out,
+            "pyramid_ttft_seconds",
+            "Time from request to first token.",
+        );
+        lock(&self.inter_token).render(
+            &mut out,
+            "pyramid_inter_token_seconds",
+            "Time between consecutive tokens of a sequence.",
+        );
+        lock(&self.batch).render(
+            &mut out,
+            "pyramid_batch_size",
+            "Sequences decoded per step.",
+        );
+        lock(&self.migration_seconds).render(
+            &mut out,
+            "pyramid_kv_migration_seconds",
+            "Time to move a KV cache into a larger window.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_are_cumulative_and_render_every_series() {
+        let m = Metrics::default();
+        m.observe_batch(3);
+        m.observe_batch(8);
+        m.record_request(200);
+        m.record_request(200);
+        m.record_request(429);
+        let text = m.render();
+        assert!(
+            text.contains("pyramid_batch_size_bucket{le=\"4\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("pyramid_batch_size_bucket{le=\"8\"} 2"));
+        assert!(text.contains("pyramid_batch_size_bucket{le=\"+Inf\"} 2"));
+        assert!(text.contains("pyramid_batch_size_sum 11"));
+        assert!(text.contains("pyramid_requests_total{status=\"200\"} 2"));
+        assert!(text.contains("pyramid_requests_total{status=\"429\"} 1"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! The HTTP surface: routing, authentication, request handlers and response shapes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream;
+use pyramid_tokenizer::{ChatTemplate, Tokenizer};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::api::{self, Endpoint, GenerationRequest, Prompt};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::scheduler::{Engine, Event, FinishReason, Job, TokenLogprob, Usage};
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Engine,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub model_id: String,
+    /// Positions of the largest window: prompt plus generation must fit.
+    pub max_context: usize,
+    pub api_key: Option<String>,
+    pub body_limit: usize,
+    pub metrics: Arc<Metrics>,
+    pub started: u64,
+    next_id: AtomicU64,
+}
+
+impl AppState {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: Engine,
+        tokenizer: Arc<Tokenizer>,
+        template: Option<ChatTemplate>,
+        model_id: String,
+        max_context: usize,
+        api_key: Option<String>,
+        body_limit: usize,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let started = unix_now();
+        Self {
+            engine,
+            tokenizer,
+            template,
+            model_id,
+            max_context,
+            api_key,
+            body_limit,
+            metrics,
+            started,
+            next_id: AtomicU64::new(started << 20),
+        }
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .layer(DefaultBodyLimit::max(state.body_limit))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authenticate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            finish_response,
+        ))
+        .with_state(state)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Gives axum's own bodiless errors (405) OpenAI's error body, and counts every response.
+async fn finish_response(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let response = if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        ApiError::method_not_allowed().into_response()
+    } else {
+        response
+    };
+    state.metrics.record_request(response.status().as_u16());
+    response
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_id,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "pyramid",
+        }],
+    }))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(state, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    generate(state, Endpoint::Completion, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn generate(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::body_too_large(state.body_limit),
+        _ => ApiError::invalid_request(rejection.body_text()),
+    })?;
+    let request = api::parse(endpoint, &body)?;
+    if request.model != state.model_id {
+        return Err(ApiError::model_not_found(&request.model, &state.model_id));
+    }
+    // Tokenising a long prompt is real work: keep it off the async workers.
+    let prompt = {
+        let state = Arc::clone(&state);
+        let prompt = request.prompt.clone();
+        tokio::task::spawn_blocking(move || tokenize(&state, &prompt))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
+    };
+    // The prompt and at least one generated token must fit the largest window.
+    if prompt.len() + 1 > state.max_context {
+        return Err(ApiError::context_length_exceeded(
+            prompt.len() + 1,
+            state.max_context,
+        ));
+    }
+    let (events, rx) = unbounded_channel();
+    let n_prompt = prompt.len();
+    state.engine.submit(Job {
+        prompt,
+        max_tokens: request.max_tokens,
+        sampler: request.sampler.clone(),
+        stop: request.stop.clone(),
+        logprobs: request.logprobs,
+        events,
+        submitted: Instant::now(),
+    })?;
+    let id = format!(
+        "{}-{:x}",
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        },
+        state.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let reply = Reply {
+        id,
+        created: unix_now(),
+        model: state.model_id.clone(),
+        request,
+    };
+    if reply.request.stream {
+        Ok(stream_response(reply, rx))
+    } else {
+        collect_response(reply, rx, n_prompt).await
+    }
+}
+
+fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let ids = match prompt {
+        Prompt::Chat(messages) => {
+            let template = state.template.as_ref().ok_or_else(|| {
+                ApiError::invalid_request("this model has no chat template: use /v1/completions")
+            })?;
+            let text = template.render(messages, true).map_err(|e| {
+                ApiError::bad_param(
+                    "messages",
+                    format!("the chat template rejected the messages: {e}"),
+                )
+            })?;
+            // The template carries its own BOS if it wants one; nothing is added on top.
+            state.tokenizer.encode(&text, true)
+        }
+        Prompt::Text(text) => state.tokenizer.encode_prompt(text),
+    }
+    .map_err(|e| ApiError::invalid_request(format!("the prompt cannot be tokenized: {e}")))?;
+    if ids.is_empty() {
+        let param = if matches!(prompt, Prompt::Chat(_)) {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(ApiError::bad_param(param, "the prompt is empty"));
+    }
+    Ok(ids)
+}
+
+/// The fixed parts of one response.
+struct Reply {
+    id: String,
+    created: u64,
+    model: String,
+    request: GenerationRequest,
+}
+
+impl Reply {
+    fn is_chat(&self) -> bool {
+        self.request.endpoint == Endpoint::Chat
+    }
+
+    /// One streamed chunk around `choice` (or `usage` with no choice).
+    fn chunk(&self, choice: Option<Value>, usage: Option<&Usage>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": if self.is_chat() { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": choice.into_iter().collect::<Vec<_>>(),
+        });
+        if self.request.include_usage {
+            chunk["usage"] = usage.map_or(Value::Null, usage_json);
+        }
+        chunk
+    }
+
+    fn delta_choice(
+        &self,
+        text: &str,
+        logprobs: &[TokenLogprob],
+        finish: Option<FinishReason>,
+    ) -> Value {
+        if self.is_chat() {
+            let delta = if finish.is_some() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            json!({
+                "index": 0,
+                "delta": delta,
+                "logprobs": self.logprobs_json(logprobs),
+                "finish_reason": finish,
+            })
+        } else {
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+        }
+    }
+
+    fn logprobs_json(&self, logprobs: &[TokenLogprob]) -> Value {
+        match self.request.logprobs {
+            Some(_) if !logprobs.is_empty() => json!({"content": logprobs}),
+            _ => Value::Null,
+        }
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// Server-sent events: a chunk per event, `data: [DONE]` at the end. Dropping the body
+/// (the client went away) drops the receiver, which the engine sees as a cancellation.
+fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
+    let first = reply.is_chat().then(|| {
+        let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        sse(&reply.chunk(Some(role), None))
+    });
+    struct StreamState {
+        reply: Reply,
+        rx: UnboundedReceiver<Event>,
+        pending: Vec<Bytes>,
+        done: bool,
+    }
+    let state = StreamState {
+        reply,
+        rx,
+        pending: first.into_iter().collect(),
+        done: false,
+    };
+    let body = stream::unfold(state, |mut s| async move {
+        loop {
+            if !s.pending.is_empty() {
+                let next = s.pending.remove(0);
+                return Some((Ok::<_, std::convert::Infallible>(next), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(Event::Delta { text, logprobs }) => {
+                    let choice = s.reply.delta_choice(&text, &logprobs, None);
+                    s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
+                }
+                Some(Event::Done {
+                    finish_reason,
+                    usage,
+                }) => {
+                    let choice = s.reply.delta_choice("", &[], Some(finish_reason));
+                    s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
+                    if s.reply.request.include_usage {
+                        s.pending.push(sse(&s.reply.chunk(None, Some(&usage))));
+                    }
+                    s.pending.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                Some(Event::Failed(err)) => {
+                    s.pending.push(sse(&err.body()));
+                    s.done = true;
+                }
+                None => {
+                    let err =
+                        ApiError::internal("the engine stopped before finishing this request");
+                    s.pending.push(sse(&err.body()));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+async fn collect_response(
+    reply: Reply,
+    mut rx: UnboundedReceiver<Event>,
+    n_prompt: usize,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    let (finish_reason, usage) = loop {
+        match rx.recv().await {
+            Some(Event::Delta {
+                text: t,
+                logprobs: l,
+            }) => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+            }) => break (finish_reason, usage),
+            Some(Event::Failed(err)) => return Err(err),
+            None => {
+                return Err(ApiError::internal(format!(
+                    "the engine stopped before finishing this request ({n_prompt} prompt tokens)"
+                )))
+            }
+        }
+    };
+    let choice = if reply.is_chat() {
+        json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": reply.logprobs_json(&logprobs),
+            "finish_reason": finish_reason,
+        })
+    } else {
+        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+    };
+    Ok(Json(json!({
+        "id": reply.id,
+        "object": if reply.is_chat() { "chat.completion" } else { "text_completion" },
+        "created": reply.created,
+        "model": reply.model,
+        "choices": [choice],
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
