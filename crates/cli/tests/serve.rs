@@ -174,3 +174,57 @@ fn sigterm_lets_a_stream_in_flight_finish() {
     let exit = server.child.wait().unwrap();
     assert!(exit.success(), "the server exits cleanly: {exit:?}");
 }
+
+#[test]
+fn chat_client_streams_replies_and_the_server_reuses_the_conversation() {
+    let server = Server::start(&[]);
+    let mut chat = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+        .args([
+            "chat",
+            "--server",
+            &server.url,
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--stats",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    chat.stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is 2+2?\nAnd 3+3?\n\n")
+        .unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+
+    let body = format!(
+        r#"{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "What is 2+2?"}}], "max_tokens": 12, "temperature": 0}}"#
+    );
+    let (status, response) = server.raw(&format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert_eq!(status, 200, "{response}");
+    let reply: serde_json::Value = serde_json::from_str(&response).unwrap();
+    let first = reply["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        stdout.starts_with(first),
+        "the chat's first reply {stdout:?} is not the server's {first:?}"
+    );
+    // The second turn extends the first: the server reuses its cache.
+    let reused: Vec<u64> = stderr
+        .lines()
+        .filter_map(|l| l.split(" reused").next()?.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(reused.len(), 2, "{stderr}");
+    assert!(reused[1] > 0, "the second turn reused nothing: {stderr}");
+}

@@ -230,18 +230,19 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 }
             };
             // "developer" is OpenAI's newer name for the system role.
-            let role =
-                match role {
-                    "system" | "developer" => "system",
-                    "user" | "assistant" | "tool" => role,
-                    other => return Err(ApiError::bad_param(
+            let role = match role {
+                "system" | "developer" => "system",
+                "user" | "assistant" | "tool" => role,
+                other => {
+                    return Err(ApiError::bad_param(
                         at("role"),
                         format!(
                             "{} '{other}' is not one of system, developer, user, assistant, tool",
                             at("role")
                         ),
-                    )),
-                };
+                    ))
+                }
+            };
             let content = match m.get("content") {
                 Some(Value::String(c)) => c.clone(),
                 // An assistant turn that only called tools has no content.

@@ -26,9 +26,25 @@ pub struct ChatArgs {
     /// Print prefill/decode statistics after each reply (on stderr).
     #[arg(long)]
     pub stats: bool,
+    /// Chat with a running `pyramid serve` (or any OpenAI-compatible server) at this URL
+    /// instead of loading a model here; `--model`, `--precision` and `--kv` are then unused.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The server's API key, if it requires one.
+    #[arg(long, requires = "server")]
+    pub api_key: Option<String>,
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
+    if let Some(server) = &args.server {
+        return super::chat_remote::run(
+            server,
+            args.api_key.as_deref(),
+            args.system.as_deref(),
+            &args.sampling,
+            args.stats,
+        );
+    }
     let loaded = args.model.load()?;
     let template = loaded.tokenizer.chat_template()?;
     let params = args

@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod chat;
+mod chat_remote;
 pub mod inspect;
 pub mod models;
 pub mod replay;
