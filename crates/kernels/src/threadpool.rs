@@ -362,6 +362,16 @@ impl<'a, T> SharedSlice<'a, T> {
         self.len == 0
     }
 
+    /// The first `len` elements, as a buffer of their own.
+    pub fn prefix(&self, len: usize) -> SharedSlice<'a, T> {
+        assert!(len <= self.len);
+        Self {
+            ptr: self.ptr,
+            len,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
     /// The raw base, for kernels that write strided columns.
     pub fn as_mut_ptr(&self) -> *mut T {
         self.ptr

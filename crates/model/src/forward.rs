@@ -130,7 +130,11 @@ impl Scratch {
             o: with(n_tokens * e),
             gate: with(n_tokens * ff),
             up: with(n_tokens * ff),
-            linear: LinearScratch::for_shape(n_tokens, e.max(qd).max(ff)),
+            linear: LinearScratch::for_shape(
+                n_tokens,
+                e.max(qd).max(ff),
+                (n_tokens * e.max(qd).max(ff)).max(n_outputs * cfg.n_vocab),
+            ),
             calibration: None,
         }
     }
@@ -280,7 +284,11 @@ impl Model {
             up: SharedSlice::new(sized(&mut s.up, n * ff)),
             normed: SharedSlice::new(sized(&mut s.normed, n_rows * e)),
             logits: SharedSlice::new(sized(&mut s.logits, n_rows * cfg.n_vocab)),
-            prepared: s.linear.shared(n, e.max(qd).max(ff)),
+            prepared: s.linear.shared(
+                n,
+                e.max(qd).max(ff),
+                (n * e.max(qd).max(ff)).max(n_rows * cfg.n_vocab),
+            ),
         };
         let pass = Pass {
             places: &s.places,
