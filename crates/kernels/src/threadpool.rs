@@ -362,12 +362,13 @@ impl<'a, T> SharedSlice<'a, T> {
         self.len == 0
     }
 
-    /// The first `len` elements, as a buffer of their own.
-    pub fn prefix(&self, len: usize) -> SharedSlice<'a, T> {
-        assert!(len <= self.len);
+    /// The elements of `range`, as a buffer of their own.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> SharedSlice<'a, T> {
+        assert!(range.start <= range.end && range.end <= self.len);
         Self {
-            ptr: self.ptr,
-            len,
+            // SAFETY: in bounds, checked above.
+            ptr: unsafe { self.ptr.add(range.start) },
+            len: range.len(),
             _borrow: std::marker::PhantomData,
         }
     }

@@ -499,7 +499,7 @@ impl Model {
     }
 
     /// Causal grouped-query attention for every real row, whose keys and values are already
-    /// in its segment's cache; padding rows get zeros. Threads split the (row, head) pairs.
+    /// in its segment's cache; padding rows get zeros. Threads share out the (row, head) pairs.
     ///
     /// # Safety
     /// `q` and the caches are complete and unwritten until the next barrier.
@@ -515,7 +515,10 @@ impl Model {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scores = &mut *scores;
-        for item in team.split(pass.places.len() * n_head, 1) {
+        // Dealt round-robin rather than in contiguous runs: a causal row's work grows with
+        // its position, so contiguous runs would leave the last rows' thread with most of it.
+        let n_items = pass.places.len() * n_head;
+        for item in (team.idx()..n_items).step_by(team.n_threads()) {
             let (t, head) = (item / n_head, item % n_head);
             let place = pass.places[t];
             let n_pos = place.pos + 1; // causal: attend to itself and everything before

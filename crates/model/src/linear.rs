@@ -278,21 +278,24 @@ impl Linear {
                 q.packed.gemm_cols(&view, out, cols.clone());
                 let n_o = q.outlier_channels.len();
                 if n_o > 0 {
-                    // The float side product, for the same columns, then added in.
-                    let side = prepared.outlier_out.prefix(n * n_out);
-                    matmul_cols(
-                        isa::active(),
-                        &prepared.outliers.as_slice()[..n * n_o],
-                        &q.outlier_weights,
-                        &side,
-                        n,
-                        n_o,
-                        n_out,
-                        cols.clone(),
-                    );
-                    for r in 0..n {
+                    // The float side product, for the same columns, then added in. Row by
+                    // row: the f32 kernel's 4-row tiles sum in another order than its single
+                    // rows, and a token's result must not depend on what shares its batch.
+                    let outliers = &prepared.outliers.as_slice()[..n * n_o];
+                    for (r, x_o) in outliers.chunks_exact(n_o).enumerate() {
+                        let side = prepared.outlier_out.slice(r * n_out..(r + 1) * n_out);
+                        matmul_cols(
+                            isa::active(),
+                            x_o,
+                            &q.outlier_weights,
+                            &side,
+                            1,
+                            n_o,
+                            n_out,
+                            cols.clone(),
+                        );
                         let row = r * n_out + cols.start..r * n_out + cols.end;
-                        add_in_place(out.range_mut(row.clone()), side.range_mut(row));
+                        add_in_place(out.range_mut(row), side.range_mut(cols.clone()));
                     }
                 }
             }

@@ -3,9 +3,10 @@
 
 use pyramid_gguf::{GgmlType, GgufFile, Value};
 use pyramid_kernels::ThreadPool;
+use pyramid_model::linear::Site;
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::{
-    Architecture, KvType, LogitsFor, Model, ModelError, Precision, Scratch, Segment,
+    Architecture, Calibration, KvType, LogitsFor, Model, ModelError, Precision, Scratch, Segment,
 };
 
 fn build(spec: &SyntheticSpec) -> Model {
@@ -290,6 +291,33 @@ fn a_weight_of_a_type_without_dequantisation_is_an_error_naming_it() {
 
 /// Several sequences in one pass give exactly what each gives alone: every projection
 /// treats rows independently, and each row attends only to its own cache.
+/// A calibration under which every projection input has outlier channels (random weights
+/// have none), so the float side product of integer projections is exercised.
+fn forced_outliers(spec: &SyntheticSpec) -> Calibration {
+    let mut calibration = Calibration::new(spec.n_layer);
+    let peaks = |width: usize| -> Vec<f32> {
+        (0..width)
+            .map(|c| if c % 13 == 5 { 100.0 } else { 1.0 })
+            .collect()
+    };
+    let (e, ff) = (spec.n_embd, spec.n_ff);
+    for layer in 0..spec.n_layer {
+        for (site, width) in [
+            (Site::AttnIn, e),
+            (Site::AttnOut, e),
+            (Site::FfnIn, e),
+            (Site::FfnDown, ff),
+        ] {
+            calibration.record(layer, site, &peaks(width), width);
+        }
+    }
+    calibration.record(0, Site::Head, &peaks(e), e);
+    calibration
+}
+
+/// Batched with others or alone, prefilled or decoded: a token's logits are the same bits,
+/// which is what lets a server batch requests and reuse cached prefixes without changing
+/// anyone's output.
 #[test]
 fn batched_forward_equals_each_sequence_alone() {
     use pyramid_model::Segment;
@@ -300,7 +328,7 @@ fn batched_forward_equals_each_sequence_alone() {
                 weight_type: ty,
                 ..SyntheticSpec::tiny(Architecture::Qwen2)
             };
-            let model = build(&spec).into_precision(precision, None);
+            let model = build(&spec).into_precision(precision, Some(&forced_outliers(&spec)));
             let n_vocab = model.config.n_vocab;
             let prompts: [&[u32]; 3] = [&PROMPT[..3], &PROMPT, &PROMPT[4..9]];
             let next: [u32; 3] = [7, 99, 260];
