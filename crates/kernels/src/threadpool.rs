@@ -362,17 +362,6 @@ impl<'a, T> SharedSlice<'a, T> {
         self.len == 0
     }
 
-    /// The elements of `range`, as a buffer of their own.
-    pub fn slice(&self, range: std::ops::Range<usize>) -> SharedSlice<'a, T> {
-        assert!(range.start <= range.end && range.end <= self.len);
-        Self {
-            // SAFETY: in bounds, checked above.
-            ptr: unsafe { self.ptr.add(range.start) },
-            len: range.len(),
-            _borrow: std::marker::PhantomData,
-        }
-    }
-
     /// The raw base, for kernels that write strided columns.
     pub fn as_mut_ptr(&self) -> *mut T {
         self.ptr

@@ -130,11 +130,7 @@ impl Scratch {
             o: with(n_tokens * e),
             gate: with(n_tokens * ff),
             up: with(n_tokens * ff),
-            linear: LinearScratch::for_shape(
-                n_tokens,
-                e.max(qd).max(ff),
-                (n_tokens * e.max(qd).max(ff)).max(n_outputs * cfg.n_vocab),
-            ),
+            linear: LinearScratch::for_shape(n_tokens, e.max(qd).max(ff)),
             calibration: None,
         }
     }
@@ -284,11 +280,7 @@ impl Model {
             up: SharedSlice::new(sized(&mut s.up, n * ff)),
             normed: SharedSlice::new(sized(&mut s.normed, n_rows * e)),
             logits: SharedSlice::new(sized(&mut s.logits, n_rows * cfg.n_vocab)),
-            prepared: s.linear.shared(
-                n,
-                e.max(qd).max(ff),
-                (n * e.max(qd).max(ff)).max(n_rows * cfg.n_vocab),
-            ),
+            prepared: s.linear.shared(n, e.max(qd).max(ff)),
         };
         let pass = Pass {
             places: &s.places,

@@ -17,7 +17,7 @@ use pyramid_kernels::int8::{
     gemm_i8_cols, quantize_row_excluding, sum_groups, PackedI8, QuantizedView, SUM_GROUP,
 };
 use pyramid_kernels::matmul::{bf16, matmul_cols};
-use pyramid_kernels::ops::add_in_place;
+use pyramid_kernels::ops::{add_in_place, dot};
 use pyramid_kernels::{isa, SharedSlice, ThreadPool, COLUMN_ALIGN};
 
 use crate::weights::Matrix;
@@ -179,7 +179,7 @@ impl Linear {
         n: usize,
         s: &mut LinearScratch,
     ) {
-        let prepared = s.shared(n, self.n_in(), n * self.n_out());
+        let prepared = s.shared(n, self.n_in());
         let out = SharedSlice::new(out);
         pool.run_team(&|team| {
             // SAFETY: rows, then (after the barrier) columns, are split disjointly.
@@ -278,24 +278,14 @@ impl Linear {
                 q.packed.gemm_cols(&view, out, cols.clone());
                 let n_o = q.outlier_channels.len();
                 if n_o > 0 {
-                    // The float side product, for the same columns, then added in. Row by
-                    // row: the f32 kernel's 4-row tiles sum in another order than its single
-                    // rows, and a token's result must not depend on what shares its batch.
+                    // The float side product, one dot per output: the same arithmetic for a
+                    // token whatever shares its batch (tiled kernels sum in another order).
                     let outliers = &prepared.outliers.as_slice()[..n * n_o];
                     for (r, x_o) in outliers.chunks_exact(n_o).enumerate() {
-                        let side = prepared.outlier_out.slice(r * n_out..(r + 1) * n_out);
-                        matmul_cols(
-                            isa::active(),
-                            x_o,
-                            &q.outlier_weights,
-                            &side,
-                            1,
-                            n_o,
-                            n_out,
-                            cols.clone(),
-                        );
-                        let row = r * n_out + cols.start..r * n_out + cols.end;
-                        add_in_place(out.range_mut(row), side.range_mut(cols.clone()));
+                        let row = out.range_mut(r * n_out + cols.start..r * n_out + cols.end);
+                        for (o, j) in row.iter_mut().zip(cols.clone()) {
+                            *o += dot(x_o, &q.outlier_weights[j * n_o..(j + 1) * n_o]);
+                        }
                     }
                 }
             }
@@ -320,48 +310,38 @@ pub struct LinearScratch {
     scales: Vec<f32>,   // [n]
     sums: Vec<i32>,     // [n, k_pad / SUM_GROUP]
     outliers: Vec<f32>, // [n, n_outliers]
-    /// The outlier channels' float product `[n, n_out]`, before it joins the output.
-    outlier_out: Vec<f32>,
 }
 
 impl LinearScratch {
-    /// Room for projections of up to `n` rows of at most `max_in` inputs, producing at
-    /// most `max_out` values.
-    pub fn for_shape(n: usize, max_in: usize, max_out: usize) -> Self {
+    /// Room for projections of up to `n` rows of at most `max_in` inputs.
+    pub fn for_shape(n: usize, max_in: usize) -> Self {
         let k_pad = max_in.next_multiple_of(SUM_GROUP);
         Self {
             data: Vec::with_capacity(n * k_pad),
             scales: Vec::with_capacity(n),
             sums: Vec::with_capacity(n * k_pad / SUM_GROUP),
             outliers: Vec::with_capacity(n * max_in / MAX_OUTLIER_FRACTION),
-            outlier_out: Vec::with_capacity(max_out),
         }
     }
 
     /// Bytes the buffers hold reserved.
     pub fn reserved_bytes(&self) -> usize {
         self.data.capacity()
-            + 4 * (self.scales.capacity()
-                + self.sums.capacity()
-                + self.outliers.capacity()
-                + self.outlier_out.capacity())
+            + 4 * (self.scales.capacity() + self.sums.capacity() + self.outliers.capacity())
     }
 
-    /// The buffers sized for `n` rows of at most `max_in` inputs and `max_out` outputs,
-    /// shared by a region.
-    pub fn shared(&mut self, n: usize, max_in: usize, max_out: usize) -> PreparedInput<'_> {
+    /// The buffers sized for `n` rows of at most `max_in` inputs, shared by a region.
+    pub fn shared(&mut self, n: usize, max_in: usize) -> PreparedInput<'_> {
         let k_pad = max_in.next_multiple_of(SUM_GROUP);
         self.data.resize(n * k_pad, 0);
         self.scales.resize(n, 0.0);
         self.sums.resize(n * k_pad / SUM_GROUP, 0);
         self.outliers.resize(n * max_in / MAX_OUTLIER_FRACTION, 0.0);
-        self.outlier_out.resize(max_out, 0.0);
         PreparedInput {
             data: SharedSlice::new(&mut self.data),
             scales: SharedSlice::new(&mut self.scales),
             sums: SharedSlice::new(&mut self.sums),
             outliers: SharedSlice::new(&mut self.outliers),
-            outlier_out: SharedSlice::new(&mut self.outlier_out),
         }
     }
 }
@@ -372,7 +352,6 @@ pub struct PreparedInput<'a> {
     scales: SharedSlice<'a, f32>,
     sums: SharedSlice<'a, i32>,
     outliers: SharedSlice<'a, f32>,
-    outlier_out: SharedSlice<'a, f32>,
 }
 
 /// Where a projection's input comes from; projections sharing an input share outliers.
