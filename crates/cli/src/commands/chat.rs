@@ -66,15 +66,9 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let mut lines = stdin.lock().lines();
     let mut stdout = std::io::stdout();
     loop {
-        eprint!("> ");
-        std::io::stderr().flush()?;
-        let Some(line) = lines.next().transpose()? else {
+        let Some(line) = next_user_turn(&mut lines)? else {
             break;
         };
-        let line = line.trim_end().to_string();
-        if line.is_empty() {
-            break;
-        }
         messages.push(ChatMessage::new("user", line));
         // The template carries its own BOS if it wants one; nothing is added on top.
         let prompt = tokenizer.encode(&template.render(&messages, true)?, true)?;
@@ -128,4 +122,18 @@ pub fn run(args: ChatArgs) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Prompts for and reads the user's next message; `None` on an empty line or end of input,
+/// which end the chat.
+pub(super) fn next_user_turn(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> Result<Option<String>> {
+    eprint!("> ");
+    std::io::stderr().flush()?;
+    let Some(line) = lines.next().transpose()? else {
+        return Ok(None);
+    };
+    let line = line.trim_end();
+    Ok((!line.is_empty()).then(|| line.to_string()))
 }

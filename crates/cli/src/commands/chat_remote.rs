@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use super::chat::next_user_turn;
 use super::run::SamplingArgs;
 
 /// What one streamed reply brought.
@@ -33,15 +34,9 @@ pub fn run(
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
-        eprint!("> ");
-        std::io::stderr().flush()?;
-        let Some(line) = lines.next().transpose()? else {
+        let Some(line) = next_user_turn(&mut lines)? else {
             break;
         };
-        let line = line.trim_end().to_string();
-        if line.is_empty() {
-            break;
-        }
         messages.push(json!({"role": "user", "content": line}));
         let body = json!({
             "model": model,
