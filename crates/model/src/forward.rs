@@ -316,23 +316,7 @@ impl Model {
         }
         for (li, layer) in w.layers.iter().enumerate() {
             // Residual of the previous layer's FFN, then the attention norm.
-            unsafe {
-                for r in my_rows.clone() {
-                    let x = b.x.range_mut(r * e..(r + 1) * e);
-                    if li > 0 {
-                        add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
-                    }
-                    rms_norm(
-                        b.h.range_mut(r * e..(r + 1) * e),
-                        x,
-                        &layer.attn_norm,
-                        cfg.rms_eps,
-                    );
-                }
-                layer
-                    .wq
-                    .prepare_rows(b.h.as_slice(), n, my_rows.clone(), &b.prepared);
-            }
+            unsafe { self.residual_norm(b, my_rows.clone(), li > 0, &layer.attn_norm, &layer.wq) };
             team.sync();
             unsafe {
                 pass.record(team, li, Site::AttnIn, b.h.as_slice(), e);
@@ -391,21 +375,7 @@ impl Model {
             }
             self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
             team.sync();
-            unsafe {
-                for r in my_rows.clone() {
-                    let x = b.x.range_mut(r * e..(r + 1) * e);
-                    add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
-                    rms_norm(
-                        b.h.range_mut(r * e..(r + 1) * e),
-                        x,
-                        &layer.ffn_norm,
-                        cfg.rms_eps,
-                    );
-                }
-                layer
-                    .w_gate
-                    .prepare_rows(b.h.as_slice(), n, my_rows.clone(), &b.prepared);
-            }
+            unsafe { self.residual_norm(b, my_rows.clone(), true, &layer.ffn_norm, &layer.w_gate) };
             team.sync();
             unsafe {
                 pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
@@ -461,6 +431,35 @@ impl Model {
                 n_rows,
             );
         }
+    }
+
+    /// For this thread's rows: `x += o` (the last block's output) when `add_block_output`,
+    /// `h = norm(x)`, and `h` prepared for `first`, the block's first projection.
+    ///
+    /// # Safety
+    /// `o` was completed before the last barrier; these rows are this thread's alone.
+    unsafe fn residual_norm(
+        &self,
+        b: &Buffers<'_>,
+        rows: std::ops::Range<usize>,
+        add_block_output: bool,
+        norm: &[f32],
+        first: &Linear,
+    ) {
+        let e = self.config.n_embd;
+        for r in rows.clone() {
+            let x = b.x.range_mut(r * e..(r + 1) * e);
+            if add_block_output {
+                add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+            }
+            rms_norm(
+                b.h.range_mut(r * e..(r + 1) * e),
+                x,
+                norm,
+                self.config.rms_eps,
+            );
+        }
+        first.prepare_rows(b.h.as_slice(), b.x.len() / e, rows, &b.prepared);
     }
 
     /// `out = lin(input)` as two steps: this thread's rows prepared, a barrier, its columns.
