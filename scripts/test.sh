@@ -21,6 +21,9 @@ for model in smollm2-135m qwen2.5-coder-0.5b; do
     ./target/release/pyramid fetch "$model"
 done
 
+echo "== OpenVINO runtime for the ov:* backend tests"
+scripts/setup-openvino.sh
+
 echo "== python for the OpenAI-compatibility tests"
 # crates/cli/tests/openai/*.py drive `pyramid serve` with the official openai client,
 # installed into a private venv. `python3 -m venv` needs ensurepip, which Debian ships

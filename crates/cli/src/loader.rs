@@ -4,18 +4,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{KvType, Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::Tokenizer;
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A known model name (see `pyramid models`) or a path to a GGUF file.
+    /// A known model name (see `pyramid models`), a path to a GGUF file, or
+    /// `synthetic:SHAPE` (random weights shaped like qwen2.5-0.5b/1.5b/3b/7b or
+    /// llama-3.2-1b/3b: for speed scaling only).
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Worker threads (default: one per core).
@@ -66,10 +69,59 @@ pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
     Ok(pyramid_runtime::artifact::model_id(&head, &tail, len))
 }
 
-/// A known name becomes a cached path, fetched first if needed.
+/// Prefix of model names that stand for random-weight models with a published model's
+/// shapes (`synthetic:qwen2.5-1.5b`): speed measurements only, never quality.
+pub const SYNTHETIC_PREFIX: &str = "synthetic:";
+
+/// A known name becomes a cached path, fetched first if needed; a `synthetic:` name is
+/// written once into `$PYRAMID_HOME/synthetic`.
 pub fn resolve_model_path(name_or_path: &str) -> Result<PathBuf> {
     let cache = ModelCache::from_env()?;
+    if let Some(shape) = name_or_path.strip_prefix(SYNTHETIC_PREFIX) {
+        return synthetic_model_path(&cache, shape);
+    }
     Ok(cache.resolve(name_or_path, &IndicatifProgress::new())?)
+}
+
+fn synthetic_model_path(cache: &ModelCache, shape: &str) -> Result<PathBuf> {
+    let spec = SyntheticSpec::published(shape).with_context(|| {
+        format!(
+            "unknown synthetic shape '{shape}' (known: {})",
+            SyntheticSpec::PUBLISHED.join(", ")
+        )
+    })?;
+    let dir = cache.models_dir().with_file_name("synthetic");
+    let path = dir.join(format!("{shape}-q8_0.gguf"));
+    if path.exists() {
+        return Ok(path);
+    }
+    // The load stage holds every weight in f32 first.
+    let needed = spec.n_params() as u64 * 4;
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kb| kb * 1024);
+    if let Some(available) = available.filter(|&a| a < needed * 3 / 2) {
+        bail!(
+            "synthetic:{shape} needs about {:.1} GiB to load (its weights in f32) and this machine has {:.1} GiB available",
+            needed as f64 / (1u64 << 30) as f64 * 1.5,
+            available as f64 / (1u64 << 30) as f64
+        );
+    }
+    eprintln!(
+        "writing random-weight synthetic:{shape} to {}",
+        path.display()
+    );
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let bytes = synthetic_gguf(&spec)?.to_bytes();
+    let tmp = path.with_extension("partial");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
 pub fn open_tokenizer(model: &str) -> Result<(PathBuf, GgufFile, Tokenizer)> {
@@ -85,10 +137,14 @@ fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
 
 pub struct Loaded {
     pub name: String,
+    /// Random weights with a published model's shapes: speed only, tokens mean nothing.
+    pub synthetic: bool,
     /// The GGUF file the model came from.
     pub path: PathBuf,
     pub kv_type: KvType,
     pub model: Arc<Model>,
+    /// The f32 model as loaded, when asked for (OpenVINO builds its graphs from it).
+    pub f32_model: Option<Arc<Model>>,
     pub tokenizer: Tokenizer,
     pub pool: ThreadPool,
     pub load_ms: f64,
@@ -96,6 +152,12 @@ pub struct Loaded {
 
 impl ModelArgs {
     pub fn load(&self) -> Result<Loaded> {
+        self.load_keeping_f32(false)
+    }
+
+    /// As [`ModelArgs::load`], also keeping the f32 model when `keep_f32` (a second copy
+    /// of the weights unless `--precision f32`).
+    pub fn load_keeping_f32(&self, keep_f32: bool) -> Result<Loaded> {
         let pool = match self.threads {
             Some(0) => anyhow::bail!("--threads must be at least 1"),
             Some(n) => ThreadPool::new(n)?,
@@ -106,6 +168,8 @@ impl ModelArgs {
         let (path, file, tokenizer) = open_path(path)?;
         let model =
             Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
+        let f32_model =
+            (keep_f32 && self.precision != Precision::F32).then(|| Arc::new(model.clone()));
         let model = match self.precision {
             Precision::F32 => model,
             precision if precision.quantises_activations() => {
@@ -117,11 +181,15 @@ impl ModelArgs {
             precision => model.into_precision(precision, None),
         };
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
+        let model = Arc::new(model);
+        let f32_model = f32_model.or_else(|| keep_f32.then(|| Arc::clone(&model)));
         Ok(Loaded {
             name: self.model.clone(),
+            synthetic: self.model.starts_with(SYNTHETIC_PREFIX),
             path,
             kv_type: self.kv,
-            model: Arc::new(model),
+            f32_model,
+            model,
             tokenizer,
             pool,
             load_ms,

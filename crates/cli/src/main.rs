@@ -3,6 +3,7 @@
 
 mod commands;
 mod loader;
+mod route;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,11 @@ enum Command {
     /// Serve the OpenAI HTTP API (chat and text completions, streaming) with continuous
     /// batching and conversation reuse.
     Serve(commands::serve::ServeArgs),
+    /// Check a route's greedy tokens against the native f32 path on the reference
+    /// prompts, window by window.
+    Qualify(commands::qualify::QualifyArgs),
+    /// List the devices routes can use: the native CPU and OpenVINO's devices.
+    Devices(commands::devices::DevicesArgs),
     /// List the models known by name and whether they are cached.
     Models,
     /// Download a known model into the cache.
@@ -55,6 +61,8 @@ fn main() -> ExitCode {
             Command::Bench(args) => commands::bench::run(args),
             Command::Replay(args) => commands::replay::run(args),
             Command::Serve(args) => commands::serve::run(args),
+            Command::Qualify(args) => commands::qualify::run(args),
+            Command::Devices(args) => commands::devices::run(args),
             Command::Models => commands::models::list(),
             Command::Fetch(args) => commands::models::fetch(args),
         });

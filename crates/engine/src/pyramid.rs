@@ -18,8 +18,8 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvCache, KvType, Segment};
 use pyramid_runtime::artifact::compile_timed;
 use pyramid_runtime::{
-    prefill_chunked, ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, RuntimeError,
-    WindowLadder,
+    prefill_chunked, ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, Prefill,
+    RuntimeError, WindowLadder,
 };
 use serde::Serialize;
 
@@ -88,8 +88,10 @@ pub struct PyramidStats {
     pub n_stalls: usize,
     pub stall_ms: f64,
     pub n_evicted: usize,
-    /// Where the artifacts really ran, as their backend reports it (route audit).
-    pub executed_on: Option<String>,
+    /// Where prefill and decode artifacts really ran, as their backend reports it (the
+    /// route audit).
+    pub prefill_executed_on: Option<String>,
+    pub decode_executed_on: Option<String>,
 }
 
 struct State {
@@ -253,7 +255,10 @@ impl WindowPyramid {
             let mut stats = lock(&self.stats);
             stats.n_compiles += 1;
             stats.compile_ms += t.as_secs_f64() * 1e3;
-            stats.executed_on.get_or_insert(device);
+            match shape {
+                ArtifactShape::Prefill { .. } => stats.prefill_executed_on.get_or_insert(device),
+                ArtifactShape::Decode { .. } => stats.decode_executed_on.get_or_insert(device),
+            };
             Ok(exe)
         });
         if let Err(e) = &published {
@@ -521,5 +526,38 @@ impl PyramidSession {
         {
             self.pyramid.prepare(next);
         }
+    }
+}
+
+impl pyramid_runtime::Decoder for PyramidSession {
+    type Error = EngineError;
+
+    fn prefill_prompt(&mut self, pool: &ThreadPool, prompt: &[u32]) -> Result<Prefill> {
+        // What `prefill` keeps: the longest common prefix, leaving one token to run.
+        let n_reused = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len().saturating_sub(1));
+        let logits = self.prefill(pool, prompt)?.to_vec();
+        Ok(Prefill {
+            logits,
+            n_reused,
+            n_computed: prompt.len() - n_reused,
+        })
+    }
+
+    fn decode_token(&mut self, pool: &ThreadPool, token: u32) -> Result<Vec<f32>> {
+        Ok(self.decode(pool, token)?.to_vec())
+    }
+
+    fn remaining_context(&self) -> usize {
+        self.pyramid
+            .config()
+            .ladder
+            .largest()
+            .saturating_sub(self.tokens.len())
     }
 }

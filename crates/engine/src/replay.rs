@@ -372,7 +372,7 @@ pub fn tokens_identical(arms: &[ArmReport]) -> Option<bool> {
 }
 
 /// Peak resident set size of this process, resettable between arms (Linux).
-mod rss {
+pub mod rss {
     /// Resets the kernel's high-water mark (`VmHWM`) to the current RSS.
     pub fn reset_peak() {
         // Ignored where unsupported: the figure is then reported as absent.

@@ -245,7 +245,7 @@ impl KvCache {
     }
 
     /// Checks that `n_new` more positions fit.
-    pub(crate) fn check_room(&self, n_new: usize) -> Result<()> {
+    pub fn check_room(&self, n_new: usize) -> Result<()> {
         if self.len + n_new > self.capacity {
             return Err(ModelError::ContextLengthExceeded {
                 needed: self.len + n_new,
@@ -288,6 +288,69 @@ impl KvCache {
             }
             _ => unreachable!("keys and values are created with the same type"),
         }
+    }
+
+    /// One layer's keys and values for every head and position, `[n_head_kv, capacity,
+    /// head_dim]` each, when stored in f32: what a backend keeping the cache in host
+    /// memory binds as its input without copying.
+    pub fn layer_f32(&self, layer: usize) -> Option<(&[f32], &[f32])> {
+        let span = self.n_head_kv * self.capacity * self.head_dim;
+        let range = layer * span..(layer + 1) * span;
+        match (&self.k, &self.v) {
+            (Store::F32(k), Store::F32(v)) if layer < self.n_layer => {
+                Some((&k[range.clone()], &v[range]))
+            }
+            _ => None,
+        }
+    }
+
+    /// Writes consecutive positions from `pos` of one head (`keys` and `values`
+    /// `[n, head_dim]`), for backends that compute new rows outside this crate; they
+    /// become part of the cache with [`KvCache::commit`].
+    pub fn write_head_rows(
+        &mut self,
+        layer: usize,
+        kv_head: usize,
+        pos: usize,
+        keys: &[f32],
+        values: &[f32],
+    ) -> Result<()> {
+        let hd = self.head_dim;
+        let n = keys.len() / hd;
+        if layer >= self.n_layer
+            || kv_head >= self.n_head_kv
+            || keys.len() != values.len()
+            || !keys.len().is_multiple_of(hd)
+        {
+            return Err(ModelError::BadConfig(format!(
+                "KV rows for layer {layer} head {kv_head}: {} keys and {} values of head_dim {hd}",
+                keys.len(),
+                values.len()
+            )));
+        }
+        if pos + n > self.capacity {
+            return Err(ModelError::ContextLengthExceeded {
+                needed: pos + n,
+                n_ctx: self.capacity,
+            });
+        }
+        for (i, (k, v)) in keys
+            .chunks_exact(hd)
+            .zip(values.chunks_exact(hd))
+            .enumerate()
+        {
+            let row = self.row(layer, kv_head, pos + i);
+            self.k.put(row, k);
+            self.v.put(row, v);
+        }
+        Ok(())
+    }
+
+    /// Makes the `n` positions after the live ones live (their rows written first).
+    pub fn commit(&mut self, n: usize) -> Result<()> {
+        self.check_room(n)?;
+        self.advance(n);
+        Ok(())
     }
 
     /// Stores one position's keys and values for every KV head (`[n_head_kv * head_dim]` each).

@@ -25,6 +25,9 @@ pub struct SyntheticSpec {
     pub weight_type: GgmlType,
     /// A separate output matrix instead of reusing the token embeddings.
     pub untied_output: bool,
+    /// The vocabulary is padded with filler tokens up to this size (a published model's
+    /// vocabulary makes its embedding and output projection cost what they really do).
+    pub min_vocab: usize,
     pub seed: u64,
 }
 
@@ -41,8 +44,117 @@ impl SyntheticSpec {
             n_ctx: 256,
             weight_type: GgmlType::F32,
             untied_output: false,
+            min_vocab: 0,
             seed: 0,
         }
+    }
+
+    /// A random-weight model with the shapes of a published one, for measuring how cost
+    /// grows with size where real weights are not at hand: `qwen2.5-0.5b`, `-1.5b`, `-3b`,
+    /// `-7b`, `llama-3.2-1b`, `-3b`. Weights are stored as Q8_0 to keep the file small.
+    pub fn published(name: &str) -> Option<Self> {
+        // (arch, n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx, untied)
+        let (arch, e, l, h, kv, ff, vocab, ctx, untied) = match name {
+            "qwen2.5-0.5b" => (
+                Architecture::Qwen2,
+                896,
+                24,
+                14,
+                2,
+                4864,
+                151_936,
+                32_768,
+                false,
+            ),
+            "qwen2.5-1.5b" => (
+                Architecture::Qwen2,
+                1536,
+                28,
+                12,
+                2,
+                8960,
+                151_936,
+                32_768,
+                false,
+            ),
+            "qwen2.5-3b" => (
+                Architecture::Qwen2,
+                2048,
+                36,
+                16,
+                2,
+                11_008,
+                151_936,
+                32_768,
+                false,
+            ),
+            "qwen2.5-7b" => (
+                Architecture::Qwen2,
+                3584,
+                28,
+                28,
+                4,
+                18_944,
+                152_064,
+                32_768,
+                true,
+            ),
+            "llama-3.2-1b" => (
+                Architecture::Llama,
+                2048,
+                16,
+                32,
+                8,
+                8192,
+                128_256,
+                131_072,
+                false,
+            ),
+            "llama-3.2-3b" => (
+                Architecture::Llama,
+                3072,
+                28,
+                24,
+                8,
+                8192,
+                128_256,
+                131_072,
+                false,
+            ),
+            _ => return None,
+        };
+        Some(Self {
+            arch,
+            n_embd: e,
+            n_layer: l,
+            n_head: h,
+            n_head_kv: kv,
+            n_ff: ff,
+            n_ctx: ctx,
+            weight_type: GgmlType::Q8_0,
+            untied_output: untied,
+            min_vocab: vocab,
+            seed: 0,
+        })
+    }
+
+    /// The names [`SyntheticSpec::published`] knows.
+    pub const PUBLISHED: [&'static str; 6] = [
+        "qwen2.5-0.5b",
+        "qwen2.5-1.5b",
+        "qwen2.5-3b",
+        "qwen2.5-7b",
+        "llama-3.2-1b",
+        "llama-3.2-3b",
+    ];
+
+    /// Parameters in the weight matrices (what the f32 load stage holds, 4 bytes each).
+    pub fn n_params(&self) -> usize {
+        let hd = self.n_embd / self.n_head;
+        let (q, kv) = (self.n_head * hd, self.n_head_kv * hd);
+        let vocab = self.min_vocab.max(262);
+        let per_layer = self.n_embd * (q + 2 * kv) + q * self.n_embd + 3 * self.n_embd * self.n_ff;
+        vocab * self.n_embd * (1 + usize::from(self.untied_output)) + self.n_layer * per_layer
     }
 }
 
@@ -93,7 +205,18 @@ fn vocabulary() -> (Vec<String>, Vec<String>, Vec<i32>) {
 /// Builds the GGUF of a synthetic model.
 pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
     let mut rng = StdRng::seed_from_u64(spec.seed);
-    let (tokens, merges, types) = vocabulary();
+    let (mut tokens, merges, mut types) = vocabulary();
+    // Filler tokens go before the special ones, which stay last (BOS/EOS ids below).
+    let n_filler = spec.min_vocab.saturating_sub(tokens.len());
+    let first_special = tokens.len() - SPECIAL_TOKENS.len();
+    tokens.splice(
+        first_special..first_special,
+        (0..n_filler).map(|i| format!("<|filler_{i}|>")),
+    );
+    types.splice(
+        first_special..first_special,
+        std::iter::repeat_n(1, n_filler),
+    );
     let n_vocab = tokens.len();
     let arch = spec.arch.name();
     let head_dim = spec.n_embd / spec.n_head;

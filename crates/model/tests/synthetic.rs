@@ -463,3 +463,31 @@ fn padded_chunks_equal_unpadded() {
         );
     }
 }
+
+#[test]
+fn published_shapes_pad_the_vocabulary_and_keep_special_tokens_last() {
+    let spec = SyntheticSpec {
+        min_vocab: 1000,
+        ..SyntheticSpec::tiny(Architecture::Qwen2)
+    };
+    let file = GgufFile::from_bytes(synthetic_gguf(&spec).unwrap().to_bytes()).unwrap();
+    let model = Model::from_gguf(&file).unwrap();
+    assert_eq!(model.config.n_vocab, 1000);
+    let tokens = file.metadata().get_array("tokenizer.ggml.tokens").unwrap();
+    assert_eq!(tokens.len(), 1000);
+    let eos = file
+        .metadata()
+        .get_usize("tokenizer.ggml.eos_token_id")
+        .unwrap();
+    assert_eq!(eos, 999, "<|im_end|> stays the last token");
+
+    let qwen = SyntheticSpec::published("qwen2.5-1.5b").unwrap();
+    assert_eq!(
+        (qwen.n_embd, qwen.n_layer, qwen.min_vocab),
+        (1536, 28, 151_936)
+    );
+    // About 1.5 billion weights, as the name says.
+    let n = qwen.n_params() as f64;
+    assert!((1.3e9..1.8e9).contains(&n), "{n}");
+    assert!(SyntheticSpec::published("gpt-5").is_none());
+}

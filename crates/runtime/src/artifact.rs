@@ -133,6 +133,65 @@ pub fn compile_timed(backend: &dyn Backend, shape: ArtifactShape) -> Result<Comp
     })
 }
 
+/// Prefill on one backend, decode on another (e.g. prefill on an iGPU, decode on an NPU).
+/// Caches live in host memory in one layout for every backend, so handing a session from
+/// the prefill artifact to the decode artifact copies nothing.
+pub struct RouteBackend {
+    prefill: Arc<dyn Backend>,
+    decode: Arc<dyn Backend>,
+}
+
+impl RouteBackend {
+    /// Both backends must run the same model (same shapes).
+    pub fn new(prefill: Arc<dyn Backend>, decode: Arc<dyn Backend>) -> Result<Self> {
+        if prefill.model().config != decode.model().config {
+            return Err(RuntimeError::Device(format!(
+                "{} and {} run different models",
+                prefill.device(),
+                decode.device()
+            )));
+        }
+        Ok(Self { prefill, decode })
+    }
+}
+
+impl Backend for RouteBackend {
+    fn device(&self) -> String {
+        format!("{}->{}", self.prefill.device(), self.decode.device())
+    }
+
+    fn model(&self) -> &Arc<Model> {
+        self.prefill.model()
+    }
+
+    fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>> {
+        match shape {
+            ArtifactShape::Prefill { .. } => self.prefill.compile(shape),
+            ArtifactShape::Decode { .. } => self.decode.compile(shape),
+        }
+    }
+}
+
+/// Whether a device that really executed (`executed`, as a backend reports it: `cpu
+/// (avx2)`, `CPU`, `GPU.0`, `HETERO:NPU,CPU`) is the one asked for (`cpu`, `ov:GPU`).
+/// A fallback to another device, or a split across several, is a mismatch.
+pub fn executed_as_requested(requested: &str, executed: &str) -> bool {
+    match requested.strip_prefix("ov:") {
+        None => executed.split_whitespace().next() == Some(requested),
+        Some(device) => {
+            let base = |d: &str| d.split('.').next().unwrap_or(d).to_string();
+            let executed: Vec<&str> = executed
+                .split([',', ' '])
+                .filter(|d| !d.is_empty())
+                .collect();
+            !executed.is_empty()
+                && executed
+                    .iter()
+                    .all(|d| *d == device || (!device.contains('.') && base(d) == device))
+        }
+    }
+}
+
 /// The native backend: the engine's own kernels on this CPU.
 pub struct CpuBackend {
     model: Arc<Model>,

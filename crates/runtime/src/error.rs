@@ -23,6 +23,9 @@ pub enum RuntimeError {
         shape: ArtifactShape,
         reason: String,
     },
+    /// A backend's own failure (a device compiler or runtime), its message passed on.
+    #[error("{0}")]
+    Device(String),
     #[error("invalid window ladder: {0}")]
     BadLadder(String),
     #[error("context length exceeded: {needed} tokens needed, the largest window holds {largest}")]

@@ -5,8 +5,40 @@ use std::time::Instant;
 use pyramid_kernels::ThreadPool;
 
 use crate::sampler::{Sampler, SamplerConfig};
-use crate::session::Session;
+use crate::session::{Prefill, Session};
 use crate::Result;
+
+/// What the generation loop drives: a native [`Session`], or a session on compiled
+/// artifacts (the window pyramid, any backend).
+pub trait Decoder {
+    type Error: From<crate::RuntimeError>;
+
+    /// Makes the context exactly `prompt`, reusing what is cached.
+    fn prefill_prompt(&mut self, pool: &ThreadPool, prompt: &[u32])
+        -> Result<Prefill, Self::Error>;
+
+    /// Appends `token`; returns the logits after it.
+    fn decode_token(&mut self, pool: &ThreadPool, token: u32) -> Result<Vec<f32>, Self::Error>;
+
+    /// Positions left before the context is full.
+    fn remaining_context(&self) -> usize;
+}
+
+impl Decoder for Session {
+    type Error = crate::RuntimeError;
+
+    fn prefill_prompt(&mut self, pool: &ThreadPool, prompt: &[u32]) -> Result<Prefill> {
+        self.prefill(pool, prompt)
+    }
+
+    fn decode_token(&mut self, pool: &ThreadPool, token: u32) -> Result<Vec<f32>> {
+        self.decode(pool, token)
+    }
+
+    fn remaining_context(&self) -> usize {
+        Session::remaining_context(self)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct GenerateParams {
@@ -76,18 +108,18 @@ pub struct Generation {
 
 /// Generates after `prompt`, calling `on_token` with each new token as soon as it is
 /// chosen; `on_token` returning `false` cancels.
-pub fn generate(
-    session: &mut Session,
+pub fn generate<D: Decoder + ?Sized>(
+    session: &mut D,
     pool: &ThreadPool,
     prompt: &[u32],
     params: &GenerateParams,
     on_token: &mut dyn FnMut(u32) -> bool,
-) -> Result<Generation> {
+) -> Result<Generation, D::Error> {
     let mut sampler = Sampler::new(params.sampler.clone())?;
     let mut timings = Timings::default();
 
     let start = Instant::now();
-    let prefill = session.prefill(pool, prompt)?;
+    let prefill = session.prefill_prompt(pool, prompt)?;
     timings.prefill_ms = start.elapsed().as_secs_f64() * 1e3;
     timings.n_prefill = prefill.n_computed;
 
@@ -115,7 +147,7 @@ pub fn generate(
         if session.remaining_context() == 0 {
             break FinishReason::Length;
         }
-        logits = session.decode(pool, token)?;
+        logits = session.decode_token(pool, token)?;
         timings.n_decode += 1;
     };
     timings.decode_ms = decode_start.elapsed().as_secs_f64() * 1e3;

@@ -25,12 +25,13 @@ mod session;
 mod window;
 
 pub use artifact::{
-    prefill_chunked, ArtifactKey, ArtifactShape, Backend, Compiled, CpuBackend, Executable,
+    executed_as_requested, prefill_chunked, ArtifactKey, ArtifactShape, Backend, Compiled,
+    CpuBackend, Executable, RouteBackend,
 };
 pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
-pub use generate::{generate, FinishReason, GenerateParams, Generation, Timings};
+pub use generate::{generate, Decoder, FinishReason, GenerateParams, Generation, Timings};
 pub use pyramid_model::Scratch;
 pub use sampler::{argmax, Sampler, SamplerConfig};
-pub use session::{step_batch, Session};
+pub use session::{step_batch, Prefill, Session};
 pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};

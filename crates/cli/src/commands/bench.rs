@@ -3,19 +3,33 @@
 //! Prompts are random token ids (as llama-bench uses), so the figures measure the engine,
 //! not the text. Each test runs once untimed to warm caches, then `-r` timed repetitions.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
 use pyramid_kernels::isa;
-use pyramid_runtime::{step_batch, Sampler, SamplerConfig, Scratch, Session};
+use pyramid_model::Segment;
+use pyramid_runtime::{
+    argmax, prefill_chunked, step_batch, ArtifactShape, Executable, Sampler, SamplerConfig,
+    Scratch, Session, WindowLadder,
+};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use crate::commands::qualify::Qualifier;
+use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
+
+/// Greedy tokens per prompt when a bench qualifies its route.
+const QUALIFY_TOKENS: usize = 16;
 use crate::loader::{Loaded, ModelArgs};
+use crate::route::{Route, RouteArgs, RouteAudit};
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub action: Option<super::bench_matrix::BenchAction>,
     #[command(flatten)]
     pub model: ModelArgs,
     /// Prompt lengths to prefill (pp tests), comma-separated; 0 skips.
@@ -49,6 +63,16 @@ pub struct BenchArgs {
     /// Timed repetitions per test.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: usize,
+    #[command(flatten)]
+    pub route: RouteArgs,
+    /// Run compiled static-shape artifacts of this window (positions) instead of the
+    /// native growing cache; implied by any route other than cpu, which then picks the
+    /// smallest window of the default ladder that holds the test.
+    #[arg(long)]
+    pub window: Option<usize>,
+    /// Tokens per prefill run on the artifact path.
+    #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
+    pub prefill_chunk: usize,
     /// Print a JSON list of records instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -66,12 +90,25 @@ struct Record {
     precision: String,
     kv: String,
     isa: &'static str,
+    /// `cpu` for the native path, else the route (`ov:CPU`, `cpu->ov:NPU`).
+    device: String,
+    /// The artifacts' window, on the artifact path.
+    window: Option<usize>,
+    /// Compiling the test's artifacts, on the artifact path.
+    compile_ms: Option<f64>,
+    route: RouteAudit,
+    /// Whether the route's greedy tokens at this window equal the native f32 path's on
+    /// the first reference prompts (`pyramid qualify`); checked for routes through
+    /// OpenVINO, `null` on native routes.
+    qualified: Option<bool>,
+    /// A random-weight model with a published model's shapes: speed only.
+    synthetic: bool,
     avg_ts: f64,
     stddev_ts: f64,
     samples_ts: Vec<f64>,
 }
 
-fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+pub(crate) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n)
         .map(|_| rng.random_range(0..n_vocab as u32))
@@ -134,6 +171,89 @@ fn run_once(
     Ok(start.elapsed().as_secs_f64())
 }
 
+/// A test's compiled artifacts: prefill and decode for one window.
+pub(crate) struct Artifacts {
+    pub window: usize,
+    pub prefill: Arc<dyn Executable>,
+    pub decode: Arc<dyn Executable>,
+    pub compile_ms: f64,
+}
+
+impl Artifacts {
+    pub fn compile(route: &Route, chunk: usize, batch: usize, window: usize) -> Result<Self> {
+        let start = Instant::now();
+        let prefill = route
+            .backend
+            .compile(ArtifactShape::Prefill { chunk, window })?;
+        let decode = route
+            .backend
+            .compile(ArtifactShape::Decode { batch, window })?;
+        Ok(Self {
+            window,
+            prefill,
+            decode,
+            compile_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// As [`run_once`], on compiled artifacts: prompts are prefilled sequence by sequence in
+/// fixed-size chunks, and decode runs the batch artifact.
+fn run_once_artifacts(
+    loaded: &Loaded,
+    artifacts: &Artifacts,
+    batch: usize,
+    n_depth: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    seed: u64,
+) -> Result<f64> {
+    let n_vocab = loaded.model.config.n_vocab;
+    let pool = &loaded.pool;
+    let mut caches: Vec<_> = (0..batch)
+        .map(|_| {
+            loaded
+                .model
+                .new_kv_cache_of(artifacts.window, loaded.kv_type)
+        })
+        .collect();
+    let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
+    let mut logits = Vec::new();
+    if n_depth > 0 {
+        for (b, kv) in caches.iter_mut().enumerate() {
+            let depth = random_tokens(n_depth, n_vocab, seq_seed(b, 0));
+            prefill_chunked(artifacts.prefill.as_ref(), pool, &depth, kv, &mut logits)?;
+        }
+    }
+    if n_prompt > 0 {
+        let prompts: Vec<Vec<u32>> = (0..batch)
+            .map(|b| random_tokens(n_prompt, n_vocab, seq_seed(b, 1)))
+            .collect();
+        let start = Instant::now();
+        for (kv, prompt) in caches.iter_mut().zip(&prompts) {
+            prefill_chunked(artifacts.prefill.as_ref(), pool, prompt, kv, &mut logits)?;
+        }
+        return Ok(start.elapsed().as_secs_f64());
+    }
+    let mut tokens: Vec<[u32; 1]> = (0..batch)
+        .map(|b| [random_tokens(1, n_vocab, seq_seed(b, 2))[0]])
+        .collect();
+    let start = Instant::now();
+    for _ in 0..n_gen {
+        let mut segments: Vec<Segment<'_>> = caches
+            .iter_mut()
+            .zip(&tokens)
+            .map(|(kv, t)| Segment::new(t, kv))
+            .collect();
+        artifacts.decode.run(pool, &mut segments, &mut logits)?;
+        drop(segments);
+        for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
+            t[0] = argmax(row);
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
 fn mean_sd(xs: &[f64]) -> (f64, f64) {
     let mean = xs.iter().sum::<f64>() / xs.len() as f64;
     let var = if xs.len() > 1 {
@@ -145,13 +265,22 @@ fn mean_sd(xs: &[f64]) -> (f64, f64) {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
+    if let Some(action) = args.action {
+        return super::bench_matrix::run(action);
+    }
     if args.repetitions == 0 {
         bail!("-r/--repetitions must be at least 1");
     }
     if args.batch == 0 {
         bail!("-b/--batch must be at least 1");
     }
-    let loaded = args.model.load()?;
+    let native = args.route.is_native()?;
+    let loaded = args.model.load_keeping_f32(!native)?;
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let on_artifacts = !native || args.window.is_some();
+    if on_artifacts && args.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
     let n_ctx = loaded.model.config.n_ctx_train;
     let mut tests = Vec::new();
     for &d in &args.n_depth {
@@ -161,10 +290,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to measure: give a positive -p or -n");
     }
+    // Qualification: three short reference prompts, 16 tokens, per window used.
+    let qualifier = if native || loaded.synthetic {
+        None
+    } else {
+        Some(Qualifier::new(
+            &loaded,
+            &[],
+            Some(3),
+            QUALIFY_TOKENS,
+            n_ctx,
+        )?)
+    };
+    let mut qualified: std::collections::HashMap<usize, bool> = Default::default();
     let mut records = Vec::new();
     if !args.json {
-        println!("| model | precision | threads | isa | batch | test | t/s |");
-        println!("|---|---|---|---|---|---|---|");
+        println!("| model | precision | threads | device | window | batch | test | t/s |");
+        println!("|---|---|---|---|---|---|---|---|");
     }
     for (n_depth, n_prompt, n_gen) in tests {
         let needed = [n_depth, n_prompt, n_gen, 1]
@@ -175,20 +317,56 @@ pub fn run(args: BenchArgs) -> Result<()> {
             _ => bail!("test needs {n_depth} + {n_prompt} + {n_gen} positions but the model's context is {n_ctx}"),
         }
         let n_tokens = (n_prompt + n_gen) * args.batch;
-        run_once(&loaded, args.batch, n_depth, n_prompt, n_gen, 0)?; // warm-up
+        let artifacts = if on_artifacts {
+            let needed = n_depth + n_prompt + n_gen + 1;
+            let window = match args.window {
+                Some(w) if w < needed => {
+                    bail!("test needs {needed} positions but --window is {w}")
+                }
+                Some(w) => w,
+                None => {
+                    let ladder = WindowLadder::default_for(n_ctx);
+                    ladder.windows()[ladder.rung_for(needed)?]
+                }
+            };
+            Some(Artifacts::compile(
+                &route,
+                args.prefill_chunk.min(window),
+                args.batch,
+                window,
+            )?)
+        } else {
+            None
+        };
+        let cell_qualified = match (&qualifier, &artifacts) {
+            (Some(q), Some(a)) => Some(match qualified.get(&a.window) {
+                Some(&v) => v,
+                None => {
+                    let v = q.check(&route, &loaded, a.window)?.valid;
+                    qualified.insert(a.window, v);
+                    v
+                }
+            }),
+            _ => None,
+        };
+        let once = |seed: u64| match &artifacts {
+            Some(a) => run_once_artifacts(&loaded, a, args.batch, n_depth, n_prompt, n_gen, seed),
+            None => run_once(&loaded, args.batch, n_depth, n_prompt, n_gen, seed),
+        };
+        once(0)?; // warm-up
         let samples_ts: Vec<f64> = (0..args.repetitions)
-            .map(|rep| {
-                run_once(
-                    &loaded,
-                    args.batch,
-                    n_depth,
-                    n_prompt,
-                    n_gen,
-                    rep as u64 + 1,
-                )
-                .map(|s| n_tokens as f64 / s)
-            })
+            .map(|rep| once(rep as u64 + 1).map(|s| n_tokens as f64 / s))
             .collect::<Result<_>>()?;
+        let audit = match &artifacts {
+            Some(a) => route.audit(
+                Some(a.prefill.executing_device()),
+                Some(a.decode.executing_device()),
+            ),
+            None => {
+                let isa = format!("cpu ({})", isa::active().name());
+                route.audit(Some(isa.clone()), Some(isa))
+            }
+        };
         let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
         let mut test = if n_prompt > 0 {
             format!("pp{n_prompt}")
@@ -209,17 +387,39 @@ pub fn run(args: BenchArgs) -> Result<()> {
             precision: loaded.model.precision.to_string(),
             kv: loaded.kv_type.to_string(),
             isa: isa::active().name(),
+            device: route.name(),
+            window: artifacts.as_ref().map(|a| a.window),
+            compile_ms: artifacts.as_ref().map(|a| a.compile_ms),
+            route: audit,
+            qualified: cell_qualified,
+            synthetic: loaded.synthetic,
             avg_ts,
             stddev_ts,
             samples_ts,
         };
         if !args.json {
+            let mut device = if record.route.flagged() {
+                format!(
+                    "{} (ran elsewhere: {})",
+                    record.device,
+                    record.route.describe()
+                )
+            } else {
+                record.device.clone()
+            };
+            if record.synthetic {
+                device.push_str(" (synthetic weights)");
+            }
+            if record.qualified == Some(false) {
+                device.push_str(" UNQUALIFIED: wrong tokens, speed not comparable");
+            }
             println!(
-                "| {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
                 record.model,
                 record.precision,
                 record.threads,
-                record.isa,
+                device,
+                record.window.map_or("-".to_string(), |w| w.to_string()),
                 record.batch,
                 record.test,
                 avg_ts,

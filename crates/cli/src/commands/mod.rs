@@ -1,8 +1,11 @@
 pub mod bench;
+pub mod bench_matrix;
 pub mod chat;
 mod chat_remote;
+pub mod devices;
 pub mod inspect;
 pub mod models;
+pub mod qualify;
 pub mod replay;
 pub mod run;
 pub mod serve;

@@ -11,10 +11,11 @@ use pyramid_engine::replay::{
 };
 use pyramid_engine::{Arm, EngineError, PyramidConfig};
 use pyramid_kernels::isa;
-use pyramid_runtime::{CpuBackend, WindowLadder};
+use pyramid_runtime::WindowLadder;
 use serde::Serialize;
 
 use crate::loader::{file_model_id, ModelArgs};
+use crate::route::{RouteArgs, RouteAudit};
 
 /// Prefill chunk when none is given: on this project's reference machine (2 Zen 4 cores,
 /// AVX2 kernels) throughput rises steeply up to 128-token chunks and is within a few
@@ -25,6 +26,8 @@ pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 pub struct ReplayArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub route: RouteArgs,
     /// A JSONL trace: {"session", "step", "append_tokens" or "append_text", "generate_tokens"}
     /// per line.
     #[arg(
@@ -85,7 +88,9 @@ struct Report<'a> {
     kv: String,
     threads: usize,
     isa: &'static str,
-    device: &'static str,
+    /// Devices asked for and devices that really ran each stage (from the first arm
+    /// that compiled them).
+    route: RouteAudit,
     windows: Vec<usize>,
     prefill_chunk: usize,
     trace: TraceSummary,
@@ -131,7 +136,9 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if steps.is_empty() {
         bail!("the trace has no steps");
     }
-    let loaded = args.model.load()?;
+    let native = args.route.is_native()?;
+    let loaded = args.model.load_keeping_f32(!native)?;
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let n_ctx = loaded.model.config.n_ctx_train;
     let ladder = match &args.windows {
         Some(text) => WindowLadder::parse(text, n_ctx)?,
@@ -145,10 +152,7 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     };
     let resolved = resolve(&steps, loaded.model.config.n_vocab, &tokenize)?;
     let setup = ReplaySetup {
-        backend: Arc::new(CpuBackend::new(
-            Arc::clone(&loaded.model),
-            loaded.pool.n_threads(),
-        )),
+        backend: Arc::clone(&route.backend),
         model_id: file_model_id(&loaded.path)?,
         kv_type: loaded.kv_type,
         config: PyramidConfig {
@@ -187,7 +191,14 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         kv: loaded.kv_type.to_string(),
         threads: loaded.pool.n_threads(),
         isa: isa::active().name(),
-        device: "cpu",
+        route: route.audit(
+            reports
+                .iter()
+                .find_map(|a| a.stats.prefill_executed_on.clone()),
+            reports
+                .iter()
+                .find_map(|a| a.stats.decode_executed_on.clone()),
+        ),
         windows: ladder.windows().to_vec(),
         prefill_chunk: args.prefill_chunk,
         trace: TraceSummary {
@@ -263,7 +274,5 @@ fn print_table(r: &Report<'_>) {
             None => "n/a (one arm)",
         }
     );
-    if let Some(device) = r.arms.iter().find_map(|a| a.stats.executed_on.as_deref()) {
-        println!("executed on: {device}");
-    }
+    println!("route: {}", r.route.describe());
 }

@@ -2,14 +2,19 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_runtime::{generate, GenerateParams, SamplerConfig, Session};
+use pyramid_engine::PyramidSession;
+use pyramid_runtime::{
+    generate, Decoder, GenerateParams, Prefill, SamplerConfig, Session, WindowLadder,
+};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 use serde::Serialize;
 
 use crate::loader::{Loaded, ModelArgs};
+use crate::route::{pyramid_for, RouteArgs, RouteAudit};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]
@@ -30,6 +35,8 @@ pub struct RunArgs {
     pub chat: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub route: RouteArgs,
     /// Print one JSON object with ids, text and timings instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -95,6 +102,8 @@ struct JsonOutput<'a> {
     text: String,
     finish_reason: &'static str,
     timings: JsonTimings,
+    /// Devices asked for and devices that really ran each stage.
+    route: RouteAudit,
 }
 
 #[derive(Serialize)]
@@ -147,7 +156,9 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let loaded = args.model.load()?;
+    let native = args.route.is_native()?;
+    let loaded = args.model.load_keeping_f32(!native)?;
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let prompt = prompt_ids(&args, &loaded)?;
     if prompt.is_empty() {
         bail!("the prompt is empty");
@@ -162,17 +173,31 @@ pub fn run(args: RunArgs) -> Result<()> {
     let params = args
         .sampling
         .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
-    let mut session = Session::with_kv_type(
-        loaded.model.clone(),
-        prompt.len() + params.max_tokens,
-        loaded.kv_type,
-    );
+    // The native route runs a growing session directly; other routes run compiled
+    // artifacts on the window pyramid.
+    let mut native_session;
+    let mut pyramid_session;
+    let mut pyramid = None;
+    let session: &mut dyn Decoder<Error = anyhow::Error> = if native {
+        native_session = Erased(Session::with_kv_type(
+            loaded.model.clone(),
+            prompt.len() + params.max_tokens,
+            loaded.kv_type,
+        ));
+        &mut native_session
+    } else {
+        let ladder = WindowLadder::default_for(n_ctx);
+        let shared = pyramid_for(&route, &loaded, ladder, params.max_tokens)?;
+        pyramid_session = Erased(PyramidSession::new(Arc::clone(&shared)));
+        pyramid = Some(shared);
+        &mut pyramid_session
+    };
 
     let tokenizer = &loaded.tokenizer;
     let mut stream = StreamDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let generation = generate(&mut session, &loaded.pool, &prompt, &params, &mut |token| {
+    let generation = generate(session, &loaded.pool, &prompt, &params, &mut |token| {
         if args.json || (tokenizer.is_end_of_generation(token) && !args.sampling.ignore_eos) {
             return true;
         }
@@ -221,6 +246,16 @@ pub fn run(args: RunArgs) -> Result<()> {
                 prefill_tok_s: t.prefill_tok_s(),
                 decode_tok_s: t.decode_tok_s(),
             },
+            route: match &pyramid {
+                Some(pyramid) => {
+                    let stats = pyramid.stats();
+                    route.audit(stats.prefill_executed_on, stats.decode_executed_on)
+                }
+                None => {
+                    let isa = format!("cpu ({})", pyramid_kernels::isa::active().name());
+                    route.audit(Some(isa.clone()), Some(isa))
+                }
+            },
         };
         serde_json::to_writer(&mut stdout, &out)?;
         writeln!(stdout)?;
@@ -229,4 +264,30 @@ pub fn run(args: RunArgs) -> Result<()> {
         writeln!(stdout)?;
     }
     Ok(())
+}
+
+/// A decoder whose errors are `anyhow`'s, so native and pyramid sessions share one loop.
+struct Erased<D>(D);
+
+impl<D: Decoder> Decoder for Erased<D>
+where
+    D::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Error = anyhow::Error;
+
+    fn prefill_prompt(
+        &mut self,
+        pool: &pyramid_kernels::ThreadPool,
+        prompt: &[u32],
+    ) -> Result<Prefill> {
+        Ok(self.0.prefill_prompt(pool, prompt)?)
+    }
+
+    fn decode_token(&mut self, pool: &pyramid_kernels::ThreadPool, token: u32) -> Result<Vec<f32>> {
+        Ok(self.0.decode_token(pool, token)?)
+    }
+
+    fn remaining_context(&self) -> usize {
+        self.0.remaining_context()
+    }
 }

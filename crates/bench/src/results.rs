@@ -1,0 +1,319 @@
+//! The results file, `benchmarks/latest.json`.
+//!
+//! `verified` holds cells the harness measured, each with its provenance (machine
+//! fingerprint, commit, command, date). `_unverified` holds figures from elsewhere
+//! (papers, peers' documentation, runs on other machines) that have not been re-measured
+//! here; they are kept for reference and never quoted as results. A figure moves to
+//! `verified` only by being measured again.
+
+use serde::{Deserialize, Serialize};
+
+use crate::energy::EnergyReport;
+
+pub const SCHEMA: u32 = 1;
+
+/// What a figure was measured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpu: String,
+    /// The kernel family that ran (`avx2`, `avx512`, `scalar`).
+    pub isa: String,
+    pub cores: usize,
+    pub memory_bytes: u64,
+    pub os: String,
+}
+
+impl Machine {
+    /// This machine, from `/proc` where available.
+    pub fn detect(isa: &str) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(
+                || std::env::consts::ARCH.to_string(),
+                |(_, v)| v.trim().to_string(),
+            );
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_bytes = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024);
+        Self {
+            cpu,
+            isa: isa.to_string(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_bytes,
+            os: std::env::consts::OS.to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub machine: Machine,
+    pub commit: String,
+    /// The command line that produced the cell.
+    pub command: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+}
+
+/// What identifies a cell: the same key measured again replaces the old figures.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CellKey {
+    pub model: String,
+    pub precision: String,
+    pub kv: String,
+    pub window: usize,
+    pub prefill_device: String,
+    pub decode_device: String,
+    pub batch: usize,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+}
+
+impl CellKey {
+    /// `cpu`, or `ov:GPU->ov:NPU` when the stages differ.
+    pub fn route(&self) -> String {
+        if self.prefill_device == self.decode_device {
+            self.prefill_device.clone()
+        } else {
+            format!("{}->{}", self.prefill_device, self.decode_device)
+        }
+    }
+}
+
+/// Mean and sample standard deviation of the repetitions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Stat {
+    pub mean: f64,
+    pub sd: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    pub fn of(samples: &[f64]) -> Self {
+        let n = samples.len();
+        let mean = samples.iter().sum::<f64>() / n.max(1) as f64;
+        let sd = if n > 1 {
+            (samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        } else {
+            0.0
+        };
+        Self { mean, sd, n }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    #[serde(flatten)]
+    pub key: CellKey,
+    /// A random-weight model with a published model's shapes: speed only, never quality.
+    pub synthetic: bool,
+    /// Devices that really executed prefill and decode.
+    pub prefill_executed: String,
+    pub decode_executed: String,
+    /// Both stages ran where they were asked to.
+    pub as_requested: bool,
+    /// Greedy tokens equal the native f32 path's on the reference prompts (`None`: not
+    /// checked, as for synthetic models, whose tokens mean nothing).
+    pub qualified: Option<bool>,
+    /// Time to first token after the artifacts are compiled.
+    pub ttft_ms: Stat,
+    pub prefill_tok_s: Stat,
+    pub decode_tok_s: Stat,
+    pub decode_ms_per_token: Stat,
+    pub e2e_ms: Stat,
+    pub compile_ms: f64,
+    pub peak_rss_bytes: Option<u64>,
+    /// From the last repetition.
+    pub energy: EnergyReport,
+    pub joules_per_token: Option<f64>,
+    pub provenance: Option<Provenance>,
+}
+
+impl Cell {
+    /// Whether the cell may appear in headline tables and plots.
+    pub fn is_headline(&self) -> bool {
+        self.as_requested && self.qualified != Some(false)
+    }
+}
+
+/// A figure from elsewhere, kept apart until re-measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unverified {
+    /// What it is, e.g. "llama.cpp tg128 on Snapdragon X Elite".
+    pub figure: String,
+    /// As it would be quoted ("42.1 tok/s"); `bench check` rejects a README quoting it.
+    pub quote: String,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultsFile {
+    pub schema: u32,
+    pub verified: Vec<Cell>,
+    #[serde(rename = "_unverified", default)]
+    pub unverified: Vec<Unverified>,
+}
+
+impl Default for ResultsFile {
+    fn default() -> Self {
+        Self {
+            schema: SCHEMA,
+            verified: Vec::new(),
+            unverified: Vec::new(),
+        }
+    }
+}
+
+impl ResultsFile {
+    /// Adds `cells`, replacing any earlier cell with the same key.
+    pub fn merge(&mut self, cells: Vec<Cell>) {
+        for cell in cells {
+            self.verified.retain(|c| c.key != cell.key);
+            self.verified.push(cell);
+        }
+        self.verified.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+}
+
+/// Markers around the README's generated performance section.
+pub const README_BEGIN: &str = "<!-- pyramid bench report: begin -->";
+pub const README_END: &str = "<!-- pyramid bench report: end -->";
+
+/// Everything wrong with a results file (and the README quoting it); empty when sound.
+pub fn check(results_text: &str, readme: Option<(&str, &str)>) -> Vec<String> {
+    let file: ResultsFile = match serde_json::from_str(results_text) {
+        Ok(f) => f,
+        Err(e) => return vec![format!("not a results file: {e}")],
+    };
+    let mut problems = Vec::new();
+    if file.schema != SCHEMA {
+        problems.push(format!(
+            "schema {} (this pyramid writes {SCHEMA})",
+            file.schema
+        ));
+    }
+    for cell in &file.verified {
+        let name = format!(
+            "verified cell {} {} w{} {} b{}",
+            cell.key.model,
+            cell.key.precision,
+            cell.key.window,
+            cell.key.route(),
+            cell.key.batch
+        );
+        match &cell.provenance {
+            None => problems.push(format!("{name} has no provenance")),
+            Some(p) => {
+                for (what, value) in [
+                    ("commit", &p.commit),
+                    ("command", &p.command),
+                    ("date", &p.date),
+                    ("machine cpu", &p.machine.cpu),
+                    ("machine isa", &p.machine.isa),
+                ] {
+                    if value.trim().is_empty() {
+                        problems.push(format!("{name}: provenance lacks its {what}"));
+                    }
+                }
+                if p.machine.cores == 0 {
+                    problems.push(format!("{name}: provenance lacks the machine's cores"));
+                }
+            }
+        }
+    }
+    for u in &file.unverified {
+        if u.source.trim().is_empty() {
+            problems.push(format!("unverified figure '{}' has no source", u.figure));
+        }
+    }
+    if let Some((readme, rendered_section)) = readme {
+        for u in &file.unverified {
+            if !u.quote.trim().is_empty() && readme.contains(u.quote.trim()) {
+                problems.push(format!(
+                    "the README quotes unverified figure '{}' ({}): re-measure it or remove it",
+                    u.figure, u.quote
+                ));
+            }
+        }
+        match readme_section(readme) {
+            None => problems.push(format!(
+                "the README has no generated performance section ({README_BEGIN} … {README_END})"
+            )),
+            Some(section) if section.trim() != rendered_section.trim() => problems.push(
+                "the README's performance section differs from what `pyramid bench report` renders from the verified cells: run it again rather than editing by hand".to_string(),
+            ),
+            Some(_) => {}
+        }
+    }
+    problems
+}
+
+/// The text between the README markers.
+pub fn readme_section(readme: &str) -> Option<&str> {
+    let start = readme.find(README_BEGIN)? + README_BEGIN.len();
+    let end = start + readme[start..].find(README_END)?;
+    Some(&readme[start..end])
+}
+
+/// `readme` with its generated section replaced by `section`.
+pub fn replace_readme_section(readme: &str, section: &str) -> Option<String> {
+    let start = readme.find(README_BEGIN)? + README_BEGIN.len();
+    let end = start + readme[start..].find(README_END)?;
+    Some(format!(
+        "{}\n{}\n{}",
+        &readme[..start],
+        section.trim(),
+        &readme[end..]
+    ))
+}
+
+/// The commit checked out in the repository holding `dir` (read from `.git`, so no git
+/// binary is needed), with `-dirty` unknown: callers name uncommitted work themselves.
+pub fn commit_of(dir: &std::path::Path) -> Option<String> {
+    let git = dir
+        .ancestors()
+        .map(|d| d.join(".git"))
+        .find(|g| g.is_dir())?;
+    let head = std::fs::read_to_string(git.join("HEAD")).ok()?;
+    let head = head.trim();
+    let Some(reference) = head.strip_prefix("ref: ") else {
+        return Some(head.to_string());
+    };
+    if let Ok(id) = std::fs::read_to_string(git.join(reference)) {
+        return Some(id.trim().to_string());
+    }
+    std::fs::read_to_string(git.join("packed-refs"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_suffix(reference).map(|id| id.trim().to_string()))
+}
+
+/// Now, UTC, as RFC 3339 (`2026-11-30T23:05:57Z`).
+pub fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}

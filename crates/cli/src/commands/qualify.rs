@@ -1,0 +1,317 @@
+//! `pyramid qualify`: is a route's output right? A route is qualified for a model and
+//! window when its greedy tokens equal the native f32 path's on the reference prompts.
+//! Accelerators can compile a graph that runs and returns plausible but wrong tokens
+//! (numerics, miscompiles, silent fallbacks); benchmarks only count qualified cells.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use pyramid_engine::PyramidSession;
+use pyramid_runtime::{generate, GenerateParams, SamplerConfig, Session, WindowLadder};
+use pyramid_tokenizer::ChatMessage;
+use serde::{Deserialize, Serialize};
+
+use crate::loader::{Loaded, ModelArgs};
+use crate::route::{pyramid_for, Route, RouteArgs, RouteAudit};
+
+/// The public reference prompts (testdata/refs/prompts-public.json), built in.
+const PUBLIC_PROMPTS: &str = include_str!("../../../../testdata/refs/prompts-public.json");
+
+#[derive(Args, Debug)]
+pub struct QualifyArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub route: RouteArgs,
+    /// Windows to qualify, comma-separated.
+    #[arg(long, default_value = "1024,2048,4096")]
+    pub windows: String,
+    /// More prompts: each file is one prompt's text (no chat template).
+    #[arg(long)]
+    pub prompt_file: Vec<PathBuf>,
+    /// Greedy tokens compared per prompt.
+    #[arg(long, short = 'n', default_value_t = 32)]
+    pub max_tokens: usize,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Deserialize)]
+struct PromptSet {
+    prompts: Vec<PublicPrompt>,
+}
+
+#[derive(Deserialize)]
+struct PublicPrompt {
+    id: String,
+    text: Option<String>,
+    messages: Option<Vec<Message>>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    role: String,
+    content: String,
+}
+
+struct Prompt {
+    id: String,
+    tokens: Vec<u32>,
+}
+
+fn prompts(extra: &[PathBuf], loaded: &Loaded) -> Result<Vec<Prompt>> {
+    let set: PromptSet = serde_json::from_str(PUBLIC_PROMPTS).context("built-in prompt set")?;
+    let tok = &loaded.tokenizer;
+    let mut out = Vec::new();
+    for p in set.prompts {
+        let tokens = match (p.messages, p.text) {
+            (Some(messages), _) => {
+                let messages: Vec<ChatMessage> = messages
+                    .into_iter()
+                    .map(|m| ChatMessage::new(&m.role, m.content))
+                    .collect();
+                let rendered = tok.chat_template()?.render(&messages, true)?;
+                tok.encode(&rendered, true)?
+            }
+            (None, Some(text)) => tok.encode_prompt(&text)?,
+            (None, None) => continue,
+        };
+        out.push(Prompt { id: p.id, tokens });
+    }
+    for path in extra {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading prompt file {}", path.display()))?;
+        let tokens = tok.encode_prompt(&text)?;
+        if tokens.is_empty() {
+            bail!("prompt file {} is empty", path.display());
+        }
+        out.push(Prompt {
+            id: path.display().to_string(),
+            tokens,
+        });
+    }
+    Ok(out)
+}
+
+#[derive(Serialize)]
+struct PromptResult {
+    id: String,
+    /// `null` when the prompt and its tokens do not fit the window.
+    matched: Option<bool>,
+    /// First generated position where the route's token differs.
+    first_difference: Option<usize>,
+}
+
+#[derive(Serialize)]
+pub struct WindowResult {
+    window: usize,
+    /// Every prompt that fits matched, and at least one fits.
+    pub valid: bool,
+    route: RouteAudit,
+    prompts: Vec<PromptResult>,
+    error: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    route: String,
+    precision: String,
+    max_tokens: usize,
+    windows: Vec<WindowResult>,
+}
+
+fn greedy(max_tokens: usize) -> GenerateParams {
+    GenerateParams {
+        max_tokens,
+        sampler: SamplerConfig::greedy(),
+        stop_tokens: Vec::new(),
+        ignore_eos: true,
+    }
+}
+
+/// The reference prompts and the native f32 path's greedy tokens for each.
+pub struct Qualifier {
+    prompts: Vec<Prompt>,
+    /// `None` for a prompt that, with its tokens, fits no window to be checked.
+    reference: Vec<Option<Vec<u32>>>,
+    max_tokens: usize,
+}
+
+impl Qualifier {
+    /// Runs the reference for the public prompts (the first `limit`, if given) and
+    /// `extra`, comparing `max_tokens` tokens, for windows up to `largest`.
+    pub fn new(
+        loaded: &Loaded,
+        extra: &[PathBuf],
+        limit: Option<usize>,
+        max_tokens: usize,
+        largest: usize,
+    ) -> Result<Self> {
+        let reference_model = loaded
+            .f32_model
+            .clone()
+            .context("qualification needs the f32 model")?;
+        let mut prompts = prompts(extra, loaded)?;
+        if let Some(limit) = limit {
+            prompts.truncate(limit);
+        }
+        let params = greedy(max_tokens);
+        let reference = prompts
+            .iter()
+            .map(|p| {
+                let needed = p.tokens.len() + max_tokens;
+                if needed > largest {
+                    return Ok(None);
+                }
+                let mut session = Session::new(Arc::clone(&reference_model), needed);
+                let generation =
+                    generate(&mut session, &loaded.pool, &p.tokens, &params, &mut |_| {
+                        true
+                    })?;
+                Ok(Some(generation.tokens))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            prompts,
+            reference,
+            max_tokens,
+        })
+    }
+
+    /// Runs every prompt that fits `window` through `route` on artifacts of that window.
+    pub fn check(&self, route: &Route, loaded: &Loaded, window: usize) -> Result<WindowResult> {
+        let ladder = WindowLadder::new(vec![window], loaded.model.config.n_ctx_train)?;
+        let pyramid = pyramid_for(route, loaded, ladder, 0)?;
+        let params = greedy(self.max_tokens);
+        let mut prompt_results = Vec::new();
+        let mut error = None;
+        for (p, want) in self.prompts.iter().zip(&self.reference) {
+            let fits = p.tokens.len() + self.max_tokens <= window;
+            let Some(want) = Option::as_ref(want).filter(|_| fits) else {
+                prompt_results.push(PromptResult {
+                    id: p.id.clone(),
+                    matched: None,
+                    first_difference: None,
+                });
+                continue;
+            };
+            let mut session = PyramidSession::new(Arc::clone(&pyramid));
+            match generate(&mut session, &loaded.pool, &p.tokens, &params, &mut |_| {
+                true
+            }) {
+                Ok(got) => {
+                    let first_difference = got.tokens.iter().zip(want).position(|(a, b)| a != b);
+                    prompt_results.push(PromptResult {
+                        id: p.id.clone(),
+                        matched: Some(first_difference.is_none() && got.tokens.len() == want.len()),
+                        first_difference,
+                    });
+                }
+                Err(e) => {
+                    error = Some(format!("{}: {e}", p.id));
+                    break;
+                }
+            }
+        }
+        let stats = pyramid.stats();
+        let fitted: Vec<bool> = prompt_results.iter().filter_map(|r| r.matched).collect();
+        Ok(WindowResult {
+            window,
+            valid: error.is_none() && !fitted.is_empty() && fitted.iter().all(|&m| m),
+            route: route.audit(stats.prefill_executed_on, stats.decode_executed_on),
+            prompts: prompt_results,
+            error,
+        })
+    }
+}
+
+pub fn run(args: QualifyArgs) -> Result<()> {
+    if args.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
+    let loaded = args.model.load_keeping_f32(true)?;
+    let windows = WindowLadder::parse(&args.windows, loaded.model.config.n_ctx_train)?;
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let qualifier = Qualifier::new(
+        &loaded,
+        &args.prompt_file,
+        None,
+        args.max_tokens,
+        windows.largest(),
+    )?;
+    let results = windows
+        .windows()
+        .iter()
+        .map(|&w| qualifier.check(&route, &loaded, w))
+        .collect::<Result<Vec<_>>>()?;
+    let report = Report {
+        model: loaded.name.clone(),
+        route: route.name(),
+        precision: loaded.model.precision.to_string(),
+        max_tokens: args.max_tokens,
+        windows: results,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(())
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "{} on {} ({} weights), {} greedy tokens per prompt against the native f32 path",
+        r.model, r.route, r.precision, r.max_tokens
+    );
+    println!("| window | verdict | prompts matched | executed |");
+    println!("|---|---|---|---|");
+    for w in &r.windows {
+        let fitted = w.prompts.iter().filter(|p| p.matched.is_some()).count();
+        let matched = w.prompts.iter().filter(|p| p.matched == Some(true)).count();
+        let verdict = match (&w.error, w.valid, fitted) {
+            (Some(_), _, _) => "error",
+            (None, _, 0) => "no prompt fits",
+            (None, true, _) => "valid",
+            (None, false, _) => "wrong tokens",
+        };
+        println!(
+            "| {} | {verdict} | {matched}/{fitted} | {} |",
+            w.window,
+            w.route.describe()
+        );
+        for p in w.prompts.iter().filter(|p| p.matched == Some(false)) {
+            println!(
+                "    {}: differs from generated token {}",
+                p.id,
+                p.first_difference
+                    .map_or("(length)".to_string(), |i| i.to_string())
+            );
+        }
+        if let Some(e) = &w.error {
+            println!("    {e}");
+        }
+    }
+    let valid: Vec<String> = r
+        .windows
+        .iter()
+        .filter(|w| w.valid)
+        .map(|w| w.window.to_string())
+        .collect();
+    let invalid: Vec<String> = r
+        .windows
+        .iter()
+        .filter(|w| !w.valid)
+        .map(|w| w.window.to_string())
+        .collect();
+    println!(
+        "{}: valid at [{}]; not valid at [{}]",
+        r.route,
+        valid.join(", "),
+        invalid.join(", ")
+    );
+}

@@ -1,0 +1,212 @@
+//! `--device`, `--prefill-device`, `--decode-device`: which backend runs each stage.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use pyramid_model::{KvType, Model};
+use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
+use pyramid_runtime::{executed_as_requested, Backend, CpuBackend, RouteBackend};
+use serde::Serialize;
+
+use crate::loader::Loaded;
+
+#[derive(Args, Debug, Clone)]
+pub struct RouteArgs {
+    /// Device for prefill and decode: cpu (the native kernels), or an OpenVINO device:
+    /// ov:CPU, ov:GPU, ov:NPU (`pyramid devices` lists what is present).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Device for prefill only (overrides --device).
+    #[arg(long)]
+    pub prefill_device: Option<String>,
+    /// Device for decode only (overrides --device).
+    #[arg(long)]
+    pub decode_device: Option<String>,
+    /// An OpenVINO compile option KEY=VALUE (repeatable), e.g. CACHE_DIR=DIR,
+    /// INFERENCE_PRECISION_HINT=f16, INFERENCE_NUM_THREADS=4.
+    #[arg(long = "ov-option", value_name = "KEY=VALUE")]
+    pub ov_options: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Device {
+    Native,
+    OpenVino(String),
+}
+
+fn parse_device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Native),
+        _ => match name.strip_prefix("ov:") {
+            Some(d) if !d.is_empty() && !d.contains(char::is_whitespace) => {
+                Ok(Device::OpenVino(d.to_string()))
+            }
+            _ => bail!(
+                "unknown device '{name}' (expected cpu, ov:CPU, ov:GPU or ov:NPU; `pyramid devices` lists those present)"
+            ),
+        },
+    }
+}
+
+/// The device asked for and the one that really ran, per stage.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageAudit {
+    pub requested: String,
+    pub executed: Option<String>,
+    /// False when the executing device is not the requested one (a fallback).
+    pub as_requested: Option<bool>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RouteAudit {
+    pub prefill: StageAudit,
+    pub decode: StageAudit,
+}
+
+impl RouteAudit {
+    pub fn flagged(&self) -> bool {
+        [&self.prefill, &self.decode]
+            .iter()
+            .any(|s| s.as_requested == Some(false))
+    }
+
+    /// One line for tables: `ov:GPU (ran on GPU.0) -> ov:NPU (ran on NPU)`, with a warning
+    /// when a stage ran elsewhere.
+    pub fn describe(&self) -> String {
+        let stage = |s: &StageAudit| match &s.executed {
+            Some(e) => format!("{} (ran on {e})", s.requested),
+            None => s.requested.clone(),
+        };
+        let mut line = format!("{} -> {}", stage(&self.prefill), stage(&self.decode));
+        if self.flagged() {
+            line.push_str("  WARNING: a stage did not run on the device asked for");
+        }
+        line
+    }
+}
+
+/// The backends of a route, built from the loaded model.
+pub struct Route {
+    pub backend: Arc<dyn Backend>,
+    pub prefill: String,
+    pub decode: String,
+}
+
+impl Route {
+    pub fn audit(
+        &self,
+        prefill_executed: Option<String>,
+        decode_executed: Option<String>,
+    ) -> RouteAudit {
+        let stage = |requested: &String, executed: Option<String>| StageAudit {
+            as_requested: executed
+                .as_deref()
+                .map(|e| executed_as_requested(requested, e)),
+            requested: requested.clone(),
+            executed,
+        };
+        RouteAudit {
+            prefill: stage(&self.prefill, prefill_executed),
+            decode: stage(&self.decode, decode_executed),
+        }
+    }
+
+    /// `cpu`, `ov:CPU`, or `ov:GPU->ov:NPU`.
+    pub fn name(&self) -> String {
+        if self.prefill == self.decode {
+            self.prefill.clone()
+        } else {
+            format!("{}->{}", self.prefill, self.decode)
+        }
+    }
+}
+
+impl RouteArgs {
+    fn stages(&self) -> Result<(String, String)> {
+        let prefill = self
+            .prefill_device
+            .clone()
+            .unwrap_or_else(|| self.device.clone());
+        let decode = self
+            .decode_device
+            .clone()
+            .unwrap_or_else(|| self.device.clone());
+        parse_device(&prefill)?;
+        parse_device(&decode)?;
+        Ok((prefill, decode))
+    }
+
+    /// Whether every stage runs on the native backend.
+    pub fn is_native(&self) -> Result<bool> {
+        let (p, d) = self.stages()?;
+        Ok(parse_device(&p)? == Device::Native && parse_device(&d)? == Device::Native)
+    }
+
+    /// Builds the route's backend. OpenVINO stages build their graphs from the f32 model
+    /// (`f32_model`) with weights stored as `--precision` asks; native stages run the
+    /// loaded model.
+    pub fn build(&self, loaded: &Loaded, f32_model: Option<&Arc<Model>>) -> Result<Route> {
+        let (prefill, decode) = self.stages()?;
+        let make = |name: &str| -> Result<Arc<dyn Backend>> {
+            Ok(match parse_device(name)? {
+                Device::Native => Arc::new(CpuBackend::new(
+                    Arc::clone(&loaded.model),
+                    loaded.pool.n_threads(),
+                )),
+                Device::OpenVino(device) => {
+                    if loaded.kv_type != KvType::F32 {
+                        bail!(
+                            "OpenVINO stages bind the KV cache in f32: pass --kv f32 with {name}"
+                        );
+                    }
+                    let model = f32_model.expect("an OpenVINO route loads the f32 model");
+                    let options = OvOptions::for_device(
+                        &device,
+                        Some(loaded.pool.n_threads()),
+                        &self.ov_options,
+                    )?;
+                    let format = WeightFormat::for_precision(loaded.model.precision);
+                    Arc::new(OvBackend::new(Arc::clone(model), &device, format, options)?)
+                }
+            })
+        };
+        let prefill_backend = make(&prefill)?;
+        let backend = if prefill == decode {
+            prefill_backend
+        } else {
+            Arc::new(RouteBackend::new(prefill_backend, make(&decode)?)?)
+        };
+        Ok(Route {
+            backend,
+            prefill,
+            decode,
+        })
+    }
+}
+
+/// A pyramid over `route` for one-off generation (`run`, `qualify`): windows from `ladder`,
+/// compiled when a session reaches them.
+pub fn pyramid_for(
+    route: &Route,
+    loaded: &Loaded,
+    ladder: pyramid_runtime::WindowLadder,
+    generation_reserve: usize,
+) -> Result<Arc<pyramid_engine::WindowPyramid>> {
+    use pyramid_engine::{Arm, PyramidConfig, WindowPyramid};
+    let config = PyramidConfig {
+        prefill_chunk: crate::commands::replay::DEFAULT_PREFILL_CHUNK.min(ladder.windows()[0]),
+        ladder,
+        arm: Arm::OnDemand,
+        generation_reserve,
+        artifact_budget: usize::MAX,
+        margin: std::time::Duration::ZERO,
+        first_compile_estimate: std::time::Duration::ZERO,
+    };
+    Ok(WindowPyramid::new(
+        Arc::clone(&route.backend),
+        crate::loader::file_model_id(&loaded.path)?,
+        loaded.kv_type,
+        config,
+    )?)
+}

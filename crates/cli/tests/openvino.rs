@@ -1,0 +1,490 @@
+//! Routes through OpenVINO from the command line: `devices`, `run`, `qualify` and
+//! `replay` on `ov:CPU` with a tiny random-weight model, the route audit in their JSON,
+//! and the errors for missing or wrong libraries, unknown or absent devices.
+//!
+//! Needs OpenVINO installed by `scripts/setup-openvino.sh` (the test script runs it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::Architecture;
+use serde_json::Value;
+
+/// The OpenVINO libraries the setup script installed (tests run with a private
+/// PYRAMID_HOME, so they are named explicitly).
+fn openvino_libs() -> PathBuf {
+    let home = std::env::var_os("PYRAMID_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/pyramid"));
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(home.join("openvino"))
+        .expect("OpenVINO is installed: run scripts/setup-openvino.sh")
+        .map(|e| e.unwrap().path().join("libs"))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("an OpenVINO install")
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    model: String,
+}
+
+impl Fixture {
+    fn new(arch: Architecture) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        std::fs::write(
+            &path,
+            synthetic_gguf(&SyntheticSpec::tiny(arch))
+                .unwrap()
+                .to_bytes(),
+        )
+        .unwrap();
+        let model = path.to_str().unwrap().to_string();
+        Self { dir, model }
+    }
+
+    fn run_with(&self, args: &[&str], library: &Path) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_pyramid"))
+            .args(args)
+            .env("PYRAMID_HOME", self.dir.path())
+            .env("PYRAMID_OPENVINO_LIB", library)
+            .stdin(Stdio::null())
+            .output()
+            .expect("pyramid runs")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, &openvino_libs())
+    }
+}
+
+fn ok_json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn error_of(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!err.contains("panicked"), "{err}");
+    err
+}
+
+fn tokens(v: &Value) -> Vec<u64> {
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn devices_lists_the_native_cpu_and_openvino_cpu() {
+    let f = Fixture::new(Architecture::Llama);
+    let v = ok_json(&f.run(&["devices", "--json"]));
+    let names: Vec<&str> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"cpu") && names.contains(&"ov:CPU"),
+        "{names:?}"
+    );
+    assert!(
+        v["openvino"]["Ok"].as_str().unwrap().starts_with("20"),
+        "{v}"
+    );
+
+    // Without OpenVINO the native device is still listed, with the reason.
+    let out = f.run_with(&["devices"], Path::new("/nonexistent/libopenvino_c.so"));
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("cpu") && text.contains("no OpenVINO devices"),
+        "{text}"
+    );
+}
+
+#[test]
+fn every_route_gives_the_native_tokens_and_reports_where_it_ran() {
+    for arch in [Architecture::Llama, Architecture::Qwen2] {
+        let f = Fixture::new(arch);
+        let base = [
+            "run",
+            "-m",
+            &f.model,
+            "--precision",
+            "f32",
+            "-p",
+            "hello world",
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+        ];
+        let native = ok_json(&f.run(&base));
+        assert_eq!(
+            native["route"]["decode"]["executed"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .next(),
+            Some("cpu")
+        );
+        for route in [
+            vec!["--device", "ov:CPU"],
+            vec!["--prefill-device", "cpu", "--decode-device", "ov:CPU"],
+            vec!["--prefill-device", "ov:CPU", "--decode-device", "cpu"],
+        ] {
+            let args: Vec<&str> = base.iter().copied().chain(route.iter().copied()).collect();
+            let v = ok_json(&f.run(&args));
+            assert_eq!(tokens(&v), tokens(&native), "{arch:?} {route:?}");
+            for stage in ["prefill", "decode"] {
+                let s = &v["route"][stage];
+                assert_eq!(s["as_requested"], true, "{s}");
+                let executed = s["executed"].as_str().unwrap();
+                match s["requested"].as_str().unwrap() {
+                    "ov:CPU" => assert_eq!(executed, "CPU"),
+                    _ => assert!(executed.starts_with("cpu"), "{executed}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qualify_marks_a_faithful_route_valid_and_a_lossy_one_invalid() {
+    let f = Fixture::new(Architecture::Qwen2);
+    let qualify = |precision: &str| {
+        ok_json(&f.run(&[
+            "qualify",
+            "-m",
+            &f.model,
+            "--precision",
+            precision,
+            "--device",
+            "ov:CPU",
+            "--windows",
+            "64,128",
+            "-n",
+            "8",
+            "--json",
+        ]))
+    };
+    let v = qualify("f32");
+    let windows = v["windows"].as_array().unwrap();
+    assert_eq!(windows.len(), 2);
+    for w in windows {
+        assert_eq!(w["valid"], true, "{w}");
+        assert_eq!(w["route"]["decode"]["executed"], "CPU");
+        // The longest public prompt does not fit 64 positions and is not counted.
+        assert!(w["prompts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["matched"] == true));
+    }
+    // INT4 weights on a random model move the argmax: the route runs, but is not valid.
+    let v = qualify("int4");
+    assert!(
+        v["windows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["valid"] == false),
+        "{v}"
+    );
+}
+
+#[test]
+fn replay_on_openvino_keeps_tokens_across_arms() {
+    let f = Fixture::new(Architecture::Llama);
+    let v = ok_json(&f.run(&[
+        "replay",
+        "-m",
+        &f.model,
+        "--precision",
+        "f32",
+        "--device",
+        "ov:CPU",
+        "--synthetic",
+        "--sessions",
+        "2",
+        "--scale",
+        "0.01",
+        "--windows",
+        "64,128,256",
+        "--prefill-chunk",
+        "16",
+        "--generation-reserve",
+        "8",
+        "--json",
+    ]));
+    assert_eq!(v["tokens_identical"], true, "{v}");
+    assert_eq!(v["route"]["prefill"]["executed"], "CPU");
+    let arms = v["arms"].as_array().unwrap();
+    assert_eq!(arms.len(), 4);
+    assert!(
+        arms.iter().any(|a| a["n_migrations"].as_u64().unwrap() > 0),
+        "{v}"
+    );
+}
+
+#[test]
+fn bad_devices_and_libraries_give_clear_errors() {
+    let f = Fixture::new(Architecture::Llama);
+    let run = |extra: &[&str]| -> Vec<String> {
+        [
+            "run",
+            "-m",
+            f.model.as_str(),
+            "--precision",
+            "f32",
+            "-p",
+            "hi",
+            "-n",
+            "2",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+
+    let err = error_of(&f.run(&["run", "-m", "synthetic:gpt-5", "-p", "hi"]));
+    assert!(
+        err.contains("unknown synthetic shape 'gpt-5'") && err.contains("qwen2.5-1.5b"),
+        "{err}"
+    );
+    let err = error_of(&f.run(&as_args(&run(&["--device", "gpu"]))));
+    assert!(err.contains("unknown device 'gpu'"), "{err}");
+    let err = error_of(&f.run(&as_args(&run(&["--device", "ov:NPU"]))));
+    assert!(
+        err.contains("'ov:NPU' is not present") && err.contains("ov:CPU"),
+        "{err}"
+    );
+    let err = error_of(&f.run(&as_args(&run(&["--device", "ov:CPU", "--kv", "int8"]))));
+    assert!(err.contains("--kv f32"), "{err}");
+    let err = error_of(&f.run(&as_args(&run(&[
+        "--device",
+        "ov:CPU",
+        "--ov-option",
+        "INFERENCE_PRECISION_HINT=f7",
+    ]))));
+    assert!(err.contains("prefill c") && err.contains("f7"), "{err}");
+
+    let err = error_of(&f.run_with(
+        &as_args(&run(&["--device", "ov:CPU"])),
+        Path::new("/nonexistent/lib"),
+    ));
+    assert!(
+        err.contains("OpenVINO is not installed") && err.contains("setup-openvino.sh"),
+        "{err}"
+    );
+    // Some other shared library where OpenVINO's C API should be.
+    let other = openvino_libs().join("libtbb.so.12");
+    let err = error_of(&f.run_with(&as_args(&run(&["--device", "ov:CPU"])), &other));
+    assert!(
+        err.contains("not an OpenVINO C library") && err.contains("ov_get_openvino_version"),
+        "{err}"
+    );
+}
+
+fn as_args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn bench_on_openvino_reports_window_compile_route_and_qualification() {
+    let f = Fixture::new(Architecture::Qwen2);
+    let bench = |precision: &str| {
+        ok_json(&f.run(&[
+            "bench",
+            "-m",
+            &f.model,
+            "--precision",
+            precision,
+            "--device",
+            "ov:CPU",
+            "--window",
+            "64",
+            "--prefill-chunk",
+            "16",
+            "-p",
+            "20",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--json",
+        ]))
+    };
+    let records = bench("f32");
+    let records = records.as_array().unwrap();
+    assert_eq!(records.len(), 2, "a pp and a tg record");
+    for r in records {
+        assert_eq!(r["device"], "ov:CPU");
+        assert_eq!(r["window"], 64);
+        assert!(r["compile_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["route"]["decode"]["executed"], "CPU");
+        assert_eq!(r["qualified"], true, "{r}");
+        assert!(r["avg_ts"].as_f64().unwrap() > 0.0);
+    }
+    let lossy = bench("int4");
+    assert!(
+        lossy
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["qualified"] == false),
+        "{lossy}"
+    );
+
+    let native = ok_json(&f.run(&[
+        "bench", "-m", &f.model, "-p", "8", "-n", "0", "-r", "1", "--json",
+    ]));
+    assert_eq!(native[0]["qualified"], Value::Null);
+    assert_eq!(native[0]["window"], Value::Null);
+}
+
+#[test]
+fn bench_matrix_measures_checks_and_reports_with_provenance() {
+    let f = Fixture::new(Architecture::Qwen2);
+    let dir = f.dir.path();
+    let config = dir.join("matrix.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "models = [\"{}\"]\nprecisions = [\"f32\", \"int4\"]\nwindows = [64, 128]\nroutes = [\"cpu\", \"cpu->ov:CPU\"]\nn_prompt = 8\nn_gen = 4\nrepetitions = 2\n",
+            f.model
+        ),
+    )
+    .unwrap();
+    // A fabricated powercap tree whose counters never move: measured, and net of idle.
+    let rapl = dir.join("powercap/intel-rapl:0");
+    std::fs::create_dir_all(&rapl).unwrap();
+    for (file, value) in [
+        ("name", "package-0"),
+        ("energy_uj", "1000"),
+        ("max_energy_range_uj", "262143328850"),
+    ] {
+        std::fs::write(rapl.join(file), value).unwrap();
+    }
+    let results = dir.join("out/latest.json");
+    let out = f.run(&[
+        "bench",
+        "matrix",
+        "--config",
+        config.to_str().unwrap(),
+        "--results",
+        results.to_str().unwrap(),
+        "--powercap-root",
+        dir.join("powercap").to_str().unwrap(),
+        "--idle-seconds",
+        "0.1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    let cells = v["verified"].as_array().unwrap();
+    assert_eq!(cells.len(), 8, "2 precisions × 2 windows × 2 routes");
+    for c in cells {
+        assert_eq!(c["decode_tok_s"]["n"], 2);
+        assert!(c["provenance"]["machine"]["cores"].as_u64().unwrap() >= 1);
+        assert!(!c["provenance"]["command"].as_str().unwrap().is_empty());
+        assert!(c["energy"]["measured"]["package_joules"].is_number(), "{c}");
+        let expect_valid = c["precision"] == "f32";
+        assert_eq!(c["qualified"], expect_valid, "{c}");
+        if c["decode_device"] == "ov:CPU" {
+            assert_eq!(c["decode_executed"], "CPU");
+        }
+    }
+    assert!(dir.join("out/history").read_dir().unwrap().count() == 1);
+
+    // Report into a README with the markers, then check it; a hand edit fails the check.
+    let readme = dir.join("README.md");
+    std::fs::write(
+        &readme,
+        "# t\n<!-- pyramid bench report: begin -->\n<!-- pyramid bench report: end -->\n",
+    )
+    .unwrap();
+    let report_dir = dir.join("report");
+    let out = f.run(&[
+        "bench",
+        "report",
+        "--results",
+        results.to_str().unwrap(),
+        "--out-dir",
+        report_dir.to_str().unwrap(),
+        "--readme",
+        readme.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = std::fs::read_to_string(report_dir.join("REPORT.md")).unwrap();
+    assert!(
+        md.contains("## Failures") && md.contains("decode tok/s"),
+        "{md}"
+    );
+    assert!(report_dir.join("decode-0.svg").exists());
+    let check = |readme: &Path| {
+        f.run(&[
+            "bench",
+            "check",
+            "--results",
+            results.to_str().unwrap(),
+            "--readme",
+            readme.to_str().unwrap(),
+        ])
+    };
+    assert!(check(&readme).status.success());
+    let text = std::fs::read_to_string(&readme).unwrap();
+    let edited = dir.join("EDITED.md");
+    std::fs::write(&edited, text.replacen("| cpu |", "| cpu (fast!) |", 1)).unwrap();
+    let err = error_of(&check(&edited));
+    assert!(
+        err.contains("differs from what `pyramid bench report` renders"),
+        "{err}"
+    );
+
+    // Without RAPL the energy says why instead of zero.
+    let results2 = dir.join("out2/latest.json");
+    let out = f.run(&[
+        "bench",
+        "matrix",
+        "--config",
+        config.to_str().unwrap(),
+        "--results",
+        results2.to_str().unwrap(),
+        "--powercap-root",
+        "/nonexistent",
+    ]);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&results2).unwrap()).unwrap();
+    assert!(v["verified"][0]["energy"]["unavailable"]
+        .as_str()
+        .unwrap()
+        .contains("no powercap interface"));
+}

@@ -1,0 +1,486 @@
+//! [`OvBackend`]: artifacts compiled by OpenVINO for one of its devices.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use pyramid_kernels::ops::rope_inv_freq;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::{KvType, Model, Segment};
+use pyramid_runtime::artifact::check_fits;
+use pyramid_runtime::{ArtifactShape, Backend, Executable, RuntimeError};
+
+use crate::graph::{ModelGraph, WeightFormat, MASKED};
+use crate::ov::{CompiledModel, Core, Element, InferRequest, Tensor};
+use crate::{OvError, Result};
+
+/// Compile options: device properties passed to every compile.
+#[derive(Debug, Clone, Default)]
+pub struct OvOptions {
+    pub properties: Vec<(String, String)>,
+}
+
+impl OvOptions {
+    /// The defaults for `device`, then `overrides` (`KEY=VALUE`) on top.
+    ///
+    /// On CPU the inference precision is f32: the plugin's default on CPUs with AVX-512
+    /// BF16 is bf16, which would make its tokens differ from the f32 reference for
+    /// reasons that have nothing to do with the graph.
+    pub fn for_device(
+        device: &str,
+        n_threads: Option<usize>,
+        overrides: &[String],
+    ) -> Result<Self> {
+        let mut properties = vec![("PERFORMANCE_HINT".to_string(), "LATENCY".to_string())];
+        if device_base(device) == "CPU" {
+            properties.push(("INFERENCE_PRECISION_HINT".into(), "f32".into()));
+            if let Some(n) = n_threads {
+                properties.push(("INFERENCE_NUM_THREADS".into(), n.to_string()));
+            }
+        }
+        for kv in overrides {
+            let (k, v) = kv
+                .split_once('=')
+                .filter(|(k, _)| !k.trim().is_empty())
+                .ok_or_else(|| OvError::BadOption(kv.clone()))?;
+            let (k, v) = (k.trim().to_string(), v.trim().to_string());
+            properties.retain(|(key, _)| *key != k);
+            properties.push((k, v));
+        }
+        Ok(Self { properties })
+    }
+}
+
+/// `GPU.0` → `GPU`.
+fn device_base(device: &str) -> &str {
+    device.split('.').next().unwrap_or(device)
+}
+
+/// What every artifact of one backend shares: the runtime and the model's constants,
+/// which OpenVINO reads in place for as long as any compiled model lives.
+struct Shared {
+    core: Core,
+    graph: ModelGraph,
+    /// Views `graph.blob.bytes`; declared after nothing that outlives it.
+    weights: Tensor,
+}
+
+pub struct OvBackend {
+    model: Arc<Model>,
+    device: String,
+    options: OvOptions,
+    shared: Arc<Shared>,
+}
+
+impl OvBackend {
+    /// A backend for OpenVINO device `device` (`CPU`, `GPU`, `NPU`, `GPU.1`, …), building
+    /// its graphs from the f32 `model` with weights stored as `format`.
+    pub fn new(
+        model: Arc<Model>,
+        device: &str,
+        format: WeightFormat,
+        options: OvOptions,
+    ) -> Result<Self> {
+        let core = Core::new()?;
+        let available = core.available_devices()?;
+        let present = available
+            .iter()
+            .any(|d| d == device || (device_base(d) == device && !device.contains('.')));
+        if !present {
+            return Err(OvError::DeviceNotPresent {
+                device: format!("ov:{device}"),
+                available: available.iter().map(|d| format!("ov:{d}")).collect(),
+            });
+        }
+        let graph = ModelGraph::build(&model, format)?;
+        let bytes = &graph.blob.bytes;
+        // SAFETY: the blob is never modified after this and lives in `Shared` beside the
+        // tensor (and so beside every model read from it).
+        let weights = unsafe {
+            Tensor::over(
+                Element::U8,
+                &[bytes.len()],
+                bytes.as_ptr().cast_mut().cast(),
+            )?
+        };
+        Ok(Self {
+            model,
+            device: device.to_string(),
+            options,
+            shared: Arc::new(Shared {
+                core,
+                graph,
+                weights,
+            }),
+        })
+    }
+
+    /// Bytes of the model's constants as the graphs hold them.
+    pub fn weight_bytes(&self) -> usize {
+        self.shared.graph.blob.bytes.len()
+    }
+
+    fn compile_shape(&self, shape: ArtifactShape) -> Result<OvExecutable> {
+        let cfg = &self.model.config;
+        let (seqs, rows) = match shape {
+            ArtifactShape::Prefill { chunk, .. } => (1, chunk),
+            ArtifactShape::Decode { batch, .. } => (batch, 1),
+        };
+        let window = shape.window();
+        if rows == 0 || window == 0 || window > cfg.n_ctx_train || rows > cfg.n_ctx_train {
+            return Err(OvError::Compile {
+                shape,
+                device: self.device.clone(),
+                message: format!("rows and window must be in 1..={}", cfg.n_ctx_train),
+            });
+        }
+        let compile_error = |e: OvError| OvError::Compile {
+            shape,
+            device: self.device.clone(),
+            message: match e {
+                OvError::Call { message, .. } => message,
+                other => other.to_string(),
+            },
+        };
+        let resident_before = resident_bytes();
+        let xml = self.shared.graph.emit(seqs, rows, window);
+        let model = self
+            .shared
+            .core
+            .read_model(&xml, &self.shared.weights)
+            .map_err(compile_error)?;
+        let compiled = self
+            .shared
+            .core
+            .compile(&model, &self.device, &self.options.properties)
+            .map_err(compile_error)?;
+        let executed_on = compiled
+            .property("EXECUTION_DEVICES")
+            .map(|d| d.trim().to_string())
+            .unwrap_or_else(|_| "unknown".to_string());
+        let request = compiled.infer_request().map_err(compile_error)?;
+        let io = Io::new(cfg, seqs, rows, window);
+        let device_bytes = resident_bytes()
+            .zip(resident_before)
+            .map_or(0, |(after, before)| after.saturating_sub(before));
+        Ok(OvExecutable {
+            bytes: io.bytes() + device_bytes,
+            shape,
+            seqs,
+            rows,
+            window,
+            executed_on,
+            inv_freq: rope_inv_freq(cfg.n_rot, cfg.rope_base),
+            state: Mutex::new(RunState {
+                request,
+                io,
+                bound: false,
+            }),
+            _compiled: compiled,
+            shared: Arc::clone(&self.shared),
+        })
+    }
+}
+
+impl Backend for OvBackend {
+    fn device(&self) -> String {
+        format!("ov:{}", self.device)
+    }
+
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    fn compile(&self, shape: ArtifactShape) -> pyramid_runtime::Result<Arc<dyn Executable>> {
+        match self.compile_shape(shape) {
+            Ok(exe) => Ok(Arc::new(exe)),
+            Err(e) => Err(RuntimeError::Device(e.to_string())),
+        }
+    }
+}
+
+/// Host buffers behind the graph's small inputs, bound once.
+struct Io {
+    ids: Vec<i64>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    mask: Vec<f32>,
+    last: Vec<i64>,
+    /// Past keys and values when several sequences share a run (one sequence binds its
+    /// cache directly): `[n_layer][seqs, n_head_kv, window, head_dim]`.
+    staged_k: Vec<Vec<f32>>,
+    staged_v: Vec<Vec<f32>>,
+    tensors: Vec<(String, Tensor)>,
+}
+
+impl Io {
+    fn new(cfg: &pyramid_model::ModelConfig, seqs: usize, rows: usize, window: usize) -> Self {
+        let half = cfg.head_dim / 2;
+        let span = cfg.n_head_kv * window * cfg.head_dim;
+        let staged = || {
+            if seqs > 1 {
+                (0..cfg.n_layer).map(|_| vec![0.0; seqs * span]).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        Self {
+            ids: vec![0; seqs * rows],
+            cos: vec![1.0; seqs * rows * half],
+            sin: vec![0.0; seqs * rows * half],
+            mask: vec![MASKED; seqs * rows * (window + rows)],
+            last: vec![0; seqs],
+            staged_k: staged(),
+            staged_v: staged(),
+            tensors: Vec::new(),
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        let staged: usize = self
+            .staged_k
+            .iter()
+            .chain(&self.staged_v)
+            .map(Vec::len)
+            .sum();
+        (self.ids.len() + self.last.len()) * 8
+            + (self.cos.len() + self.sin.len() + self.mask.len() + staged) * 4
+    }
+}
+
+struct RunState {
+    request: InferRequest,
+    io: Io,
+    /// Whether the `Io` buffers are bound to the request (done on the first run, once
+    /// the buffers are in their final place).
+    bound: bool,
+}
+
+pub struct OvExecutable {
+    shape: ArtifactShape,
+    /// The host buffers plus what compiling added to this process's resident memory:
+    /// plugins keep their own (repacked) copy of the constants per compiled model, which
+    /// the C API does not report. Approximate when two compiles overlap.
+    bytes: usize,
+    seqs: usize,
+    rows: usize,
+    window: usize,
+    executed_on: String,
+    inv_freq: Vec<f32>,
+    state: Mutex<RunState>,
+    /// Kept for as long as its request runs.
+    _compiled: CompiledModel,
+    /// Last: the compiled model and request above read its constants.
+    shared: Arc<Shared>,
+}
+
+impl OvExecutable {
+    fn rope_shape(&self) -> Vec<usize> {
+        let half = self.shared.graph.config.head_dim / 2;
+        match self.shared.graph.config.arch.rope_style() {
+            pyramid_kernels::ops::RopeStyle::Neox => vec![self.seqs, self.rows, 1, half],
+            pyramid_kernels::ops::RopeStyle::Interleaved => {
+                vec![self.seqs, self.rows, 1, half, 1]
+            }
+        }
+    }
+
+    fn bind_io(&self, state: &mut RunState) -> Result<()> {
+        let cfg = &self.shared.graph.config;
+        let (s, r, w) = (self.seqs, self.rows, self.window);
+        let io = &mut state.io;
+        let kv_shape = [s, cfg.n_head_kv, w, cfg.head_dim];
+        // SAFETY: each buffer has exactly the tensor's element count, lives in `io` for
+        // the executable's lifetime and is never reallocated.
+        unsafe {
+            let mut bind =
+                |name: String, element, dims: &[usize], ptr: *mut c_void| -> Result<()> {
+                    let t = Tensor::over(element, dims, ptr)?;
+                    state.request.set_tensor(&name, &t)?;
+                    io.tensors.push((name, t));
+                    Ok(())
+                };
+            bind(
+                "input_ids".into(),
+                Element::I64,
+                &[s, r],
+                io.ids.as_mut_ptr().cast(),
+            )?;
+            let rope = self.rope_shape();
+            bind(
+                "rope_cos".into(),
+                Element::F32,
+                &rope,
+                io.cos.as_mut_ptr().cast(),
+            )?;
+            bind(
+                "rope_sin".into(),
+                Element::F32,
+                &rope,
+                io.sin.as_mut_ptr().cast(),
+            )?;
+            bind(
+                "attention_mask".into(),
+                Element::F32,
+                &[s, 1, 1, r, w + r],
+                io.mask.as_mut_ptr().cast(),
+            )?;
+            bind(
+                "last_rows".into(),
+                Element::I64,
+                &[s, 1],
+                io.last.as_mut_ptr().cast(),
+            )?;
+            for layer in 0..io.staged_k.len() {
+                let k = io.staged_k[layer].as_mut_ptr().cast();
+                let v = io.staged_v[layer].as_mut_ptr().cast();
+                bind(format!("past_k_{layer}"), Element::F32, &kv_shape, k)?;
+                bind(format!("past_v_{layer}"), Element::F32, &kv_shape, v)?;
+            }
+        }
+        state.bound = true;
+        Ok(())
+    }
+
+    /// Fills the small inputs for `segments` (sequence slots beyond them run a dummy
+    /// token whose results are dropped).
+    fn fill_inputs(&self, io: &mut Io, segments: &[Segment<'_>]) {
+        let (r, w) = (self.rows, self.window);
+        let half = self.inv_freq.len();
+        let width = w + r;
+        io.mask.fill(MASKED);
+        for s in 0..self.seqs {
+            let (start, n_real) = segments
+                .get(s)
+                .map_or((0, 1), |seg| (seg.kv.len(), seg.n_real()));
+            for t in 0..r {
+                let row = s * r + t;
+                io.ids[row] = segments.get(s).map_or(0, |seg| i64::from(seg.tokens[t]));
+                let pos = (start + t) as f32;
+                for (i, &f) in self.inv_freq.iter().enumerate() {
+                    let (sin, cos) = (pos * f).sin_cos();
+                    io.cos[row * half + i] = cos;
+                    io.sin[row * half + i] = sin;
+                }
+                let mask = &mut io.mask[row * width..(row + 1) * width];
+                mask[..start].fill(0.0);
+                mask[w..=w + t].fill(0.0);
+            }
+            io.last[s] = (n_real - 1) as i64;
+        }
+    }
+
+    fn run_segments(&self, segments: &mut [Segment<'_>], logits: &mut Vec<f32>) -> Result<()> {
+        let cfg = &self.shared.graph.config;
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let state = &mut *guard;
+        if !state.bound {
+            self.bind_io(state)?;
+        }
+        self.fill_inputs(&mut state.io, segments);
+        // One sequence binds its own cache: no copy of the window per step.
+        let mut direct = Vec::new();
+        if self.seqs == 1 {
+            let kv_shape = [1, cfg.n_head_kv, self.window, cfg.head_dim];
+            for layer in 0..cfg.n_layer {
+                let (k, v) = segments[0].kv.layer_f32(layer).expect("checked f32 above");
+                for (name, data) in [
+                    (format!("past_k_{layer}"), k),
+                    (format!("past_v_{layer}"), v),
+                ] {
+                    // SAFETY: the cache outlives this run (it is borrowed for the whole
+                    // call) and OpenVINO only reads inputs.
+                    let t = unsafe {
+                        Tensor::over(Element::F32, &kv_shape, data.as_ptr().cast_mut().cast())?
+                    };
+                    state.request.set_tensor(&name, &t)?;
+                    direct.push(t);
+                }
+            }
+        } else {
+            let span = cfg.n_head_kv * self.window * cfg.head_dim;
+            for (s, seg) in segments.iter().enumerate() {
+                for layer in 0..cfg.n_layer {
+                    let (k, v) = seg.kv.layer_f32(layer).expect("checked f32 above");
+                    state.io.staged_k[layer][s * span..(s + 1) * span].copy_from_slice(k);
+                    state.io.staged_v[layer][s * span..(s + 1) * span].copy_from_slice(v);
+                }
+            }
+        }
+        state.request.infer()?;
+        drop(direct);
+
+        let out = state.request.tensor("logits")?;
+        let n_vocab = cfg.n_vocab;
+        logits.clear();
+        logits.extend_from_slice(&out.as_f32()?[..segments.len() * n_vocab]);
+        let (hd, r) = (cfg.head_dim, self.rows);
+        for layer in 0..cfg.n_layer {
+            let k = state.request.tensor(&format!("present_k_{layer}"))?;
+            let v = state.request.tensor(&format!("present_v_{layer}"))?;
+            let (k, v) = (k.as_f32()?, v.as_f32()?);
+            for (s, seg) in segments.iter_mut().enumerate() {
+                let (start, n) = (seg.kv.len(), seg.n_real());
+                for head in 0..cfg.n_head_kv {
+                    let base = ((s * cfg.n_head_kv + head) * r) * hd;
+                    let rows = base..base + n * hd;
+                    seg.kv
+                        .write_head_rows(layer, head, start, &k[rows.clone()], &v[rows])
+                        .map_err(|e| OvError::Unsupported(e.to_string()))?;
+                }
+            }
+        }
+        for seg in segments.iter_mut() {
+            let n = seg.n_real();
+            seg.kv
+                .commit(n)
+                .map_err(|e| OvError::Unsupported(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Executable for OvExecutable {
+    fn shape(&self) -> ArtifactShape {
+        self.shape
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn executing_device(&self) -> String {
+        self.executed_on.clone()
+    }
+
+    fn run(
+        &self,
+        _pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> pyramid_runtime::Result<()> {
+        check_fits(self.shape, segments)?;
+        if let Some(seg) = segments.iter().find(|s| s.kv.kind() != KvType::F32) {
+            return Err(RuntimeError::BadShape {
+                shape: self.shape,
+                reason: format!(
+                    "the OpenVINO backend binds f32 caches, not {} (use --kv f32)",
+                    seg.kv.kind()
+                ),
+            });
+        }
+        for seg in segments.iter() {
+            seg.kv.check_room(seg.n_real())?;
+        }
+        self.run_segments(segments, logits).map_err(|e| {
+            RuntimeError::Device(format!("{} on {}: {e}", self.shape, self.executed_on))
+        })
+    }
+}
+
+/// This process's resident memory (Linux, 4 KiB pages), for what a compile costs in
+/// host memory.
+fn resident_bytes() -> Option<usize> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: usize = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}

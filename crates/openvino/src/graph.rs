@@ -1,0 +1,459 @@
+//! The transformer as an OpenVINO graph, for one artifact shape.
+//!
+//! A graph runs `seqs` sequences of `rows` new tokens each (prefill: 1 × chunk; decode:
+//! batch × 1) against caches of exactly `window` positions. The KV cache stays in host
+//! memory: each layer's past keys and values are inputs `[seqs, n_head_kv, window,
+//! head_dim]` (a session's cache layout, so one sequence binds without copying) and the
+//! new rows are outputs `[seqs, n_head_kv, rows, head_dim]` that the host writes back.
+//! Nothing is stateful, every shape is static, and moving a session between windows is a
+//! host copy.
+//!
+//! Inputs besides the caches: token ids `[seqs, rows]`; RoPE cos/sin for every row's
+//! position; an additive mask `[seqs, 1, 1, rows, window + rows]` that hides unused cache
+//! positions and future rows; and each sequence's last real row `[seqs, 1]`, the only row
+//! whose logits are computed (`logits`: `[seqs, 1, n_vocab]`).
+//!
+//! Weights are constants in the compressed-weight pattern OpenVINO recognises (integer
+//! constant → Convert → Multiply by scale → MatMul), so plugins keep them compressed.
+
+use half::{bf16, f16};
+use pyramid_kernels::ops::RopeStyle;
+use pyramid_model::{Linear, Model, ModelConfig, Precision};
+
+use crate::ir::{Blob, Et, Graph, Port};
+use crate::{OvError, Result};
+
+/// How weights are stored in the graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    F16,
+    Bf16,
+    /// Symmetric INT8, one scale per output row.
+    Int8,
+    /// Symmetric INT4 in groups of [`INT4_GROUP`] inputs, one scale per group.
+    Int4,
+}
+
+pub const INT4_GROUP: usize = 32;
+
+impl WeightFormat {
+    /// The graph format closest to a native precision.
+    pub fn for_precision(precision: Precision) -> Self {
+        match precision {
+            Precision::F32 => WeightFormat::F32,
+            Precision::Bf16 => WeightFormat::Bf16,
+            Precision::Int8 => WeightFormat::Int8,
+            Precision::Int4 => WeightFormat::Int4,
+        }
+    }
+}
+
+/// Additive mask value for hidden positions: finite, and representable in f16 for
+/// devices that compute attention in half precision.
+pub const MASKED: f32 = -65504.0;
+
+/// A model's constants and what is needed to emit its graphs.
+pub struct ModelGraph {
+    pub config: ModelConfig,
+    pub format: WeightFormat,
+    pub blob: Blob,
+    tied_output: bool,
+}
+
+fn f32_matrix<'a>(lin: &'a Linear, what: &str) -> Result<(&'a [f32], usize, usize)> {
+    match lin {
+        Linear::F32(m) => Ok((&m.data, m.n_rows, m.n_cols)),
+        _ => Err(OvError::Unsupported(format!(
+            "{what} is not in f32: the OpenVINO graphs are built from the f32 model \
+             (their own weight format is chosen separately)"
+        ))),
+    }
+}
+
+impl ModelGraph {
+    /// Builds every constant. `model` must be the f32 model; `format` compresses its
+    /// weights for the graph.
+    pub fn build(model: &Model, format: WeightFormat) -> Result<Self> {
+        let cfg = model.config.clone();
+        if cfg.n_rot != cfg.head_dim {
+            return Err(OvError::Unsupported(format!(
+                "partial RoPE ({} of {} dimensions)",
+                cfg.n_rot, cfg.head_dim
+            )));
+        }
+        let w = &model.weights;
+        let mut blob = Blob::default();
+        let emb = &w.token_embd;
+        add_weight(
+            &mut blob,
+            "token_embd",
+            &emb.data,
+            emb.n_rows,
+            emb.n_cols,
+            format,
+        );
+        for (i, l) in w.layers.iter().enumerate() {
+            let e = cfg.n_embd;
+            blob.add_f32(&format!("blk.{i}.attn_norm"), &[e], &l.attn_norm);
+            blob.add_f32(&format!("blk.{i}.ffn_norm"), &[e], &l.ffn_norm);
+            for (name, lin) in [
+                ("wq", &l.wq),
+                ("wk", &l.wk),
+                ("wv", &l.wv),
+                ("wo", &l.wo),
+                ("gate", &l.w_gate),
+                ("up", &l.w_up),
+                ("down", &l.w_down),
+            ] {
+                let name = format!("blk.{i}.{name}");
+                let (data, rows, cols) = f32_matrix(lin, &name)?;
+                add_weight(&mut blob, &name, data, rows, cols, format);
+            }
+            for (name, bias) in [("bq", &l.bq), ("bk", &l.bk), ("bv", &l.bv)] {
+                if let Some(b) = bias {
+                    blob.add_f32(&format!("blk.{i}.{name}"), &[b.len()], b);
+                }
+            }
+        }
+        blob.add_f32("output_norm", &[cfg.n_embd], &w.output_norm);
+        let (out, rows, cols) = f32_matrix(&w.output, "output")?;
+        let tied_output = out == emb.data.as_slice();
+        if !tied_output {
+            add_weight(&mut blob, "output", out, rows, cols, format);
+        }
+        add_small_constants(&mut blob, &cfg);
+        Ok(Self {
+            config: cfg,
+            format,
+            blob,
+            tied_output,
+        })
+    }
+
+    /// The IR text of the graph for `seqs` × `rows` new tokens over `window` positions.
+    pub fn emit(&self, seqs: usize, rows: usize, window: usize) -> String {
+        let cfg = &self.config;
+        let mut g = Graph::new("pyramid", &self.blob);
+        let (hd, kv) = (cfg.head_dim, cfg.n_head_kv);
+        let ids = g.parameter("input_ids", Et::I64, &[seqs, rows]);
+        let rope_shape: Vec<usize> = match cfg.arch.rope_style() {
+            RopeStyle::Neox => vec![seqs, rows, 1, hd / 2],
+            RopeStyle::Interleaved => vec![seqs, rows, 1, hd / 2, 1],
+        };
+        let cos = g.parameter("rope_cos", Et::F32, &rope_shape);
+        let sin = g.parameter("rope_sin", Et::F32, &rope_shape);
+        let mask = g.parameter(
+            "attention_mask",
+            Et::F32,
+            &[seqs, 1, 1, rows, window + rows],
+        );
+        let last = g.parameter("last_rows", Et::I64, &[seqs, 1]);
+
+        let table = self.weight(&mut g, "token_embd");
+        let axis0 = g.constant("axis0");
+        let mut x = g.op(
+            "Gather",
+            "opset8",
+            r#"batch_dims="0""#,
+            &[table, ids, axis0],
+        );
+        let b = Builder {
+            cfg,
+            format: self.format,
+        };
+        for layer in 0..cfg.n_layer {
+            let past_k = g.parameter(&format!("past_k_{layer}"), Et::F32, &[seqs, kv, window, hd]);
+            let past_v = g.parameter(&format!("past_v_{layer}"), Et::F32, &[seqs, kv, window, hd]);
+            let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.attn_norm"));
+            let q = b.linear(&mut g, h, &format!("blk.{layer}.wq"), Some("bq"), layer);
+            let k = b.linear(&mut g, h, &format!("blk.{layer}.wk"), Some("bk"), layer);
+            let v = b.linear(&mut g, h, &format!("blk.{layer}.wv"), Some("bv"), layer);
+            let q = b.reshape(&mut g, q, "shape_q_heads");
+            let q = b.rope(&mut g, q, cos, sin);
+            let q = b.reshape(&mut g, q, "shape_q_groups");
+            let q = b.transpose(&mut g, q, "perm_q");
+            let k = b.reshape(&mut g, k, "shape_kv_heads");
+            let k = b.rope(&mut g, k, cos, sin);
+            let k = b.transpose(&mut g, k, "perm_kv");
+            let v = b.reshape(&mut g, v, "shape_kv_heads");
+            let v = b.transpose(&mut g, v, "perm_kv");
+            g.output(k, &format!("present_k_{layer}"));
+            g.output(v, &format!("present_v_{layer}"));
+            let unsqueeze = g.constant("axes_group");
+            let k_all = g.op("Concat", "opset1", r#"axis="2""#, &[past_k, k]);
+            let k_all = g.op("Unsqueeze", "opset1", "", &[k_all, unsqueeze]);
+            let v_all = g.op("Concat", "opset1", r#"axis="2""#, &[past_v, v]);
+            let v_all = g.op("Unsqueeze", "opset1", "", &[v_all, unsqueeze]);
+            let scores = g.op(
+                "MatMul",
+                "opset1",
+                r#"transpose_a="false" transpose_b="true""#,
+                &[q, k_all],
+            );
+            let scale = g.constant("attn_scale");
+            let scores = b.binary(&mut g, "Multiply", scores, scale);
+            let scores = b.binary(&mut g, "Add", scores, mask);
+            let probs = g.op("Softmax", "opset8", r#"axis="-1""#, &[scores]);
+            let ctx = g.op(
+                "MatMul",
+                "opset1",
+                r#"transpose_a="false" transpose_b="false""#,
+                &[probs, v_all],
+            );
+            let ctx = b.transpose(&mut g, ctx, "perm_out");
+            let ctx = b.reshape(&mut g, ctx, "shape_merge_heads");
+            let o = b.linear(&mut g, ctx, &format!("blk.{layer}.wo"), None, layer);
+            x = b.binary(&mut g, "Add", x, o);
+
+            let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.ffn_norm"));
+            let gate = b.linear(&mut g, h, &format!("blk.{layer}.gate"), None, layer);
+            let up = b.linear(&mut g, h, &format!("blk.{layer}.up"), None, layer);
+            let act = g.op("Swish", "opset4", "", &[gate]);
+            let act = b.binary(&mut g, "Multiply", act, up);
+            let down = b.linear(&mut g, act, &format!("blk.{layer}.down"), None, layer);
+            x = b.binary(&mut g, "Add", x, down);
+        }
+        let axis1 = g.constant("axis1");
+        let x = g.op("Gather", "opset8", r#"batch_dims="1""#, &[x, last, axis1]);
+        let x = b.rms_norm(&mut g, x, "output_norm");
+        let head = if self.tied_output {
+            "token_embd"
+        } else {
+            "output"
+        };
+        let head = self.weight(&mut g, head);
+        let logits = g.op(
+            "MatMul",
+            "opset1",
+            r#"transpose_a="false" transpose_b="true""#,
+            &[x, head],
+        );
+        g.output(logits, "logits");
+        g.to_xml()
+    }
+
+    fn weight(&self, g: &mut Graph<'_>, name: &str) -> Port {
+        Builder {
+            cfg: &self.config,
+            format: self.format,
+        }
+        .weight(g, name)
+    }
+}
+
+struct Builder<'a> {
+    cfg: &'a ModelConfig,
+    format: WeightFormat,
+}
+
+impl Builder<'_> {
+    fn binary(&self, g: &mut Graph<'_>, kind: &'static str, a: Port, b: Port) -> Port {
+        g.op(kind, "opset1", r#"auto_broadcast="numpy""#, &[a, b])
+    }
+
+    fn reshape(&self, g: &mut Graph<'_>, x: Port, pattern: &str) -> Port {
+        let pattern = g.constant(pattern);
+        g.op("Reshape", "opset1", r#"special_zero="true""#, &[x, pattern])
+    }
+
+    fn transpose(&self, g: &mut Graph<'_>, x: Port, perm: &str) -> Port {
+        let perm = g.constant(perm);
+        g.op("Transpose", "opset1", "", &[x, perm])
+    }
+
+    /// `[out, in]` f32 weights, decompressed in the graph.
+    fn weight(&self, g: &mut Graph<'_>, name: &str) -> Port {
+        let raw = g.constant(name);
+        if self.format == WeightFormat::F32 {
+            return raw;
+        }
+        let f32 = g.op("Convert", "opset1", r#"destination_type="f32""#, &[raw]);
+        match self.format {
+            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::Bf16 => f32,
+            WeightFormat::Int8 | WeightFormat::Int4 => {
+                let scale = g.constant(&format!("{name}.scale"));
+                let w = self.binary(g, "Multiply", f32, scale);
+                let grouped = format!("{name}.shape");
+                if g.has_constant(&grouped) {
+                    let shape = g.constant(&grouped);
+                    g.op("Reshape", "opset1", r#"special_zero="false""#, &[w, shape])
+                } else {
+                    w
+                }
+            }
+        }
+    }
+
+    fn linear(
+        &self,
+        g: &mut Graph<'_>,
+        x: Port,
+        name: &str,
+        bias: Option<&str>,
+        layer: usize,
+    ) -> Port {
+        let w = self.weight(g, name);
+        let y = g.op(
+            "MatMul",
+            "opset1",
+            r#"transpose_a="false" transpose_b="true""#,
+            &[x, w],
+        );
+        match bias.map(|b| format!("blk.{layer}.{b}")) {
+            Some(b) if g.has_constant(&b) => {
+                let b = g.constant(&b);
+                self.binary(g, "Add", y, b)
+            }
+            _ => y,
+        }
+    }
+
+    /// `x * (1 / sqrt(mean(x²) + eps)) * weight`, as the native kernel computes it.
+    fn rms_norm(&self, g: &mut Graph<'_>, x: Port, weight: &str) -> Port {
+        let sq = self.binary(g, "Multiply", x, x);
+        let axes = g.constant("axes_last");
+        let mean = g.op("ReduceMean", "opset1", r#"keep_dims="true""#, &[sq, axes]);
+        let eps = g.constant("rms_eps");
+        let var = self.binary(g, "Add", mean, eps);
+        let root = g.op("Sqrt", "opset1", "", &[var]);
+        let one = g.constant("one");
+        let inv = self.binary(g, "Divide", one, root);
+        let n = self.binary(g, "Multiply", x, inv);
+        let w = g.constant(weight);
+        self.binary(g, "Multiply", n, w)
+    }
+
+    /// Rotates `x` (`[seqs, rows, heads, head_dim]`) by the row positions' angles.
+    fn rope(&self, g: &mut Graph<'_>, x: Port, cos: Port, sin: Port) -> Port {
+        let interleaved = self.cfg.arch.rope_style() == RopeStyle::Interleaved;
+        let (x, axis, lengths) = if interleaved {
+            (
+                self.reshape(g, x, "shape_rope_pairs"),
+                "axis4",
+                "split_pairs",
+            )
+        } else {
+            (x, "axis3", "split_halves")
+        };
+        let axis_port = g.constant(axis);
+        let lengths = g.constant(lengths);
+        let halves = g.op_n("VariadicSplit", "opset1", "", &[x, axis_port, lengths], 2);
+        let (x0, x1) = (halves[0], halves[1]);
+        let x0c = self.binary(g, "Multiply", x0, cos);
+        let x1s = self.binary(g, "Multiply", x1, sin);
+        let a = self.binary(g, "Subtract", x0c, x1s);
+        let x0s = self.binary(g, "Multiply", x0, sin);
+        let x1c = self.binary(g, "Multiply", x1, cos);
+        let b = self.binary(g, "Add", x0s, x1c);
+        let concat_axis = if interleaved {
+            r#"axis="4""#
+        } else {
+            r#"axis="3""#
+        };
+        let y = g.op("Concat", "opset1", concat_axis, &[a, b]);
+        if interleaved {
+            self.reshape(g, y, "shape_rope_unpairs")
+        } else {
+            y
+        }
+    }
+}
+
+/// Adds weight `name` (`[rows, cols]` f32) in `format`, with its scales and (INT4) the
+/// shape its groups fold back to.
+fn add_weight(
+    blob: &mut Blob,
+    name: &str,
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    format: WeightFormat,
+) {
+    let format = if format == WeightFormat::Int4 && !cols.is_multiple_of(INT4_GROUP) {
+        WeightFormat::Int8
+    } else {
+        format
+    };
+    match format {
+        WeightFormat::F32 => blob.add_f32(name, &[rows, cols], data),
+        WeightFormat::F16 => {
+            let bytes: Vec<u8> = data
+                .iter()
+                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
+                .collect();
+            blob.add(name, Et::F16, &[rows, cols], &bytes);
+        }
+        WeightFormat::Bf16 => {
+            let bytes: Vec<u8> = data
+                .iter()
+                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+                .collect();
+            blob.add(name, Et::Bf16, &[rows, cols], &bytes);
+        }
+        WeightFormat::Int8 => {
+            let (q, scales) = quantize_symmetric(data, cols, 127.0);
+            let bytes: Vec<u8> = q.iter().map(|&v| v as u8).collect();
+            blob.add(name, Et::I8, &[rows, cols], &bytes);
+            blob.add_f32(&format!("{name}.scale"), &[rows, 1], &scales);
+        }
+        WeightFormat::Int4 => {
+            let groups = cols / INT4_GROUP;
+            let (q, scales) = quantize_symmetric(data, INT4_GROUP, 7.0);
+            // Two values per byte, the first in the low nibble.
+            let bytes: Vec<u8> = q
+                .chunks_exact(2)
+                .map(|p| (p[0] as u8 & 0x0f) | ((p[1] as u8 & 0x0f) << 4))
+                .collect();
+            blob.add(name, Et::I4, &[rows, groups, INT4_GROUP], &bytes);
+            blob.add_f32(&format!("{name}.scale"), &[rows, groups, 1], &scales);
+            blob.add_i64(&format!("{name}.shape"), &[rows as i64, cols as i64]);
+        }
+    }
+}
+
+/// Symmetric quantisation of each run of `group` values to `[-levels, levels]`.
+pub fn quantize_symmetric(data: &[f32], group: usize, levels: f32) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(data.len());
+    let mut scales = Vec::with_capacity(data.len() / group);
+    for run in data.chunks_exact(group) {
+        let peak = run.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = if peak > 0.0 { peak / levels } else { 1.0 };
+        q.extend(
+            run.iter()
+                .map(|v| (v / scale).round().clamp(-levels, levels) as i8),
+        );
+        scales.push(scale);
+    }
+    (q, scales)
+}
+
+/// Axes, shape patterns and scalars: they depend on the model, never on the artifact's
+/// shape, so one blob serves every artifact.
+fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
+    let (h, kv, hd) = (cfg.n_head as i64, cfg.n_head_kv as i64, cfg.head_dim as i64);
+    let scalar_i64 =
+        |blob: &mut Blob, name: &str, v: i64| blob.add(name, Et::I64, &[], &v.to_le_bytes());
+    scalar_i64(blob, "axis0", 0);
+    scalar_i64(blob, "axis1", 1);
+    scalar_i64(blob, "axis3", 3);
+    scalar_i64(blob, "axis4", 4);
+    blob.add_i64("axes_last", &[-1]);
+    blob.add_i64("axes_group", &[2]);
+    blob.add_i64("shape_q_heads", &[0, 0, h, hd]);
+    blob.add_i64("shape_kv_heads", &[0, 0, kv, hd]);
+    blob.add_i64("shape_q_groups", &[0, 0, kv, h / kv, hd]);
+    blob.add_i64("shape_merge_heads", &[0, 0, -1]);
+    blob.add_i64("shape_rope_pairs", &[0, 0, 0, hd / 2, 2]);
+    blob.add_i64("shape_rope_unpairs", &[0, 0, 0, hd]);
+    blob.add_i64("split_halves", &[hd / 2, hd / 2]);
+    blob.add_i64("split_pairs", &[1, 1]);
+    // [seqs, rows, kv, group, hd] → [seqs, kv, group, rows, hd], and back.
+    blob.add_i64("perm_q", &[0, 2, 3, 1, 4]);
+    blob.add_i64("perm_out", &[0, 3, 1, 2, 4]);
+    // [seqs, rows, kv, hd] → [seqs, kv, rows, hd]
+    blob.add_i64("perm_kv", &[0, 2, 1, 3]);
+    blob.add_f32("rms_eps", &[1], &[cfg.rms_eps]);
+    blob.add_f32("one", &[1], &[1.0]);
+    blob.add_f32("attn_scale", &[1], &[1.0 / (cfg.head_dim as f32).sqrt()]);
+}

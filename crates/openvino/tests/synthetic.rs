@@ -1,0 +1,310 @@
+//! The OpenVINO graphs against the native f32 path on tiny random-weight models of both
+//! RoPE styles, on OpenVINO's CPU plugin (f32): prefill chunks, batched decode with
+//! fewer sequences than slots, migration between windows, and a route that prefills on
+//! one backend and decodes on the other.
+//!
+//! Needs OpenVINO (`scripts/setup-openvino.sh`, which the test script runs).
+
+use std::sync::Arc;
+
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::{Architecture, KvType, LogitsFor, Model, Scratch, Segment};
+use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
+use pyramid_runtime::{prefill_chunked, ArtifactShape, Backend};
+
+fn tiny(arch: Architecture, untied: bool) -> Arc<Model> {
+    let spec = SyntheticSpec {
+        untied_output: untied,
+        ..SyntheticSpec::tiny(arch)
+    };
+    let bytes = synthetic_gguf(&spec).unwrap().to_bytes();
+    Arc::new(Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap())
+}
+
+fn ov_cpu(model: &Arc<Model>, format: WeightFormat) -> OvBackend {
+    let options = OvOptions::for_device("CPU", Some(2), &[]).unwrap();
+    OvBackend::new(Arc::clone(model), "CPU", format, options).expect("OpenVINO CPU plugin")
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| (i * 31 + salt * 7 + 5) % 250)
+        .collect()
+}
+
+/// Native logits after `tokens`, each position run one by one through a fresh cache.
+fn native_last_logits(model: &Model, pool: &ThreadPool, tokens: &[u32]) -> Vec<f32> {
+    let mut kv = model.new_kv_cache(tokens.len());
+    model
+        .forward(
+            pool,
+            tokens,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )
+        .unwrap()
+}
+
+#[test]
+fn prefill_and_decode_match_native_f32_for_both_rope_styles() {
+    let pool = ThreadPool::new(2).unwrap();
+    for (arch, untied) in [(Architecture::Llama, true), (Architecture::Qwen2, false)] {
+        let model = tiny(arch, untied);
+        let ov = ov_cpu(&model, WeightFormat::F32);
+        let window = 64;
+        let prefill = ov
+            .compile(ArtifactShape::Prefill { chunk: 16, window })
+            .unwrap();
+        let decode = ov
+            .compile(ArtifactShape::Decode { batch: 1, window })
+            .unwrap();
+        assert_eq!(prefill.executing_device(), "CPU");
+
+        // 37 tokens: two full chunks and a padded one.
+        let tokens = prompt(37, 1);
+        let mut kv = model.new_kv_cache_of(window, KvType::F32);
+        let mut logits = Vec::new();
+        prefill_chunked(prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+        assert_eq!(kv.len(), 37);
+        let expected = native_last_logits(&model, &pool, &tokens);
+        let d = max_diff(&logits, &expected);
+        assert!(d < 1e-3, "{arch:?} prefill differs by {d}");
+
+        let mut all = tokens.clone();
+        for step in 0..5u32 {
+            let next = [(step * 13 + 2) % 250];
+            all.push(next[0]);
+            let mut segs = [Segment::new(&next, &mut kv)];
+            decode.run(&pool, &mut segs, &mut logits).unwrap();
+            let expected = native_last_logits(&model, &pool, &all);
+            let d = max_diff(&logits, &expected);
+            assert!(d < 1e-3, "{arch:?} decode step {step} differs by {d}");
+        }
+    }
+}
+
+#[test]
+fn batched_decode_with_empty_slots_matches_each_sequence_alone() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Qwen2, false);
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let window = 48;
+    let prefill = ov
+        .compile(ArtifactShape::Prefill { chunk: 8, window })
+        .unwrap();
+    // Four slots, three sequences: the empty slot must not disturb the others.
+    let decode = ov
+        .compile(ArtifactShape::Decode { batch: 4, window })
+        .unwrap();
+    let prompts: Vec<Vec<u32>> = [5, 11, 20].iter().map(|&n| prompt(n, n as u32)).collect();
+    let mut caches: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let mut kv = model.new_kv_cache_of(window, KvType::F32);
+            prefill_chunked(prefill.as_ref(), &pool, p, &mut kv, &mut Vec::new()).unwrap();
+            kv
+        })
+        .collect();
+    let next: Vec<[u32; 1]> = (0..3).map(|i| [(i * 40 + 9) % 250]).collect();
+    let mut segs: Vec<Segment<'_>> = caches
+        .iter_mut()
+        .zip(&next)
+        .map(|(kv, t)| Segment::new(t, kv))
+        .collect();
+    let mut logits = Vec::new();
+    decode.run(&pool, &mut segs, &mut logits).unwrap();
+    let n_vocab = model.config.n_vocab;
+    assert_eq!(logits.len(), 3 * n_vocab);
+    for (i, p) in prompts.iter().enumerate() {
+        let mut all = p.clone();
+        all.push(next[i][0]);
+        let expected = native_last_logits(&model, &pool, &all);
+        let d = max_diff(&logits[i * n_vocab..(i + 1) * n_vocab], &expected);
+        assert!(d < 1e-3, "sequence {i} differs by {d}");
+        assert_eq!(caches[i].len(), all.len());
+    }
+}
+
+#[test]
+fn migration_between_windows_and_native_to_openvino_handoff_keep_tokens() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Llama, false);
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let native = pyramid_runtime::CpuBackend::new(Arc::clone(&model), 2);
+    let tokens = prompt(30, 3);
+    let greedy = |exe: &dyn pyramid_runtime::Executable,
+                  kv: &mut pyramid_model::KvCache,
+                  first: u32,
+                  n: usize| {
+        let mut out = vec![first];
+        let mut logits = Vec::new();
+        for _ in 0..n {
+            let t = [*out.last().unwrap()];
+            exe.run(&pool, &mut [Segment::new(&t, kv)], &mut logits)
+                .unwrap();
+            out.push(pyramid_runtime::argmax(&logits));
+        }
+        out
+    };
+
+    // Reference: native prefill and decode in a 64-position window.
+    let mut kv = model.new_kv_cache_of(64, KvType::F32);
+    let mut logits = Vec::new();
+    let native_prefill = native
+        .compile(ArtifactShape::Prefill {
+            chunk: 16,
+            window: 64,
+        })
+        .unwrap();
+    prefill_chunked(
+        native_prefill.as_ref(),
+        &pool,
+        &tokens,
+        &mut kv,
+        &mut logits,
+    )
+    .unwrap();
+    let first = pyramid_runtime::argmax(&logits);
+    let native_decode = native
+        .compile(ArtifactShape::Decode {
+            batch: 1,
+            window: 64,
+        })
+        .unwrap();
+    let expected = greedy(native_decode.as_ref(), &mut kv, first, 20);
+
+    // OpenVINO prefill at window 32, migrated to 64 for decode.
+    let mut kv = model.new_kv_cache_of(32, KvType::F32);
+    let ov_prefill = ov
+        .compile(ArtifactShape::Prefill {
+            chunk: 16,
+            window: 32,
+        })
+        .unwrap();
+    prefill_chunked(ov_prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+    assert_eq!(pyramid_runtime::argmax(&logits), first);
+    let mut kv = kv.migrated(64).unwrap();
+    let ov_decode = ov
+        .compile(ArtifactShape::Decode {
+            batch: 1,
+            window: 64,
+        })
+        .unwrap();
+    assert_eq!(greedy(ov_decode.as_ref(), &mut kv, first, 20), expected);
+
+    // Native prefill handed to OpenVINO decode through one route backend.
+    let route = pyramid_runtime::RouteBackend::new(Arc::new(native), Arc::new(ov)).unwrap();
+    let mut kv = model.new_kv_cache_of(64, KvType::F32);
+    let p = route
+        .compile(ArtifactShape::Prefill {
+            chunk: 16,
+            window: 64,
+        })
+        .unwrap();
+    let d = route
+        .compile(ArtifactShape::Decode {
+            batch: 1,
+            window: 64,
+        })
+        .unwrap();
+    assert!(p.executing_device().starts_with("cpu"));
+    assert_eq!(d.executing_device(), "CPU");
+    prefill_chunked(p.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+    assert_eq!(greedy(d.as_ref(), &mut kv, first, 20), expected);
+}
+
+#[test]
+fn compressed_weights_stay_close_to_f32() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Qwen2, false);
+    let tokens = prompt(12, 4);
+    let expected = native_last_logits(&model, &pool, &tokens);
+    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    // Tolerances as fractions of the largest logit; a wrong nibble order or scale layout
+    // gives errors of the order of the logits themselves.
+    for (format, tol) in [
+        (WeightFormat::F16, 0.01),
+        (WeightFormat::Bf16, 0.03),
+        (WeightFormat::Int8, 0.05),
+        (WeightFormat::Int4, 0.3),
+    ] {
+        let ov = ov_cpu(&model, format);
+        let exe = ov
+            .compile(ArtifactShape::Prefill {
+                chunk: 16,
+                window: 32,
+            })
+            .unwrap();
+        let mut kv = model.new_kv_cache_of(32, KvType::F32);
+        let mut logits = Vec::new();
+        prefill_chunked(exe.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+        let d = max_diff(&logits, &expected) / scale;
+        eprintln!("{format:?}: relative difference {d}");
+        assert!(d < tol, "{format:?}: relative difference {d}");
+        assert!(
+            d > 0.0,
+            "{format:?} gave exactly the f32 result: weights not compressed?"
+        );
+    }
+}
+
+#[test]
+fn bad_devices_options_and_caches_are_clear_errors() {
+    let model = tiny(Architecture::Qwen2, false);
+    let options = OvOptions::for_device("NPU", None, &[]).unwrap();
+    let err = OvBackend::new(Arc::clone(&model), "NPU", WeightFormat::F32, options)
+        .err()
+        .expect("no NPU on this machine")
+        .to_string();
+    assert!(
+        err.contains("'ov:NPU' is not present") && err.contains("ov:CPU"),
+        "{err}"
+    );
+
+    let err = OvOptions::for_device("CPU", None, &["NO_EQUALS_SIGN".into()]).unwrap_err();
+    assert!(err.to_string().contains("KEY=VALUE"), "{err}");
+
+    // A property the plugin rejects: the OpenVINO message arrives with the shape.
+    let options =
+        OvOptions::for_device("CPU", None, &["INFERENCE_PRECISION_HINT=f7".into()]).unwrap();
+    let ov = OvBackend::new(Arc::clone(&model), "CPU", WeightFormat::F32, options).unwrap();
+    let err = ov
+        .compile(ArtifactShape::Decode {
+            batch: 1,
+            window: 16,
+        })
+        .err()
+        .expect("bad precision hint")
+        .to_string();
+    assert!(err.contains("decode b1 w16") && err.contains("f7"), "{err}");
+
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let exe = ov
+        .compile(ArtifactShape::Decode {
+            batch: 1,
+            window: 16,
+        })
+        .unwrap();
+    let mut kv = model.new_kv_cache_of(16, KvType::Int8);
+    let err = exe
+        .run(
+            &ThreadPool::new(1).unwrap(),
+            &mut [Segment::new(&[1], &mut kv)],
+            &mut Vec::new(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("f32 caches"), "{err}");
+    assert!(kv.is_empty(), "a refused run leaves the cache untouched");
+}
