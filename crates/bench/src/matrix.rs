@@ -151,6 +151,8 @@ pub struct Sample {
     pub prefill_executed: String,
     pub decode_executed: String,
     pub qualified: Option<bool>,
+    #[serde(default)]
+    pub agreement: Option<crate::results::Agreement>,
 }
 
 /// Samples already measured, read from a JSON-lines file (a run appends one line per

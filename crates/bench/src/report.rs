@@ -1,4 +1,5 @@
-//! Markdown tables and SVG charts from a results file's verified cells. Cells that are
+//! Markdown tables and charts (SVG, and PNG rendered from the same SVG) from a results
+//! file's verified cells. Cells that are
 //! not headline (wrong tokens, or run on another device than asked) appear only in their
 //! own failures table; unverified figures never appear.
 
@@ -138,11 +139,11 @@ pub fn markdown(file: &ResultsFile, chart_dir: Option<&str>) -> String {
     }
     let failures: Vec<&Cell> = file.verified.iter().filter(|c| !c.is_headline()).collect();
     if !failures.is_empty() {
-        out.push_str("\n## Failures (kept out of the tables above)\n\n| model | weights | window | route | executed | tokens | decode tok/s |\n|---|---|---:|---|---|---|---:|\n");
+        out.push_str("\n## Failures (kept out of the tables above)\n\n| model | weights | window | route | executed | tokens | agreement with f32 | prefill tok/s | decode tok/s |\n|---|---|---:|---|---|---|---|---:|---:|\n");
         for c in failures {
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} -> {} | {} | {:.1} |",
+                "| {} | {} | {} | {} | {} -> {} | {} | {} | {:.1} | {:.1} |",
                 c.key.model,
                 c.key.precision,
                 c.key.window,
@@ -154,6 +155,8 @@ pub fn markdown(file: &ResultsFile, chart_dir: Option<&str>) -> String {
                     Some(true) => "right",
                     None => "unchecked",
                 },
+                c.agreement.map_or("—".to_string(), |a| a.to_string()),
+                c.prefill_tok_s.mean,
                 c.decode_tok_s.mean
             );
         }
@@ -256,4 +259,50 @@ fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// Why a chart could not be rendered as PNG.
+#[derive(Debug, thiserror::Error)]
+pub enum PngError {
+    #[error("no system font for the chart text (install one, e.g. fonts-dejavu-core)")]
+    NoFont,
+    #[error("chart is not valid SVG: {0}")]
+    Svg(String),
+    #[error("PNG encoding: {0}")]
+    Encode(String),
+}
+
+/// The PNG of an SVG chart, on white, at its own size. One source for both formats, so
+/// the two can never show different figures.
+pub fn png_of_svg(svg: &str) -> Result<Vec<u8>, PngError> {
+    use resvg::{tiny_skia, usvg};
+    let mut options = usvg::Options::default();
+    let fonts = options.fontdb_mut();
+    fonts.load_system_fonts();
+    // The charts ask for "sans-serif", which fontdb maps to Arial: point it at a sans
+    // face this machine has.
+    let family = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans"]
+        .into_iter()
+        .map(str::to_string)
+        .find(|want| {
+            fonts
+                .faces()
+                .any(|f| f.families.iter().any(|(name, _)| name == want))
+        })
+        .or_else(|| {
+            fonts
+                .faces()
+                .find_map(|f| f.families.first().map(|(name, _)| name.clone()))
+        })
+        .ok_or(PngError::NoFont)?;
+    fonts.set_sans_serif_family(family);
+    let tree = usvg::Tree::from_str(svg, &options).map_err(|e| PngError::Svg(e.to_string()))?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| PngError::Svg("empty canvas".to_string()))?;
+    pixmap.fill(tiny_skia::Color::WHITE);
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    pixmap
+        .encode_png()
+        .map_err(|e| PngError::Encode(e.to_string()))
 }

@@ -121,6 +121,9 @@ pub struct Cell {
     /// Greedy tokens equal the native f32 path's on the reference prompts (`None`: not
     /// checked, as for synthetic models, whose tokens mean nothing).
     pub qualified: Option<bool>,
+    /// How close the tokens came, so a failure shows how far it is from passing.
+    #[serde(default)]
+    pub agreement: Option<Agreement>,
     /// Time to first token after the artifacts are compiled.
     pub ttft_ms: Stat,
     pub prefill_tok_s: Stat,
@@ -139,6 +142,30 @@ impl Cell {
     /// Whether the cell may appear in headline tables and plots.
     pub fn is_headline(&self) -> bool {
         self.as_requested && self.qualified != Some(false)
+    }
+}
+
+/// Greedy agreement with the native f32 path over the reference prompts that fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Agreement {
+    pub prompts_matched: usize,
+    pub prompts_checked: usize,
+    pub tokens_per_prompt: usize,
+    /// The earliest generated position at which any prompt's tokens differ.
+    pub first_difference: Option<usize>,
+}
+
+impl std::fmt::Display for Agreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} prompts × {} tokens",
+            self.prompts_matched, self.prompts_checked, self.tokens_per_prompt
+        )?;
+        if let Some(i) = self.first_difference {
+            write!(f, ", first differs at {i}")?;
+        }
+        Ok(())
     }
 }
 

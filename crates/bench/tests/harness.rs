@@ -126,6 +126,7 @@ fn cell(window: usize, route: &str, qualified: Option<bool>, provenance: bool) -
         decode_executed: "CPU".into(),
         as_requested: true,
         qualified,
+        agreement: None,
         ttft_ms: s,
         prefill_tok_s: s,
         decode_tok_s: Stat::of(&[window as f64 / 100.0]),
@@ -235,6 +236,7 @@ fn an_interrupted_run_resumes_with_what_it_has() {
         prefill_executed: "cpu".into(),
         decode_executed: "cpu".into(),
         qualified: Some(true),
+        agreement: None,
     };
     let mut text = String::new();
     for (c, rep) in &schedule[..3] {

@@ -12,7 +12,8 @@ use pyramid_bench::energy::{self, EnergyReport, Powercap};
 use pyramid_bench::matrix::{read_samples, remaining, stat, MatrixConfig, Sample};
 use pyramid_bench::report;
 use pyramid_bench::results::{
-    check, commit_of, replace_readme_section, utc_now, Cell, Machine, Provenance, ResultsFile,
+    check, commit_of, replace_readme_section, utc_now, Agreement, Cell, Machine, Provenance,
+    ResultsFile,
 };
 use pyramid_engine::replay::rss;
 use pyramid_kernels::isa;
@@ -60,9 +61,12 @@ pub struct MatrixArgs {
 pub struct CheckArgs {
     #[arg(long, default_value = "benchmarks/latest.json")]
     pub results: PathBuf,
-    /// The README whose performance section must be the rendered one ("" to skip).
+    /// The README whose performance section must be the rendered one.
     #[arg(long, default_value = "README.md")]
     pub readme: PathBuf,
+    /// Check the results file alone.
+    #[arg(long, conflicts_with = "readme")]
+    pub no_readme: bool,
 }
 
 #[derive(Args, Debug)]
@@ -72,9 +76,12 @@ pub struct ReportArgs {
     /// Where REPORT.md and the charts go.
     #[arg(long, default_value = "docs/bench")]
     pub out_dir: PathBuf,
-    /// A README whose generated section is rewritten ("" to leave it).
+    /// A README whose generated section is rewritten.
     #[arg(long, default_value = "README.md")]
     pub readme: PathBuf,
+    /// Leave every README as it is.
+    #[arg(long, conflicts_with = "readme")]
+    pub no_readme: bool,
 }
 
 pub fn run(action: BenchAction) -> Result<()> {
@@ -95,12 +102,12 @@ fn read_results(path: &Path) -> Result<ResultsFile> {
 }
 
 /// Writes `text` to `path` through a temporary file, so a crash never leaves half a file.
-fn write_atomically(path: &Path, text: &str) -> Result<()> {
+fn write_atomically(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
@@ -109,7 +116,7 @@ fn check_cmd(args: CheckArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.results)
         .with_context(|| format!("reading {}", args.results.display()))?;
     let file = read_results(&args.results)?;
-    let readme = if args.readme.as_os_str().is_empty() {
+    let readme = if args.no_readme {
         None
     } else {
         Some(
@@ -144,14 +151,22 @@ fn report_cmd(args: ReportArgs) -> Result<()> {
         bail!("{} has no verified cells to report", args.results.display());
     }
     let charts = report::svg_charts(&file);
+    let mut png_skipped = None;
     for (i, svg) in charts.iter().enumerate() {
         write_atomically(&args.out_dir.join(format!("decode-{i}.svg")), svg)?;
+        match report::png_of_svg(svg) {
+            Ok(png) => write_atomically(&args.out_dir.join(format!("decode-{i}.png")), png)?,
+            Err(e) => png_skipped = Some(e),
+        }
+    }
+    if let Some(e) = png_skipped {
+        eprintln!("PNG charts not written: {e}");
     }
     write_atomically(
         &args.out_dir.join("REPORT.md"),
         &report::markdown(&file, Some(".")),
     )?;
-    if !args.readme.as_os_str().is_empty() {
+    if !args.no_readme {
         let readme = std::fs::read_to_string(&args.readme)
             .with_context(|| format!("reading {}", args.readme.display()))?;
         let updated = replace_readme_section(&readme, &report::readme_section(&file))
@@ -181,7 +196,7 @@ struct Contexts {
     qualifiers: HashMap<(String, String), Qualifier>,
     routes: HashMap<(String, String, String), Route>,
     artifacts: HashMap<(String, String, String, usize, usize), Artifacts>,
-    qualified: HashMap<(String, String, String, usize), bool>,
+    qualified: HashMap<(String, String, String, usize), (bool, Agreement)>,
 }
 
 fn matrix(args: MatrixArgs) -> Result<()> {
@@ -304,11 +319,15 @@ fn matrix(args: MatrixArgs) -> Result<()> {
             key.route(),
             key.window,
         );
-        if !ctx.qualified.contains_key(&q_key) {
-            let verdict = ctx.qualifiers[&model_key]
-                .check(route, loaded, key.window)?
-                .valid;
-            ctx.qualified.insert(q_key.clone(), verdict);
+        // Synthetic models have no qualifier: their tokens mean nothing.
+        if let (false, Some(qualifier)) = (
+            ctx.qualified.contains_key(&q_key),
+            ctx.qualifiers.get(&model_key),
+        ) {
+            let result = qualifier.check(route, loaded, key.window)?;
+            let agreement = result.agreement(qualifier.max_tokens());
+            ctx.qualified
+                .insert(q_key.clone(), (result.valid, agreement));
         }
         if warmed.insert(c) {
             for w in 0..config.warmup {
@@ -355,7 +374,8 @@ fn matrix(args: MatrixArgs) -> Result<()> {
             energy,
             prefill_executed: artifacts.prefill.executing_device(),
             decode_executed: artifacts.decode.executing_device(),
-            qualified: ctx.qualified.get(&q_key).copied(),
+            qualified: ctx.qualified.get(&q_key).map(|q| q.0),
+            agreement: ctx.qualified.get(&q_key).map(|q| q.1),
         };
         writeln!(samples_file, "{}", serde_json::to_string(&sample)?)?;
         samples_file.flush()?;
@@ -429,6 +449,7 @@ fn aggregate(
         decode_executed: last.decode_executed.clone(),
         as_requested,
         qualified: last.qualified,
+        agreement: last.agreement,
         ttft_ms: stat(s, |x| x.ttft_ms),
         prefill_tok_s: stat(s, |x| x.prefill_tok_s),
         decode_tok_s: stat(s, |x| x.decode_tok_s),

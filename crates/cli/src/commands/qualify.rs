@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pyramid_bench::results::Agreement;
 use pyramid_engine::PyramidSession;
 use pyramid_runtime::{generate, GenerateParams, SamplerConfig, Session, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
@@ -115,6 +116,22 @@ pub struct WindowResult {
     error: Option<String>,
 }
 
+impl WindowResult {
+    pub fn agreement(&self, tokens_per_prompt: usize) -> Agreement {
+        let checked: Vec<&PromptResult> = self
+            .prompts
+            .iter()
+            .filter(|p| p.matched.is_some())
+            .collect();
+        Agreement {
+            prompts_matched: checked.iter().filter(|p| p.matched == Some(true)).count(),
+            prompts_checked: checked.len(),
+            tokens_per_prompt,
+            first_difference: checked.iter().filter_map(|p| p.first_difference).min(),
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Report {
     model: String,
@@ -142,6 +159,10 @@ pub struct Qualifier {
 }
 
 impl Qualifier {
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     /// Runs the reference for the public prompts (the first `limit`, if given) and
     /// `extra`, comparing `max_tokens` tokens, for windows up to `largest`.
     pub fn new(
