@@ -8,9 +8,12 @@
 //!   provenance, `_unverified` figures kept apart, and the checks `pyramid bench check`
 //!   runs.
 //! - [`matrix`]: the benchmark matrix's configuration and its cells in interleaved order.
-//! - [`report`]: Markdown tables and SVG charts rendered from verified cells only.
+//! - [`peers`]: side-by-side runs against llama.cpp and OpenVINO GenAI, admitted when
+//!   measured here from a committed tree.
+//! - [`report`]: Markdown tables and SVG and PNG charts rendered from verified figures only.
 
 pub mod energy;
 pub mod matrix;
+pub mod peers;
 pub mod report;
 pub mod results;

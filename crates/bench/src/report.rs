@@ -7,14 +7,20 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::energy::EnergyReport;
-use crate::results::{Cell, ResultsFile};
+use crate::results::{Cell, PeerComparison, ReplayRecord, ResultsFile};
 
 /// Cells of one chart and table: same model, weights, cache, batch and token counts.
-type Group<'a> = BTreeMap<(String, String, String, usize, usize, usize, bool), Vec<&'a Cell>>;
+type GroupKey = (String, String, String, usize, usize, usize);
+type Group<'a> = BTreeMap<GroupKey, Vec<&'a Cell>>;
 
+/// Headline cells of real models, grouped; synthetic cells go to the scaling table.
 fn groups(file: &ResultsFile) -> Group<'_> {
     let mut groups: Group<'_> = BTreeMap::new();
-    for c in file.verified.iter().filter(|c| c.is_headline()) {
+    for c in file
+        .verified
+        .iter()
+        .filter(|c| c.is_headline() && !c.synthetic)
+    {
         let k = &c.key;
         groups
             .entry((
@@ -24,7 +30,6 @@ fn groups(file: &ResultsFile) -> Group<'_> {
                 k.batch,
                 k.n_prompt,
                 k.n_gen,
-                c.synthetic,
             ))
             .or_default()
             .push(c);
@@ -32,20 +37,70 @@ fn groups(file: &ResultsFile) -> Group<'_> {
     groups
 }
 
-fn title(g: &(String, String, String, usize, usize, usize, bool)) -> String {
-    format!(
-        "{}{} — {} weights, {} KV, batch {}, {} prompt + {} generated tokens",
-        g.0,
-        if g.6 {
-            " (synthetic weights: speed only)"
+/// Headline synthetic cells, smallest model first.
+fn scaling_cells(file: &ResultsFile) -> Vec<&Cell> {
+    let mut cells: Vec<&Cell> = file
+        .verified
+        .iter()
+        .filter(|c| c.is_headline() && c.synthetic)
+        .collect();
+    cells.sort_by_key(|c| (c.parameters, c.key.clone()));
+    cells
+}
+
+/// How speed falls with model size: one row per synthetic cell.
+fn scaling_table(cells: &[&Cell], full: bool) -> String {
+    let mut out = String::from("| model (random weights) | parameters | weights | window | route | batch | prefill tok/s | decode tok/s |");
+    if full {
+        out.push_str(" decode ms/tok | TTFT ms | process peak RSS MiB |");
+    }
+    out.push_str("\n|---|---:|---|---:|---|---:|---:|---:|");
+    if full {
+        out.push_str("---:|---:|---:|");
+    }
+    out.push('\n');
+    for c in cells {
+        let _ = write!(
+            out,
+            "| {} | {} | {} | {} | {} | {} |",
+            c.key.model.trim_start_matches("synthetic:"),
+            c.parameters
+                .map_or("—".to_string(), |n| format!("{:.2} B", n as f64 / 1e9)),
+            c.key.precision,
+            c.key.window,
+            c.key.route(),
+            c.key.batch
+        );
+        if full {
+            let _ = writeln!(
+                out,
+                " {:.1} ± {:.1} | {:.1} ± {:.1} | {:.1} | {:.0} | {} |",
+                c.prefill_tok_s.mean,
+                c.prefill_tok_s.sd,
+                c.decode_tok_s.mean,
+                c.decode_tok_s.sd,
+                c.decode_ms_per_token.mean,
+                c.ttft_ms.mean,
+                c.peak_rss_bytes.map_or("n/a".to_string(), |b| format!(
+                    "{:.0}",
+                    b as f64 / (1u64 << 20) as f64
+                ))
+            );
         } else {
-            ""
-        },
-        g.1,
-        g.2,
-        g.3,
-        g.4,
-        g.5
+            let _ = writeln!(
+                out,
+                " {:.1} | {:.1} |",
+                c.prefill_tok_s.mean, c.decode_tok_s.mean
+            );
+        }
+    }
+    out
+}
+
+fn title(g: &GroupKey) -> String {
+    format!(
+        "{} — {} weights, {} KV, batch {}, {} prompt + {} generated tokens",
+        g.0, g.1, g.2, g.3, g.4, g.5
     )
 }
 
@@ -137,6 +192,76 @@ pub fn markdown(file: &ResultsFile, chart_dir: Option<&str>) -> String {
             let _ = writeln!(out, "\nEnergy unavailable: {r}.");
         }
     }
+    let scaling = scaling_cells(file);
+    if let Some(c) = scaling.first() {
+        let _ = write!(
+            out,
+            "\n## Scaling with model size (synthetic weights: speed only)\n\nRandom weights with the exact shapes of published models, {} prompt + {} generated tokens; their tokens mean nothing, so they are neither qualified nor quality results. Peak RSS is the harness process's during the cell, with every model of its matrix loaded.\n\n",
+            c.key.n_prompt, c.key.n_gen
+        );
+        out.push_str(&scaling_table(&scaling, true));
+    }
+    if !file.peers.is_empty() {
+        out.push_str("\n## Side by side with llama.cpp and OpenVINO GenAI\n\nMeasured by `scripts/peers/bench-peers.sh` (engines alternating within each repetition, same GGUF file, threads and lengths); tok/s mean ± sd, ratios of means.\n\n");
+        out.push_str(&peers_table(&file.peers, true));
+    }
+    let replays: Vec<&ReplayRecord> = file.replays.iter().filter(|r| r.is_headline()).collect();
+    if !replays.is_empty() {
+        out.push_str("\n## Window strategies (`pyramid replay`)\n\nThe same agent trace under each strategy: the largest window from the start, re-prefill into a larger window on overflow, and the window pyramid migrating its KV cache on demand or with the next window compiled ahead (predictive).\n");
+    }
+    for (i, r) in replays.iter().enumerate() {
+        let _ = write!(out, "\n### {}\n\n", replay_title(r));
+        if let Some(dir) = chart_dir {
+            let _ = writeln!(out, "![total time per strategy]({dir}/replay-{i}.svg)\n");
+        }
+        out.push_str("| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | migration ms (n) | re-prefill ms (n) | stall ms (n) | peak RSS MiB | failed sessions |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+        for a in &r.arms {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {:.0} | {:.1} | {:.0} ({}) | {:.0} ({}) | {:.0} ({}) | {:.0} ({}) | {} | {} |",
+                a.arm,
+                a.total_ms,
+                a.ttft_ms_p50,
+                a.decode_ms_per_token,
+                a.compile_ms,
+                a.n_compiles,
+                a.migration_ms,
+                a.n_migrations,
+                a.reprefill_ms,
+                a.n_reprefills,
+                a.stall_ms,
+                a.n_stalls,
+                a.peak_rss_bytes
+                    .map_or("n/a".to_string(), |b| format!("{:.0}", b as f64 / (1u64 << 20) as f64)),
+                a.failed_sessions
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nTokens identical across arms: {}. Executed: {}.",
+            match r.tokens_identical {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "n/a (one arm)",
+            },
+            r.executed
+        );
+    }
+    let failed_replays: Vec<&ReplayRecord> =
+        file.replays.iter().filter(|r| !r.is_headline()).collect();
+    for r in failed_replays {
+        let _ = writeln!(
+            out,
+            "\nReplay kept out of the tables ({}): {}; executed {}.",
+            if r.as_requested {
+                "arms generated different tokens"
+            } else {
+                "ran on another device than asked"
+            },
+            replay_title(r),
+            r.executed
+        );
+    }
     let failures: Vec<&Cell> = file.verified.iter().filter(|c| !c.is_headline()).collect();
     if !failures.is_empty() {
         out.push_str("\n## Failures (kept out of the tables above)\n\n| model | weights | window | route | executed | tokens | agreement with f32 | prefill tok/s | decode tok/s |\n|---|---|---:|---|---|---|---|---:|---:|\n");
@@ -164,16 +289,120 @@ pub fn markdown(file: &ResultsFile, chart_dir: Option<&str>) -> String {
     out
 }
 
-/// The README's performance section: decode throughput of every headline group.
+const PEERS: [(&str, &str); 3] = [
+    ("llama-q8_0", "llama.cpp Q8_0"),
+    ("llama-own", "llama.cpp own quant"),
+    ("ov-genai", "OV GenAI"),
+];
+
+/// Model × test rows: pyramid's tok/s, each peer's, and pyramid's ratio to each.
+fn peers_table(peers: &[PeerComparison], with_sd: bool) -> String {
+    let mut out = String::from("| model | test | threads | pyramid |");
+    for (_, name) in PEERS {
+        let _ = write!(out, " {name} |");
+    }
+    for (_, name) in PEERS {
+        let _ = write!(out, " pyramid / {name} |");
+    }
+    out.push_str("\n|---|---|---:|---:|");
+    out.push_str(&"---:|".repeat(2 * PEERS.len()));
+    out.push('\n');
+    let figure = |p: &PeerComparison, engine: &str| match p.figure(engine) {
+        Some(f) => match (f.mean_ts, f.sd_ts) {
+            (Some(m), Some(sd)) if with_sd => format!("{m:.1} ± {sd:.1}"),
+            (Some(m), _) => format!("{m:.1}"),
+            (None, _) => "failed".to_string(),
+        },
+        None => "—".to_string(),
+    };
+    for p in peers {
+        let _ = write!(
+            out,
+            "| {} | {} | {} | {} ({}) |",
+            p.model,
+            p.test,
+            p.threads,
+            figure(p, "pyramid"),
+            p.precision
+        );
+        for (engine, _) in PEERS {
+            let _ = write!(out, " {} |", figure(p, engine));
+        }
+        for (engine, _) in PEERS {
+            let _ = write!(
+                out,
+                " {} |",
+                p.ratio(engine)
+                    .map_or("—".to_string(), |r| format!("{r:.2}×"))
+            );
+        }
+        out.push('\n');
+    }
+    let failures: Vec<String> = peers
+        .iter()
+        .flat_map(|p| {
+            p.engines.iter().filter_map(move |f| {
+                f.error
+                    .as_ref()
+                    .map(|e| format!("- {} {} {}: {}", p.model, p.test, f.engine, e))
+            })
+        })
+        .collect();
+    if with_sd && !failures.is_empty() {
+        let _ = write!(out, "\nFailed:\n{}\n", failures.join("\n"));
+    }
+    out
+}
+
+fn replay_title(r: &ReplayRecord) -> String {
+    format!(
+        "{} — {} weights, {} KV, route {}, windows {:?}: {} ({} steps, {} appended + {} generated tokens)",
+        r.model,
+        r.precision,
+        r.kv,
+        r.route,
+        r.windows,
+        r.trace,
+        r.steps,
+        r.appended_tokens,
+        r.generate_tokens
+    )
+}
+
+/// The README's performance section: decode throughput of every headline group, and
+/// the total time of each window strategy.
 pub fn readme_section(file: &ResultsFile) -> String {
     let mut out = String::from(
-        "Decode tok/s by window and route, measured by `pyramid bench matrix` (full report: docs/bench/REPORT.md).\n",
+        "Decode tok/s by window and route, measured by `pyramid bench matrix`, and agent traces replayed by `pyramid replay --record` (full report, charts and failures: docs/bench/REPORT.md).\n",
     );
     for (g, cells) in groups(file) {
         let _ = write!(out, "\n**{}**\n\n", title(&g));
         out.push_str(&table(&cells, "decode tok/s", |c| {
             format!("{:.1}", c.decode_tok_s.mean)
         }));
+    }
+    let scaling = scaling_cells(file);
+    if !scaling.is_empty() {
+        out.push_str("\n**Scaling with model size** (synthetic weights with published shapes: speed only)\n\n");
+        out.push_str(&scaling_table(&scaling, false));
+    }
+    if !file.peers.is_empty() {
+        out.push_str("\n**Side by side** (tok/s; `scripts/peers/bench-peers.sh`)\n\n");
+        out.push_str(&peers_table(&file.peers, false));
+    }
+    for r in file.replays.iter().filter(|r| r.is_headline()) {
+        let _ = write!(out, "\n**{}**\n\n| arm | total s | decode ms/tok | re-prefill s | stalls |\n|---|---:|---:|---:|---:|\n", replay_title(r));
+        for a in &r.arms {
+            let _ = writeln!(
+                out,
+                "| {} | {:.1} | {:.1} | {:.1} | {} |",
+                a.arm,
+                a.total_ms / 1e3,
+                a.decode_ms_per_token,
+                a.reprefill_ms / 1e3,
+                a.n_stalls
+            );
+        }
     }
     out
 }
@@ -182,8 +411,175 @@ const COLORS: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
 ];
 
+/// A rendered chart and the file stem the report links it under.
+pub struct Chart {
+    pub name: String,
+    pub svg: String,
+}
+
+/// Every chart of the report: decode throughput per group, total time per replay.
+pub fn charts(file: &ResultsFile) -> Vec<Chart> {
+    let decode = decode_charts(file)
+        .into_iter()
+        .enumerate()
+        .map(|(i, svg)| Chart {
+            name: format!("decode-{i}"),
+            svg,
+        });
+    let replays = file
+        .replays
+        .iter()
+        .filter(|r| r.is_headline())
+        .enumerate()
+        .map(|(i, r)| Chart {
+            name: format!("replay-{i}"),
+            svg: replay_chart(r),
+        });
+    let peers = (!file.peers.is_empty()).then(|| Chart {
+        name: "peers".to_string(),
+        svg: peers_chart(&file.peers),
+    });
+    decode.chain(replays).chain(peers).collect()
+}
+
+/// Bars of pyramid's throughput over each peer's, per model and test, against parity.
+fn peers_chart(peers: &[PeerComparison]) -> String {
+    let (w, left, right, top, row_h) = (640.0, 200.0, 40.0, 60.0, 54.0);
+    let h = top + peers.len() as f64 * row_h + 50.0;
+    let max = peers
+        .iter()
+        .flat_map(|p| PEERS.iter().filter_map(|(e, _)| p.ratio(e)))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x = |r: f64| left + r / max * (w - left - right);
+    let colors = ["#1f77b4", "#2ca02c", "#ff7f0e"];
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12"><text x="10" y="20" font-size="13">pyramid throughput / peer throughput (same run, same file)</text>"#
+    );
+    for (i, ((_, name), color)) in PEERS.iter().zip(colors).enumerate() {
+        let lx = 10.0 + i as f64 * 170.0;
+        let _ = write!(
+            svg,
+            r#"<rect x="{lx}" y="32" width="12" height="12" fill="{color}"/><text x="{}" y="42">{}</text>"#,
+            lx + 16.0,
+            escape(name)
+        );
+    }
+    for (i, p) in peers.iter().enumerate() {
+        let y0 = top + i as f64 * row_h;
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            left - 6.0,
+            y0 + row_h / 2.0,
+            escape(&format!("{} {} ({})", p.model, p.test, p.precision))
+        );
+        for (j, ((engine, _), color)) in PEERS.iter().zip(colors).enumerate() {
+            let y = y0 + 4.0 + j as f64 * 15.0;
+            match p.ratio(engine) {
+                Some(r) => {
+                    let _ = write!(
+                        svg,
+                        r#"<rect x="{left}" y="{y}" width="{:.1}" height="13" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{r:.2}×</text>"#,
+                        x(r) - left,
+                        x(r) + 4.0,
+                        y + 11.0
+                    );
+                }
+                None => {
+                    let _ = write!(
+                        svg,
+                        r#"<text x="{}" y="{}" font-size="11">no figure</text>"#,
+                        left + 4.0,
+                        y + 11.0
+                    );
+                }
+            }
+        }
+    }
+    let bottom = h - 40.0;
+    let _ = write!(
+        svg,
+        r#"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{bottom}" stroke="black" stroke-dasharray="4 3"/><text x="{0:.1}" y="{1}" text-anchor="middle">1× (parity)</text>"#,
+        x(1.0),
+        bottom + 16.0
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Horizontal bars of each arm's total time, split into re-prefill, stall and the rest.
+fn replay_chart(r: &ReplayRecord) -> String {
+    let (w, left, right, top, bar_h, gap) = (640.0, 90.0, 70.0, 50.0, 26.0, 12.0);
+    let h = top + r.arms.len() as f64 * (bar_h + gap) + 60.0;
+    let max = r
+        .arms
+        .iter()
+        .map(|a| a.total_ms)
+        .fold(0.0, f64::max)
+        .max(1e-9)
+        * 1.05;
+    let x = |ms: f64| left + ms / max * (w - left - right);
+    let mut svg = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="10" y="20" font-size="13">{} — total time per strategy</text>"#,
+        escape(&format!("{} {} on {}", r.model, r.precision, r.route))
+    );
+    let parts = [
+        ("re-prefill", "#d62728"),
+        ("stall", "#ff7f0e"),
+        ("rest", "#1f77b4"),
+    ];
+    for (i, (label, color)) in parts.iter().enumerate() {
+        let lx = left + i as f64 * 110.0;
+        let _ = write!(
+            svg,
+            r#"<rect x="{lx}" y="30" width="12" height="12" fill="{color}"/><text x="{}" y="40">{label}</text>"#,
+            lx + 16.0
+        );
+    }
+    for (i, a) in r.arms.iter().enumerate() {
+        let y = top + i as f64 * (bar_h + gap);
+        let rest = (a.total_ms - a.reprefill_ms - a.stall_ms).max(0.0);
+        let mut at = 0.0;
+        for (ms, (_, color)) in [a.reprefill_ms, a.stall_ms, rest].into_iter().zip(parts) {
+            let _ = write!(
+                svg,
+                r#"<rect x="{:.1}" y="{y}" width="{:.1}" height="{bar_h}" fill="{color}"/>"#,
+                x(at),
+                x(at + ms) - x(at)
+            );
+            at += ms;
+        }
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text><text x="{:.1}" y="{}">{:.1} s</text>"#,
+            left - 6.0,
+            y + bar_h / 2.0 + 4.0,
+            escape(&a.arm),
+            x(a.total_ms) + 4.0,
+            y + bar_h / 2.0 + 4.0,
+            a.total_ms / 1e3
+        );
+    }
+    let _ = write!(
+        svg,
+        r#"<line x1="{left}" y1="{}" x2="{}" y2="{}" stroke="black"/><text x="{}" y="{}" text-anchor="middle">total time (s); same tokens in every arm</text>"#,
+        h - 40.0,
+        w - right,
+        h - 40.0,
+        (left + w - right) / 2.0,
+        h - 16.0
+    );
+    svg.push_str("</svg>\n");
+    svg
+}
+
 /// One SVG line chart per group: decode tok/s against window (log₂ axis), a line per route.
-pub fn svg_charts(file: &ResultsFile) -> Vec<String> {
+fn decode_charts(file: &ResultsFile) -> Vec<String> {
     groups(file)
         .iter()
         .map(|(g, cells)| {

@@ -113,6 +113,9 @@ pub struct Cell {
     pub key: CellKey,
     /// A random-weight model with a published model's shapes: speed only, never quality.
     pub synthetic: bool,
+    /// Weight-matrix parameters of a synthetic shape, which orders the scaling table.
+    #[serde(default)]
+    pub parameters: Option<u64>,
     /// Devices that really executed prefill and decode.
     pub prefill_executed: String,
     pub decode_executed: String,
@@ -179,10 +182,120 @@ pub struct Unverified {
     pub source: String,
 }
 
+/// One strategy of a `pyramid replay` run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayArm {
+    /// `largest`, `reprefill`, `on-demand` or `predictive`.
+    pub arm: String,
+    pub total_ms: f64,
+    pub ttft_ms_p50: f64,
+    pub decode_ms_per_token: f64,
+    pub n_compiles: usize,
+    pub compile_ms: f64,
+    pub n_migrations: usize,
+    pub migration_ms: f64,
+    pub n_reprefills: usize,
+    pub reprefill_ms: f64,
+    pub n_stalls: usize,
+    pub stall_ms: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub failed_sessions: usize,
+}
+
+/// A `pyramid replay --record` run: the same agent trace under every window strategy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayRecord {
+    pub model: String,
+    pub precision: String,
+    pub kv: String,
+    pub route: String,
+    /// Devices that really ran prefill and decode.
+    pub executed: String,
+    pub as_requested: bool,
+    pub windows: Vec<usize>,
+    /// The trace's description (file, or synthetic seed and scale).
+    pub trace: String,
+    pub steps: usize,
+    pub appended_tokens: usize,
+    pub generate_tokens: usize,
+    /// Every arm generated the same tokens (`None`: fewer than two arms ran).
+    pub tokens_identical: Option<bool>,
+    pub arms: Vec<ReplayArm>,
+    pub provenance: Option<Provenance>,
+}
+
+impl ReplayRecord {
+    /// Whether the run may appear in headline tables and plots.
+    pub fn is_headline(&self) -> bool {
+        self.as_requested && self.tokens_identical != Some(false)
+    }
+
+    fn same_setup(&self, other: &Self) -> bool {
+        (
+            &self.model,
+            &self.precision,
+            &self.kv,
+            &self.route,
+            &self.trace,
+            &self.windows,
+        ) == (
+            &other.model,
+            &other.precision,
+            &other.kv,
+            &other.route,
+            &other.trace,
+            &other.windows,
+        )
+    }
+}
+
+/// One engine's throughput in a side-by-side run (`None` with the reason when it failed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerFigure {
+    /// `pyramid`, `llama-q8_0`, `llama-own` (the file's own quantisation) or `ov-genai`.
+    pub engine: String,
+    pub mean_ts: Option<f64>,
+    pub sd_ts: Option<f64>,
+    pub n: usize,
+    pub error: Option<String>,
+}
+
+/// One test (`pp512`, `tg128`) of `scripts/peers/bench-peers.sh`: pyramid and its peers
+/// run alternately in one run, on the same GGUF file, threads and lengths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PeerComparison {
+    pub model: String,
+    pub test: String,
+    /// pyramid's weight precision in the run.
+    pub precision: String,
+    pub threads: usize,
+    pub engines: Vec<PeerFigure>,
+    pub provenance: Option<Provenance>,
+}
+
+impl PeerComparison {
+    pub fn figure(&self, engine: &str) -> Option<&PeerFigure> {
+        self.engines.iter().find(|e| e.engine == engine)
+    }
+
+    /// pyramid's throughput over `peer`'s, when both ran.
+    pub fn ratio(&self, peer: &str) -> Option<f64> {
+        let ours = self.figure("pyramid")?.mean_ts?;
+        let theirs = self.figure(peer)?.mean_ts?;
+        (theirs > 0.0).then(|| ours / theirs)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResultsFile {
     pub schema: u32,
     pub verified: Vec<Cell>,
+    /// Replay runs, verified like cells: measured here, with provenance.
+    #[serde(default)]
+    pub replays: Vec<ReplayRecord>,
+    /// Side-by-side runs against llama.cpp and OpenVINO GenAI, measured here.
+    #[serde(default)]
+    pub peers: Vec<PeerComparison>,
     #[serde(rename = "_unverified", default)]
     pub unverified: Vec<Unverified>,
 }
@@ -192,6 +305,8 @@ impl Default for ResultsFile {
         Self {
             schema: SCHEMA,
             verified: Vec::new(),
+            replays: Vec::new(),
+            peers: Vec::new(),
             unverified: Vec::new(),
         }
     }
@@ -205,6 +320,45 @@ impl ResultsFile {
             self.verified.push(cell);
         }
         self.verified.sort_by(|a, b| a.key.cmp(&b.key));
+    }
+
+    /// Adds side-by-side figures, replacing earlier ones of the same model, test,
+    /// precision and threads.
+    pub fn merge_peers(&mut self, comparisons: Vec<PeerComparison>) {
+        for c in comparisons {
+            self.peers.retain(|p| {
+                (&p.model, &p.test, &p.precision, p.threads)
+                    != (&c.model, &c.test, &c.precision, c.threads)
+            });
+            self.peers.push(c);
+        }
+    }
+
+    /// Adds a replay run, replacing an earlier one of the same model, route and trace.
+    pub fn merge_replay(&mut self, record: ReplayRecord) {
+        self.replays.retain(|r| !r.same_setup(&record));
+        self.replays.push(record);
+    }
+}
+
+fn check_provenance(name: &str, provenance: Option<&Provenance>, problems: &mut Vec<String>) {
+    let Some(p) = provenance else {
+        problems.push(format!("{name} has no provenance"));
+        return;
+    };
+    for (what, value) in [
+        ("commit", &p.commit),
+        ("command", &p.command),
+        ("date", &p.date),
+        ("machine cpu", &p.machine.cpu),
+        ("machine isa", &p.machine.isa),
+    ] {
+        if value.trim().is_empty() {
+            problems.push(format!("{name}: provenance lacks its {what}"));
+        }
+    }
+    if p.machine.cores == 0 {
+        problems.push(format!("{name}: provenance lacks the machine's cores"));
     }
 }
 
@@ -234,25 +388,18 @@ pub fn check(results_text: &str, readme: Option<(&str, &str)>) -> Vec<String> {
             cell.key.route(),
             cell.key.batch
         );
-        match &cell.provenance {
-            None => problems.push(format!("{name} has no provenance")),
-            Some(p) => {
-                for (what, value) in [
-                    ("commit", &p.commit),
-                    ("command", &p.command),
-                    ("date", &p.date),
-                    ("machine cpu", &p.machine.cpu),
-                    ("machine isa", &p.machine.isa),
-                ] {
-                    if value.trim().is_empty() {
-                        problems.push(format!("{name}: provenance lacks its {what}"));
-                    }
-                }
-                if p.machine.cores == 0 {
-                    problems.push(format!("{name}: provenance lacks the machine's cores"));
-                }
-            }
-        }
+        check_provenance(&name, cell.provenance.as_ref(), &mut problems);
+    }
+    for r in &file.replays {
+        let name = format!(
+            "replay {} {} {} on {}",
+            r.model, r.precision, r.route, r.trace
+        );
+        check_provenance(&name, r.provenance.as_ref(), &mut problems);
+    }
+    for p in &file.peers {
+        let name = format!("side-by-side {} {} ({})", p.model, p.test, p.precision);
+        check_provenance(&name, p.provenance.as_ref(), &mut problems);
     }
     for u in &file.unverified {
         if u.source.trim().is_empty() {

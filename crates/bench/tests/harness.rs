@@ -8,7 +8,8 @@ use pyramid_bench::energy::{EnergyReport, Powercap};
 use pyramid_bench::matrix::{read_samples, remaining, MatrixConfig, Sample};
 use pyramid_bench::report;
 use pyramid_bench::results::{
-    check, replace_readme_section, Cell, CellKey, Machine, Provenance, ResultsFile, Stat,
+    check, replace_readme_section, Cell, CellKey, Machine, Provenance, ReplayArm, ReplayRecord,
+    ResultsFile, Stat,
 };
 
 fn domain(root: &Path, dir: &str, name: &str, energy_uj: u64, max_uj: u64) {
@@ -122,6 +123,7 @@ fn cell(window: usize, route: &str, qualified: Option<bool>, provenance: bool) -
     Cell {
         key: key(window, route),
         synthetic: false,
+        parameters: None,
         prefill_executed: "CPU".into(),
         decode_executed: "CPU".into(),
         as_requested: true,
@@ -136,13 +138,113 @@ fn cell(window: usize, route: &str, qualified: Option<bool>, provenance: bool) -
         peak_rss_bytes: Some(1 << 20),
         energy: EnergyReport::Unavailable("no RAPL domains under /sys/class/powercap".into()),
         joules_per_token: None,
-        provenance: provenance.then(|| Provenance {
-            machine: Machine::detect("avx2"),
-            commit: "abc123".into(),
-            command: "pyramid bench matrix --config m.toml".into(),
-            date: "2026-11-30T23:00:00Z".into(),
-        }),
+        provenance: provenance.then(provenance_of_matrix),
     }
+}
+
+fn provenance_of_matrix() -> Provenance {
+    Provenance {
+        command: "pyramid bench matrix --config m.toml".into(),
+        ..provenance()
+    }
+}
+
+fn provenance() -> Provenance {
+    Provenance {
+        machine: Machine::detect("avx2"),
+        commit: "abc123".into(),
+        command: "pyramid replay --synthetic --record latest.json".into(),
+        date: "2026-11-30T23:00:00Z".into(),
+    }
+}
+
+fn replay(route: &str, tokens_identical: bool) -> ReplayRecord {
+    let arm = |name: &str, total_ms: f64, reprefill_ms: f64| ReplayArm {
+        arm: name.into(),
+        total_ms,
+        ttft_ms_p50: 100.0,
+        decode_ms_per_token: 20.0,
+        n_compiles: 2,
+        compile_ms: 10.0,
+        n_migrations: 0,
+        migration_ms: 0.0,
+        n_reprefills: usize::from(reprefill_ms > 0.0),
+        reprefill_ms,
+        n_stalls: 0,
+        stall_ms: 0.0,
+        peak_rss_bytes: Some(1 << 30),
+        failed_sessions: 0,
+    };
+    ReplayRecord {
+        model: "m".into(),
+        precision: "f32".into(),
+        kv: "f32".into(),
+        route: route.into(),
+        executed: "CPU -> CPU".into(),
+        as_requested: true,
+        windows: vec![1024, 2048],
+        trace: "synthetic (seed 0)".into(),
+        steps: 10,
+        appended_tokens: 5000,
+        generate_tokens: 50,
+        tokens_identical: Some(tokens_identical),
+        arms: vec![
+            arm("largest", 8000.0, 0.0),
+            arm("reprefill", 9000.0, 4000.0),
+        ],
+        provenance: Some(provenance()),
+    }
+}
+
+#[test]
+fn replay_runs_report_with_provenance_and_only_when_their_arms_agree() {
+    let mut file = ResultsFile::default();
+    file.merge_replay(replay("cpu", true));
+    file.merge_replay(replay("ov:CPU", false));
+    // The same setup measured again replaces the earlier run.
+    file.merge_replay(replay("cpu", true));
+    assert_eq!(file.replays.len(), 2);
+    let md = report::markdown(&file, Some("charts"));
+    assert!(md.contains("| reprefill | 9000 |"), "{md}");
+    assert!(md.contains("![total time per strategy](charts/replay-0.svg)"));
+    assert!(md.contains("kept out of the tables (arms generated different tokens)"));
+    let section = report::readme_section(&file);
+    assert!(
+        section.contains("| reprefill | 9.0 | 20.0 | 4.0 | 0 |"),
+        "{section}"
+    );
+    assert!(!section.contains("ov:CPU"), "{section}");
+    let charts = report::charts(&file);
+    assert_eq!(charts.len(), 1);
+    assert_eq!(charts[0].name, "replay-0");
+
+    file.replays[0].provenance = None;
+    let problems = check(&serde_json::to_string(&file).unwrap(), None);
+    assert!(
+        problems.len() == 1
+            && problems[0].contains("replay m f32")
+            && problems[0].contains("no provenance"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn charts_render_to_png_with_the_svgs_size() {
+    let mut file = ResultsFile::default();
+    file.merge(vec![
+        cell(1024, "cpu", Some(true), true),
+        cell(2048, "cpu", Some(true), true),
+    ]);
+    let charts = report::charts(&file);
+    let png = report::png_of_svg(&charts[0].svg).expect("a system font (fonts-dejavu-core)");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert_eq!((width, height), (640, 380));
+    assert!(matches!(
+        report::png_of_svg("<svg"),
+        Err(report::PngError::Svg(_))
+    ));
 }
 
 #[test]
@@ -199,9 +301,9 @@ fn invalid_cells_stay_out_of_headline_tables_and_charts() {
         md[md.find("## Failures").unwrap()..].contains("| ov:NPU | CPU -> CPU | wrong |"),
         "{md}"
     );
-    let charts = report::svg_charts(&file);
+    let charts = report::charts(&file);
     assert_eq!(charts.len(), 1);
-    assert!(charts[0].starts_with("<svg") && !charts[0].contains("ov:NPU"));
+    assert!(charts[0].svg.starts_with("<svg") && !charts[0].svg.contains("ov:NPU"));
     assert!(md.contains("Energy unavailable: no RAPL domains"));
 }
 
@@ -256,4 +358,98 @@ fn an_interrupted_run_resumes_with_what_it_has() {
     ] {
         assert!(MatrixConfig::parse(bad).is_err());
     }
+}
+
+fn peers_run(cpu: &str, cpus: usize, describe: &str) -> String {
+    serde_json::json!({
+        "schema": "pyramid-peers/1",
+        "date": "2026-12-01T03:00:00+00:00",
+        "invocation": "scripts/peers/bench-peers.sh -r 3 --out peers.json",
+        "settings": {"threads": 2, "precision": "int8"},
+        "machine": {"cpu_model": cpu, "logical_cpus": cpus},
+        "versions": {"pyramid": {"git_commit": "abc123", "git_describe": describe}},
+        "summary": [
+            {"model": "m", "test": "tg128", "engines": {
+                "pyramid": {"mean_ts": 90.0, "sd_ts": 2.0, "n": 3},
+                "llama-q8_0": {"mean_ts": 60.0, "sd_ts": 1.0, "n": 3},
+                "ov-genai": {"mean_ts": null, "sd_ts": null, "n": 0, "error": "cannot load the model"}
+            }, "ratios": {}},
+            {"model": "broken", "test": "-", "engines": {}, "ratios": {}}
+        ]
+    })
+    .to_string()
+}
+
+#[test]
+fn side_by_side_runs_are_admitted_only_from_this_machine_and_a_committed_tree() {
+    use pyramid_bench::peers::{comparisons, PeersError};
+    let here = Machine::detect("avx2");
+    let peers = comparisons(&peers_run(&here.cpu, here.cores, "abc123"), &here).unwrap();
+    assert_eq!(peers.len(), 1, "the all-failed model has no test to report");
+    assert_eq!(peers[0].ratio("llama-q8_0"), Some(1.5));
+    assert_eq!(peers[0].ratio("ov-genai"), None);
+    assert_eq!(peers[0].provenance.as_ref().unwrap().commit, "abc123");
+
+    let mut file = ResultsFile::default();
+    file.merge_peers(peers.clone());
+    file.merge_peers(peers);
+    assert_eq!(
+        file.peers.len(),
+        1,
+        "the same test measured again replaces it"
+    );
+    let md = report::markdown(&file, None);
+    assert!(
+        md.contains(
+            "| m | tg128 | 2 | 90.0 ± 2.0 (int8) | 60.0 ± 1.0 | — | failed | 1.50× | — | — |"
+        ),
+        "{md}"
+    );
+    assert!(
+        md.contains("- m tg128 ov-genai: cannot load the model"),
+        "{md}"
+    );
+    assert!(report::charts(&file)
+        .iter()
+        .any(|c| c.name == "peers" && c.svg.contains("1.50×")));
+    assert!(check(&serde_json::to_string(&file).unwrap(), None).is_empty());
+
+    assert!(matches!(
+        comparisons(&peers_run(&here.cpu, here.cores, "abc123-dirty"), &here),
+        Err(PeersError::Uncommitted(_))
+    ));
+    assert!(matches!(
+        comparisons(&peers_run("Snapdragon X Elite", 12, "abc123"), &here),
+        Err(PeersError::OtherMachine { .. })
+    ));
+    assert!(matches!(
+        comparisons("{}", &here),
+        Err(PeersError::Parse(_))
+    ));
+}
+
+#[test]
+fn synthetic_cells_form_the_scaling_table_never_a_quality_group() {
+    let mut small = cell(1024, "cpu", None, true);
+    small.key.model = "synthetic:qwen2.5-0.5b".into();
+    small.synthetic = true;
+    small.parameters = Some(494_000_000);
+    let mut large = small.clone();
+    large.key.model = "synthetic:qwen2.5-3b".into();
+    large.parameters = Some(3_090_000_000);
+    let mut file = ResultsFile::default();
+    file.merge(vec![large, small, cell(1024, "cpu", Some(true), true)]);
+    let md = report::markdown(&file, None);
+    let scaling = &md[md
+        .find("## Scaling with model size")
+        .expect("a scaling section")..];
+    let (a, b) = (
+        scaling.find("| qwen2.5-0.5b | 0.49 B |").unwrap(),
+        scaling.find("| qwen2.5-3b | 3.09 B |").unwrap(),
+    );
+    assert!(a < b, "smallest first: {scaling}");
+    assert!(!md.contains("## synthetic:"), "{md}");
+    assert!(report::readme_section(&file).contains("**Scaling with model size**"));
+    // One decode chart, for the real model only.
+    assert_eq!(report::charts(&file).len(), 1);
 }

@@ -516,12 +516,37 @@ fn replay_runs_every_arm_with_identical_tokens_and_rejects_bad_input() {
         "--generation-reserve",
         "8",
     ];
-    let mut args = vec!["replay", "--trace", &trace, "--json"];
+    let results = f.home().join("bench/latest.json");
+    let results = results.to_str().unwrap();
+    let mut args = vec!["replay", "--trace", &trace, "--json", "--record", results];
     args.extend(common);
     let out = f.run(&args);
     assert_ok(&out);
     let v: Value = serde_json::from_str(&stdout(&out)).expect("one JSON object");
     assert_eq!(v["tokens_identical"], true);
+    // The recorded run carries its provenance and renders in the report.
+    let recorded: Value = serde_json::from_str(&std::fs::read_to_string(results).unwrap()).unwrap();
+    let replay = &recorded["replays"][0];
+    assert_eq!(replay["tokens_identical"], true);
+    assert_eq!(replay["arms"].as_array().unwrap().len(), 4);
+    assert!(replay["provenance"]["command"]
+        .as_str()
+        .unwrap()
+        .contains("--record"));
+    assert_ok(&f.run(&["bench", "check", "--results", results, "--no-readme"]));
+    let charts = f.home().join("charts");
+    assert_ok(&f.run(&[
+        "bench",
+        "report",
+        "--results",
+        results,
+        "--no-readme",
+        "--out-dir",
+        charts.to_str().unwrap(),
+    ]));
+    let report = std::fs::read_to_string(charts.join("REPORT.md")).unwrap();
+    assert!(report.contains("## Window strategies"), "{report}");
+    assert!(charts.join("replay-0.svg").exists() && charts.join("replay-0.png").exists());
     assert_eq!(v["trace"]["sessions"], 2);
     let arms = v["arms"].as_array().unwrap();
     let names: Vec<&str> = arms.iter().map(|a| a["arm"].as_str().unwrap()).collect();

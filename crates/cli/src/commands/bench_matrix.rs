@@ -17,6 +17,7 @@ use pyramid_bench::results::{
 };
 use pyramid_engine::replay::rss;
 use pyramid_kernels::isa;
+use pyramid_model::synthetic::SyntheticSpec;
 use pyramid_model::{KvType, Precision, Segment};
 use pyramid_runtime::{argmax, prefill_chunked};
 
@@ -31,8 +32,19 @@ pub enum BenchAction {
     Matrix(MatrixArgs),
     /// Validate a results file (and that the README quotes only verified figures).
     Check(CheckArgs),
-    /// Render Markdown tables and SVG charts from a results file, and the README section.
+    /// Render Markdown tables and SVG/PNG charts from a results file, and the README section.
     Report(ReportArgs),
+    /// Add a side-by-side run of scripts/peers/bench-peers.sh (measured here, from a
+    /// committed tree) to a results file.
+    Peers(PeersArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PeersArgs {
+    /// The JSON file bench-peers.sh wrote (--out).
+    pub run: PathBuf,
+    #[arg(long, default_value = "benchmarks/latest.json")]
+    pub results: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -89,10 +101,71 @@ pub fn run(action: BenchAction) -> Result<()> {
         BenchAction::Matrix(args) => matrix(args),
         BenchAction::Check(args) => check_cmd(args),
         BenchAction::Report(args) => report_cmd(args),
+        BenchAction::Peers(args) => peers_cmd(args),
     }
 }
 
-fn read_results(path: &Path) -> Result<ResultsFile> {
+fn peers_cmd(args: PeersArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.run)
+        .with_context(|| format!("reading {}", args.run.display()))?;
+    let here = Machine::detect(isa::active().name());
+    let comparisons = pyramid_bench::peers::comparisons(&text, &here)
+        .with_context(|| format!("{} cannot be verified", args.run.display()))?;
+    if comparisons.is_empty() {
+        bail!(
+            "{} has no test that any engine completed",
+            args.run.display()
+        );
+    }
+    let provenance = comparisons[0]
+        .provenance
+        .clone()
+        .expect("set by comparisons");
+    let mut results = read_results(&args.results)?;
+    let n = comparisons.len();
+    results.merge_peers(comparisons);
+    let history = save_results(&args.results, &results, &provenance)?;
+    println!(
+        "{n} side-by-side tests added to {} (history: {})",
+        args.results.display(),
+        history.display()
+    );
+    Ok(())
+}
+
+/// This machine, commit and command line, for what this run measures.
+pub(crate) fn provenance_here() -> Provenance {
+    Provenance {
+        machine: Machine::detect(isa::active().name()),
+        commit: commit_of(Path::new(".")).unwrap_or_else(|| "unknown".to_string()),
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        date: utc_now(),
+    }
+}
+
+/// Writes the results file and its dated copy under `history/` beside it (one per day
+/// and commit, so each engine version's figures stay on record); returns the copy's path.
+pub(crate) fn save_results(
+    path: &Path,
+    results: &ResultsFile,
+    provenance: &Provenance,
+) -> Result<std::path::PathBuf> {
+    let text = serde_json::to_string_pretty(results)?;
+    write_atomically(path, &text)?;
+    let history = path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("history")
+        .join(format!(
+            "{}-{}.json",
+            &provenance.date[..10],
+            &provenance.commit[..provenance.commit.len().min(10)]
+        ));
+    write_atomically(&history, &text)?;
+    Ok(history)
+}
+
+pub(crate) fn read_results(path: &Path) -> Result<ResultsFile> {
     match std::fs::read_to_string(path) {
         Ok(text) => serde_json::from_str(&text)
             .with_context(|| format!("{} is not a results file", path.display())),
@@ -128,9 +201,11 @@ fn check_cmd(args: CheckArgs) -> Result<()> {
     let problems = check(&text, readme.as_deref().map(|r| (r, section.as_str())));
     if problems.is_empty() {
         println!(
-            "{}: {} verified cells with provenance, {} unverified figures kept apart; README consistent",
+            "{}: {} verified cells, {} replay runs and {} side-by-side tests with provenance, {} unverified figures kept apart; README consistent",
             args.results.display(),
             file.verified.len(),
+            file.replays.len(),
+            file.peers.len(),
             file.unverified.len()
         );
         return Ok(());
@@ -147,15 +222,19 @@ fn check_cmd(args: CheckArgs) -> Result<()> {
 
 fn report_cmd(args: ReportArgs) -> Result<()> {
     let file = read_results(&args.results)?;
-    if file.verified.is_empty() {
-        bail!("{} has no verified cells to report", args.results.display());
+    if file.verified.is_empty() && file.replays.is_empty() && file.peers.is_empty() {
+        bail!(
+            "{} has no verified figures to report",
+            args.results.display()
+        );
     }
-    let charts = report::svg_charts(&file);
+    let charts = report::charts(&file);
     let mut png_skipped = None;
-    for (i, svg) in charts.iter().enumerate() {
-        write_atomically(&args.out_dir.join(format!("decode-{i}.svg")), svg)?;
-        match report::png_of_svg(svg) {
-            Ok(png) => write_atomically(&args.out_dir.join(format!("decode-{i}.png")), png)?,
+    for chart in &charts {
+        let path = args.out_dir.join(&chart.name);
+        write_atomically(&path.with_extension("svg"), &chart.svg)?;
+        match report::png_of_svg(&chart.svg) {
+            Ok(png) => write_atomically(&path.with_extension("png"), png)?,
             Err(e) => png_skipped = Some(e),
         }
     }
@@ -164,7 +243,7 @@ fn report_cmd(args: ReportArgs) -> Result<()> {
     }
     write_atomically(
         &args.out_dir.join("REPORT.md"),
-        &report::markdown(&file, Some(".")),
+        report::markdown(&file, Some(".")),
     )?;
     if !args.no_readme {
         let readme = std::fs::read_to_string(&args.readme)
@@ -392,12 +471,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
     bar.finish_and_clear();
 
     let all = read_samples(&samples_path)?;
-    let provenance = Provenance {
-        machine: Machine::detect(isa::active().name()),
-        commit: commit_of(Path::new(".")).unwrap_or_else(|| "unknown".to_string()),
-        command: std::env::args().collect::<Vec<_>>().join(" "),
-        date: utc_now(),
-    };
+    let provenance = provenance_here();
     let measured: Vec<Cell> = cells
         .iter()
         .filter_map(|key| {
@@ -408,19 +482,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
     let mut results = read_results(&args.results)?;
     let n = measured.len();
     results.merge(measured);
-    let text = serde_json::to_string_pretty(&results)?;
-    write_atomically(&args.results, &text)?;
-    let history = args
-        .results
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join("history")
-        .join(format!(
-            "{}-{}.json",
-            &provenance.date[..10],
-            &provenance.commit[..provenance.commit.len().min(10)]
-        ));
-    write_atomically(&history, &text)?;
+    let history = save_results(&args.results, &results, &provenance)?;
     std::fs::remove_file(&samples_path).ok();
     println!(
         "{n} cells measured into {} (history: {})",
@@ -445,6 +507,11 @@ fn aggregate(
     Cell {
         key: key.clone(),
         synthetic,
+        parameters: key
+            .model
+            .strip_prefix(crate::loader::SYNTHETIC_PREFIX)
+            .and_then(SyntheticSpec::published)
+            .map(|spec| spec.n_params() as u64),
         prefill_executed: last.prefill_executed.clone(),
         decode_executed: last.decode_executed.clone(),
         as_requested,

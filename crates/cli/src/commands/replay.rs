@@ -14,6 +14,9 @@ use pyramid_kernels::isa;
 use pyramid_runtime::WindowLadder;
 use serde::Serialize;
 
+use pyramid_bench::results::{Provenance, ReplayArm, ReplayRecord};
+
+use crate::commands::bench_matrix;
 use crate::loader::{file_model_id, ModelArgs};
 use crate::route::{RouteArgs, RouteAudit};
 
@@ -70,6 +73,10 @@ pub struct ReplayArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Also merge the run, with its provenance, into this results file (e.g.
+    /// benchmarks/latest.json), for `pyramid bench report`.
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -216,7 +223,65 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     } else {
         print_table(&report);
     }
+    if let Some(path) = &args.record {
+        let provenance = bench_matrix::provenance_here();
+        let mut results = bench_matrix::read_results(path)?;
+        results.merge_replay(record_of(&report, provenance.clone()));
+        let history = bench_matrix::save_results(path, &results, &provenance)?;
+        eprintln!(
+            "recorded in {} (history: {})",
+            path.display(),
+            history.display()
+        );
+    }
     Ok(())
+}
+
+fn record_of(r: &Report<'_>, provenance: Provenance) -> ReplayRecord {
+    ReplayRecord {
+        model: r.model.to_string(),
+        precision: r.precision.clone(),
+        kv: r.kv.clone(),
+        route: if r.route.prefill.requested == r.route.decode.requested {
+            r.route.prefill.requested.clone()
+        } else {
+            format!(
+                "{}->{}",
+                r.route.prefill.requested, r.route.decode.requested
+            )
+        },
+        executed: [&r.route.prefill, &r.route.decode]
+            .map(|s| s.executed.as_deref().unwrap_or("unknown"))
+            .join(" -> "),
+        as_requested: !r.route.flagged(),
+        windows: r.windows.clone(),
+        trace: r.trace.source.clone(),
+        steps: r.trace.steps,
+        appended_tokens: r.trace.appended_tokens,
+        generate_tokens: r.trace.generate_tokens,
+        tokens_identical: r.tokens_identical,
+        arms: r
+            .arms
+            .iter()
+            .map(|a| ReplayArm {
+                arm: a.arm.name().to_string(),
+                total_ms: a.total_ms,
+                ttft_ms_p50: a.ttft_ms_p50,
+                decode_ms_per_token: a.decode_ms_per_token,
+                n_compiles: a.stats.n_compiles,
+                compile_ms: a.stats.compile_ms,
+                n_migrations: a.stats.n_migrations,
+                migration_ms: a.stats.migration_ms,
+                n_reprefills: a.stats.n_reprefills,
+                reprefill_ms: a.stats.reprefill_ms,
+                n_stalls: a.stats.n_stalls,
+                stall_ms: a.stats.stall_ms,
+                peak_rss_bytes: a.peak_rss_bytes,
+                failed_sessions: a.failed_sessions.len(),
+            })
+            .collect(),
+        provenance: Some(provenance),
+    }
 }
 
 fn mib(bytes: usize) -> f64 {
