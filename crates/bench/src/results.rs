@@ -225,9 +225,12 @@ pub struct ReplayRecord {
 }
 
 impl ReplayRecord {
-    /// Whether the run may appear in headline tables and plots.
+    /// Whether the run may appear in headline tables and plots: arms that lost sessions
+    /// did not do the same work, so their times do not compare.
     pub fn is_headline(&self) -> bool {
-        self.as_requested && self.tokens_identical != Some(false)
+        self.as_requested
+            && self.tokens_identical != Some(false)
+            && self.arms.iter().all(|a| a.failed_sessions == 0)
     }
 
     fn same_setup(&self, other: &Self) -> bool {

@@ -208,6 +208,15 @@ fn replay_runs_report_with_provenance_and_only_when_their_arms_agree() {
     assert!(md.contains("| reprefill | 9000 |"), "{md}");
     assert!(md.contains("![total time per strategy](charts/replay-0.svg)"));
     assert!(md.contains("kept out of the tables (arms generated different tokens)"));
+    let mut lost = replay("cpu", true);
+    lost.trace = "another trace".into();
+    lost.arms[1].failed_sessions = 2;
+    file.merge_replay(lost);
+    let md = report::markdown(&file, Some("charts"));
+    assert!(
+        md.contains("kept out of the tables (sessions failed)"),
+        "{md}"
+    );
     let section = report::readme_section(&file);
     assert!(
         section.contains("| reprefill | 9.0 | 20.0 | 4.0 | 0 |"),

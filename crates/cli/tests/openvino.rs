@@ -448,7 +448,7 @@ fn bench_matrix_measures_checks_and_reports_with_provenance() {
         md.contains("## Failures") && md.contains("decode tok/s"),
         "{md}"
     );
-    assert!(report_dir.join("decode-0.svg").exists());
+    assert!(report_dir.join("decode-0.svg").exists() && report_dir.join("decode-0.png").exists());
     let check = |readme: &Path| {
         f.run(&[
             "bench",
