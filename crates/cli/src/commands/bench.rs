@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use pyramid_bench::results::Stat;
 use pyramid_kernels::isa;
-use pyramid_model::Segment;
+use pyramid_model::{KvCache, Segment};
 use pyramid_runtime::{
     argmax, prefill_chunked, step_batch, ArtifactShape, Executable, Sampler, SamplerConfig,
     Scratch, Session, WindowLadder,
@@ -195,6 +196,39 @@ impl Artifacts {
             compile_ms: start.elapsed().as_secs_f64() * 1e3,
         })
     }
+
+    /// An empty KV cache of the artifacts' window for each of `batch` sequences.
+    pub fn new_caches(&self, loaded: &Loaded, batch: usize) -> Vec<KvCache> {
+        (0..batch)
+            .map(|_| loaded.model.new_kv_cache_of(self.window, loaded.kv_type))
+            .collect()
+    }
+
+    /// `n_gen` greedy decode steps of the whole batch, each sequence starting from its
+    /// token in `tokens` (left holding its last one).
+    pub fn decode_greedy(
+        &self,
+        loaded: &Loaded,
+        caches: &mut [KvCache],
+        tokens: &mut [[u32; 1]],
+        n_gen: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n_vocab = loaded.model.config.n_vocab;
+        for _ in 0..n_gen {
+            let mut segments: Vec<Segment<'_>> = caches
+                .iter_mut()
+                .zip(tokens.iter())
+                .map(|(kv, t)| Segment::new(t, kv))
+                .collect();
+            self.decode.run(&loaded.pool, &mut segments, logits)?;
+            drop(segments);
+            for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
+                t[0] = argmax(row);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// As [`run_once`], on compiled artifacts: prompts are prefilled sequence by sequence in
@@ -210,13 +244,7 @@ fn run_once_artifacts(
 ) -> Result<f64> {
     let n_vocab = loaded.model.config.n_vocab;
     let pool = &loaded.pool;
-    let mut caches: Vec<_> = (0..batch)
-        .map(|_| {
-            loaded
-                .model
-                .new_kv_cache_of(artifacts.window, loaded.kv_type)
-        })
-        .collect();
+    let mut caches = artifacts.new_caches(loaded, batch);
     let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
     let mut logits = Vec::new();
     if n_depth > 0 {
@@ -239,29 +267,8 @@ fn run_once_artifacts(
         .map(|b| [random_tokens(1, n_vocab, seq_seed(b, 2))[0]])
         .collect();
     let start = Instant::now();
-    for _ in 0..n_gen {
-        let mut segments: Vec<Segment<'_>> = caches
-            .iter_mut()
-            .zip(&tokens)
-            .map(|(kv, t)| Segment::new(t, kv))
-            .collect();
-        artifacts.decode.run(pool, &mut segments, &mut logits)?;
-        drop(segments);
-        for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
-            t[0] = argmax(row);
-        }
-    }
+    artifacts.decode_greedy(loaded, &mut caches, &mut tokens, n_gen, &mut logits)?;
     Ok(start.elapsed().as_secs_f64())
-}
-
-fn mean_sd(xs: &[f64]) -> (f64, f64) {
-    let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-    let var = if xs.len() > 1 {
-        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (xs.len() - 1) as f64
-    } else {
-        0.0
-    };
-    (mean, var.sqrt())
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -367,7 +374,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 route.audit(Some(isa.clone()), Some(isa))
             }
         };
-        let (avg_ts, stddev_ts) = mean_sd(&samples_ts);
+        let Stat {
+            mean: avg_ts,
+            sd: stddev_ts,
+            ..
+        } = Stat::of(&samples_ts);
         let mut test = if n_prompt > 0 {
             format!("pp{n_prompt}")
         } else {

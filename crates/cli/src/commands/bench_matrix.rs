@@ -18,7 +18,7 @@ use pyramid_bench::results::{
 use pyramid_engine::replay::rss;
 use pyramid_kernels::isa;
 use pyramid_model::synthetic::SyntheticSpec;
-use pyramid_model::{KvType, Precision, Segment};
+use pyramid_model::{KvType, Precision};
 use pyramid_runtime::{argmax, prefill_chunked};
 
 use super::bench::{random_tokens, Artifacts};
@@ -549,13 +549,7 @@ fn run_sample(
 ) -> Result<Timing> {
     let n_vocab = loaded.model.config.n_vocab;
     let pool = &loaded.pool;
-    let mut caches: Vec<_> = (0..batch)
-        .map(|_| {
-            loaded
-                .model
-                .new_kv_cache_of(artifacts.window, loaded.kv_type)
-        })
-        .collect();
+    let mut caches = artifacts.new_caches(loaded, batch);
     let mut logits = Vec::new();
     let mut tokens = Vec::with_capacity(batch);
     let start = Instant::now();
@@ -570,18 +564,7 @@ fn run_sample(
     }
     let prefill_s = start.elapsed().as_secs_f64();
     let decode_start = Instant::now();
-    for _ in 0..n_gen {
-        let mut segments: Vec<Segment<'_>> = caches
-            .iter_mut()
-            .zip(&tokens)
-            .map(|(kv, t)| Segment::new(t, kv))
-            .collect();
-        artifacts.decode.run(pool, &mut segments, &mut logits)?;
-        drop(segments);
-        for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
-            t[0] = argmax(row);
-        }
-    }
+    artifacts.decode_greedy(loaded, &mut caches, &mut tokens, n_gen, &mut logits)?;
     let decode_s = decode_start.elapsed().as_secs_f64();
     Ok(Timing {
         ttft_ms,
