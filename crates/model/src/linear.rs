@@ -1,12 +1,13 @@
 //! Projections in the precision chosen at load, and INT8 outlier channels.
 //!
 //! - f32: the reference. bf16: the same product with half the weight bytes.
-//! - W8A8 (int8): INT8 weights per output row; W4A8 (int4): 4-bit weights per group of
-//!   32. Both quantise activations per token at run time.
+//! - W8A8 (int8): INT8 weights with a scale per block of 32 along `k`; W4A8 (int4): 4-bit
+//!   weights per group of 32. Both quantise activations per token and block of 32 at run
+//!   time.
 //!
-//! Quantising each token's activations with one scale has a catch. A few input channels of LLM
-//! activations are tens to hundreds of times larger than the rest (the "outlier channels"
-//! of LLM.int8() and llm.npu); with them in the scale, every other channel is left with a
+//! Quantising activations has a catch. A few input channels of LLM activations are tens to
+//! hundreds of times larger than the rest (the "outlier channels" of LLM.int8() and
+//! llm.npu); with one in a block's scale, the block's other 31 channels are left with a
 //! handful of levels. Those channels are found by a calibration pass ([`Calibration`]),
 //! removed from the INT8 product, and computed in f32 against f32 weight columns.
 
@@ -14,7 +15,7 @@ use std::ops::Range;
 
 use pyramid_kernels::int4::{gemm_i4_cols, PackedI4};
 use pyramid_kernels::int8::{
-    gemm_i8_cols, quantize_row_excluding, sum_groups, PackedI8, QuantizedView, SUM_GROUP,
+    gemm_i8_cols, quantize_blocks_excluding, sum_blocks, PackedI8, QuantizedView, BLOCK_K,
 };
 use pyramid_kernels::matmul::{bf16, matmul_cols};
 use pyramid_kernels::ops::{add_in_place, dot};
@@ -213,15 +214,19 @@ impl Linear {
     ) {
         let Linear::Quant(q) = self else { return };
         let (k, k_pad) = (q.packed.k(), q.packed.k_pad());
-        let (n_sums, n_o) = (k_pad.div_ceil(SUM_GROUP), q.outlier_channels.len());
+        let (n_blocks, n_o) = (k_pad / BLOCK_K, q.outlier_channels.len());
         assert!(input.len() >= n * k && rows.end <= n && n * k_pad <= prepared.data.len());
         for r in rows {
             let x = &input[r * k..(r + 1) * k];
             let q_row = prepared.data.range_mut(r * k_pad..(r + 1) * k_pad);
-            q_row[k..].fill(0);
-            prepared.scales.range_mut(r..r + 1)[0] =
-                quantize_row_excluding(x, &q.outlier_channels, &mut q_row[..k]);
-            sum_groups(q_row, prepared.sums.range_mut(r * n_sums..(r + 1) * n_sums));
+            let blocks = r * n_blocks..(r + 1) * n_blocks;
+            quantize_blocks_excluding(
+                x,
+                &q.outlier_channels,
+                q_row,
+                prepared.scales.range_mut(blocks.clone()),
+            );
+            sum_blocks(q_row, prepared.sums.range_mut(blocks));
             let outliers = prepared.outliers.range_mut(r * n_o..(r + 1) * n_o);
             for (o, &c) in outliers.iter_mut().zip(&q.outlier_channels) {
                 *o = x[c];
@@ -269,11 +274,13 @@ impl Linear {
             ),
             Linear::Quant(q) => {
                 let k_pad = q.packed.k_pad();
+                let n_blocks = k_pad / BLOCK_K;
                 let view = QuantizedView {
                     data: &prepared.data.as_slice()[..n * k_pad],
-                    scales: &prepared.scales.as_slice()[..n],
-                    group_sums: &prepared.sums.as_slice()[..n * k_pad.div_ceil(SUM_GROUP)],
+                    scales: &prepared.scales.as_slice()[..n * n_blocks],
+                    block_sums: &prepared.sums.as_slice()[..n * n_blocks],
                     k_pad,
+                    m: n,
                 };
                 q.packed.gemm_cols(&view, out, cols.clone());
                 let n_o = q.outlier_channels.len();
@@ -307,19 +314,19 @@ impl Linear {
 #[derive(Debug, Default)]
 pub struct LinearScratch {
     data: Vec<i8>,      // [n, k_pad]
-    scales: Vec<f32>,   // [n]
-    sums: Vec<i32>,     // [n, k_pad / SUM_GROUP]
+    scales: Vec<f32>,   // [n, k_pad / BLOCK_K]
+    sums: Vec<i32>,     // [n, k_pad / BLOCK_K]
     outliers: Vec<f32>, // [n, n_outliers]
 }
 
 impl LinearScratch {
     /// Room for projections of up to `n` rows of at most `max_in` inputs.
     pub fn for_shape(n: usize, max_in: usize) -> Self {
-        let k_pad = max_in.next_multiple_of(SUM_GROUP);
+        let k_pad = max_in.next_multiple_of(BLOCK_K);
         Self {
             data: Vec::with_capacity(n * k_pad),
-            scales: Vec::with_capacity(n),
-            sums: Vec::with_capacity(n * k_pad / SUM_GROUP),
+            scales: Vec::with_capacity(n * k_pad / BLOCK_K),
+            sums: Vec::with_capacity(n * k_pad / BLOCK_K),
             outliers: Vec::with_capacity(n * max_in / MAX_OUTLIER_FRACTION),
         }
     }
@@ -332,10 +339,10 @@ impl LinearScratch {
 
     /// The buffers sized for `n` rows of at most `max_in` inputs, shared by a region.
     pub fn shared(&mut self, n: usize, max_in: usize) -> PreparedInput<'_> {
-        let k_pad = max_in.next_multiple_of(SUM_GROUP);
+        let k_pad = max_in.next_multiple_of(BLOCK_K);
         self.data.resize(n * k_pad, 0);
-        self.scales.resize(n, 0.0);
-        self.sums.resize(n * k_pad / SUM_GROUP, 0);
+        self.scales.resize(n * k_pad / BLOCK_K, 0.0);
+        self.sums.resize(n * k_pad / BLOCK_K, 0);
         self.outliers.resize(n * max_in / MAX_OUTLIER_FRACTION, 0.0);
         PreparedInput {
             data: SharedSlice::new(&mut self.data),

@@ -136,17 +136,32 @@ fn check(file: &str, golden: &str, precision: Precision, max_kl: f64) {
              mean KL {kl:.5} (without outliers {kl_plain:.5})"
         );
     }
-    // Greedy agreement over 16 steps flips on the reference's own near-ties (gaps of 0.1–0.3
-    // logits occur in every prompt), so it is reported above; what is asserted is the
-    // distribution distance, and that the outlier channels buy what they are for.
-    for ((id, _, kl), (_, _, kl_plain)) in results.iter().zip(&plain) {
-        assert!(
-            kl < kl_plain,
-            "{file} {id}: outlier channels did not reduce KL ({kl} vs {kl_plain})"
-        );
+    // The outlier channels must buy what they are for: a lower KL over the prompts (a
+    // single prompt may already sit at the noise floor either way).
+    let mean =
+        |r: &[(String, usize, f64)]| r.iter().map(|(_, _, kl)| kl).sum::<f64>() / r.len() as f64;
+    let (kl_mean, kl_plain_mean) = (mean(&results), mean(&plain));
+    assert!(
+        kl_mean < kl_plain_mean,
+        "{file} {precision}: outlier channels did not reduce the mean KL ({kl_mean} vs {kl_plain_mean})"
+    );
+    for (id, _, kl) in &results {
         assert!(
             *kl < max_kl,
             "{file} {precision} {id}: mean KL {kl} to the f32 reference is too large"
+        );
+    }
+    // INT8 is the default precision: its greedy tokens must be the reference's over all
+    // 16 steps on most prompts (a near-tie of the reference's own may flip one).
+    if precision == Precision::Int8 {
+        let agreeing = results
+            .iter()
+            .filter(|(_, agree, _)| *agree == N_STEPS)
+            .count();
+        assert!(
+            agreeing * 2 > results.len(),
+            "{file} int8: only {agreeing}/{} prompts agree over {N_STEPS} tokens",
+            results.len()
         );
     }
 }
@@ -157,7 +172,7 @@ fn smollm2_int8_agrees_with_f32() {
         "smollm2-135m-instruct-q4_1.gguf",
         "golden-smollm2-135m-public.json",
         Precision::Int8,
-        0.02,
+        0.005,
     );
 }
 
@@ -167,7 +182,7 @@ fn qwen2_int8_agrees_with_f32() {
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "golden-qwen2.5-coder-0.5b-public.json",
         Precision::Int8,
-        0.02,
+        0.005,
     );
 }
 

@@ -1,13 +1,14 @@
 //! W4A8 matrix multiplication for decode, where reading weights is the bound: 4-bit
 //! weights in groups of [`GROUP`] along `k`, each group with its own f32 scale and
 //! minimum (`w ≈ q · scale + min`, `q` in 0..=15), times INT8 activations quantised per
-//! token ([`QuantizedRows`](crate::int8::QuantizedRows)).
+//! token and block of 32 ([`QuantizedRows`](crate::int8::QuantizedRows)).
 //!
 //! Scale-and-minimum groups of 32 are what GGUF's Q4_1 and Q4_K blocks are, so a model
 //! shipped in those re-packs almost losslessly; a symmetric 4-bit format would round them
 //! a second time. The minimum costs one extra sum per group: `Σ a·w = scale·Σ a·q +
 //! min·Σ a`, where `Σ a` comes once per token with the activations
-//! ([`QuantizedRows::group_sums`](crate::int8::QuantizedRows::group_sums)).
+//! ([`QuantizedRows::block_sums`](crate::int8::QuantizedRows::block_sums)). Weight groups
+//! and activation blocks coincide, so each group's float term carries both scales.
 //!
 //! A weight row is stored as `[k_pad / 32][16]` bytes: byte `j` of a group holds element
 //! `j` in its low nibble and element `j + 16` in its high nibble, so a group unpacks into
@@ -26,7 +27,7 @@ use crate::threadpool::{SharedSlice, ThreadPool};
 use crate::COLUMN_ALIGN;
 
 /// Weights per scale and minimum.
-pub const GROUP: usize = crate::int8::SUM_GROUP;
+pub const GROUP: usize = crate::int8::BLOCK_K;
 /// Packed bytes per group.
 pub const GROUP_BYTES: usize = GROUP / 2;
 
@@ -148,7 +149,7 @@ pub unsafe fn gemm_i4_cols(
     out: &SharedSlice<'_, f32>,
     cols: Range<usize>,
 ) {
-    let m = a.m();
+    let m = a.m;
     assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
     assert!(
         w.k_pad.is_multiple_of(GROUP) && w.k <= w.k_pad,
@@ -169,8 +170,8 @@ pub unsafe fn gemm_i4_cols(
         "activations must be [m, k_pad]"
     );
     assert!(
-        a.group_sums.len() >= m * w.n_groups(),
-        "activations carry one sum per group"
+        a.block_sums.len() >= m * w.n_groups() && a.scales.len() >= m * w.n_groups(),
+        "activations carry one scale and sum per group"
     );
     assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
     assert!(cols.end <= w.n, "columns beyond the weights");
@@ -231,7 +232,11 @@ mod tests {
                     .dequantize_row(col)
                     .iter()
                     .zip(&a.data[i * w.k_pad..])
-                    .map(|(&wv, &q)| f64::from(wv) * f64::from(q) * f64::from(a.scales[i]))
+                    .enumerate()
+                    .map(|(kk, (&wv, &q))| {
+                        let a_scale = a.scales[i * w.n_groups() + kk / GROUP];
+                        f64::from(wv) * f64::from(q) * f64::from(a_scale)
+                    })
                     .sum();
                 let g = f64::from(got[i * n + col]);
                 assert!((g - want).abs() < 1e-4, "{g} vs {want}");

@@ -22,18 +22,19 @@ pub(super) unsafe fn gemm_rows_scalar(
     rows: std::ops::Range<usize>,
 ) {
     let (k_pad, n_groups) = (w.k_pad, w.n_groups());
-    for i in 0..a.m() {
+    for i in 0..a.m {
         let a_row = &a.data[i * k_pad..(i + 1) * k_pad];
         for col in rows.clone() {
             let mut acc = 0.0f32;
             for g in 0..n_groups {
                 let bytes = &w.data[(col * n_groups + g) * GROUP_BYTES..][..GROUP_BYTES];
                 let dot = group_dot(&a_row[g * GROUP..(g + 1) * GROUP], bytes);
-                let sum = a.group_sums[i * n_groups + g];
-                acc += dot as f32 * w.scales[col * n_groups + g]
-                    + sum as f32 * w.mins[col * n_groups + g];
+                let sum = a.block_sums[i * n_groups + g];
+                let a_scale = a.scales[i * n_groups + g];
+                acc += dot as f32 * (w.scales[col * n_groups + g] * a_scale)
+                    + sum as f32 * (w.mins[col * n_groups + g] * a_scale);
             }
-            *out.add(i * w.n + col) = acc * a.scales[i];
+            *out.add(i * w.n + col) = acc;
         }
     }
 }

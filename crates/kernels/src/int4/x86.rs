@@ -26,7 +26,7 @@ pub(super) unsafe fn gemm_rows_avx2(
     out: *mut f32,
     rows: Range<usize>,
 ) {
-    let m = a.m();
+    let m = a.m;
     let mut i = 0;
     while i < m {
         let tokens = (m - i).min(TOKENS_PER_TILE);
@@ -65,16 +65,21 @@ unsafe fn tile<const MR: usize>(
         let lo = _mm_and_si128(packed, low_nibbles);
         let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), low_nibbles);
         let nibbles = _mm256_set_m128i(hi, lo);
-        let scale = _mm256_set1_ps(*scale_row.add(g));
-        let min = *min_row.add(g);
+        let (scale, min) = (*scale_row.add(g), *min_row.add(g));
         for (t, (acc_t, min_t)) in acc.iter_mut().zip(&mut min_terms).enumerate() {
             let x = _mm256_loadu_si256(a_base.add(t * a.k_pad + g * GROUP).cast());
             let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles, x), ones_i16);
-            *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, *acc_t);
-            *min_t += *a.group_sums.get_unchecked((i0 + t) * n_groups + g) as f32 * min;
+            let at = (i0 + t) * n_groups + g;
+            let a_scale = *a.scales.get_unchecked(at);
+            *acc_t = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(dot),
+                _mm256_set1_ps(scale * a_scale),
+                *acc_t,
+            );
+            *min_t += *a.block_sums.get_unchecked(at) as f32 * (min * a_scale);
         }
     }
     for (t, (acc_t, min_t)) in acc.iter().zip(&min_terms).enumerate() {
-        *out.add((i0 + t) * w.n + col) = (hsum256(*acc_t) + min_t) * a.scales[i0 + t];
+        *out.add((i0 + t) * w.n + col) = hsum256(*acc_t) + min_t;
     }
 }

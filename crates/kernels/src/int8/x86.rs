@@ -1,4 +1,6 @@
-//! AVX-512 VNNI and AVX2 versions of the W8A8 kernel.
+//! AVX-512 VNNI and AVX2 versions of the W8A8 kernel. Both keep a tile's integer sums
+//! for one block of `k` in registers, then fold them into float accumulators with the
+//! block's weight and activation scales.
 //!
 //! VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by +128
 //! (an XOR of the sign bit) and `128 · Σ w` is subtracted at the end. AVX2 has no byte dot
@@ -8,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI8, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
+use super::{PackedI8, QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 pub(super) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
@@ -47,7 +49,7 @@ pub(super) unsafe fn gemm_blocks_vnni(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m();
+    let m = a.m;
     for chunk in block_chunks(blocks, w.k_pad) {
         let mut row = 0;
         while row < m {
@@ -81,52 +83,64 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     row0: usize,
     block0: usize,
 ) {
-    let n_groups = w.k_pad / K_PER_GROUP;
+    let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_blocks());
     let offset = _mm512_set1_epi32(0x8080_8080u32 as i32);
-    let mut acc = [[_mm512_setzero_si512(); NB]; MR];
+    let mut acc = [[_mm512_setzero_ps(); NB]; MR];
     let w_base = w.data.as_ptr();
-    for g in 0..n_groups {
-        let mut wv = [_mm512_setzero_si512(); NB];
-        for (j, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(
-                w_base.add(((block0 + j) * n_groups + g) * GROUP_BYTES) as *const _
-            );
+    for kb in 0..n_blocks {
+        let mut dots = [[_mm512_setzero_si512(); NB]; MR];
+        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
+            let mut wv = [_mm512_setzero_si512(); NB];
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(
+                    w_base.add(((block0 + j) * n_groups + g) * GROUP_BYTES) as *const _
+                );
+            }
+            for (r, dots_r) in dots.iter_mut().enumerate() {
+                let av = _mm512_xor_si512(_mm512_set1_epi32(load_a4(a, row0 + r, g)), offset);
+                for (d, wv_j) in dots_r.iter_mut().zip(&wv) {
+                    *d = _mm512_dpbusd_epi32(*d, av, *wv_j);
+                }
+            }
         }
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let av = _mm512_xor_si512(_mm512_set1_epi32(load_a4(a, row0 + r, g)), offset);
-            for (acc_rj, wv_j) in acc_r.iter_mut().zip(&wv) {
-                *acc_rj = _mm512_dpbusd_epi32(*acc_rj, av, *wv_j);
+        for j in 0..NB {
+            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
+            let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
+            let sums =
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256(w.block_sums.as_ptr().add(at).cast()));
+            let offset_sums = _mm512_slli_epi32(sums, 7);
+            for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
+                let a_scale = _mm512_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
+                let exact = _mm512_sub_epi32(dots_r[j], offset_sums);
+                acc_r[j] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(exact),
+                    _mm512_mul_ps(w_scale, a_scale),
+                    acc_r[j],
+                );
             }
         }
     }
     for (r, acc_r) in acc.iter().enumerate() {
-        let a_scale = _mm512_set1_ps(a.scales[row0 + r]);
         for (j, acc_rj) in acc_r.iter().enumerate() {
             let col0 = (block0 + j) * ROWS_PER_BLOCK;
-            let sums = _mm512_loadu_si512(w.row_sums.as_ptr().add(col0) as *const _);
-            let exact = _mm512_sub_epi32(*acc_rj, _mm512_slli_epi32(sums, 7));
-            let scaled = _mm512_mul_ps(
-                _mm512_mul_ps(_mm512_cvtepi32_ps(exact), a_scale),
-                _mm512_loadu_ps(w.scales.as_ptr().add(col0)),
-            );
             let valid = w.n.saturating_sub(col0).min(ROWS_PER_BLOCK);
             let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
-            _mm512_mask_storeu_ps(out.add((row0 + r) * w.n + col0), mask, scaled);
+            _mm512_mask_storeu_ps(out.add((row0 + r) * w.n + col0), mask, *acc_rj);
         }
     }
 }
 
 /// # Safety
-/// The CPU has AVX2; `out` points to `m * w.n` floats and no other thread writes the
-/// columns of `blocks`.
-#[target_feature(enable = "avx2")]
+/// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other thread
+/// writes the columns of `blocks`.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn gemm_blocks_avx2(
     a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m();
+    let m = a.m;
     for chunk in block_chunks(blocks, w.k_pad) {
         let mut row = 0;
         while row < m {
@@ -144,7 +158,7 @@ pub(super) unsafe fn gemm_blocks_avx2(
     }
 }
 
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile_avx2<const MR: usize>(
     a: &QuantizedView<'_>,
@@ -153,41 +167,52 @@ unsafe fn tile_avx2<const MR: usize>(
     row0: usize,
     block: usize,
 ) {
-    let n_groups = w.k_pad / K_PER_GROUP;
+    let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_blocks());
     let ones = _mm256_set1_epi16(1);
     // [row][half]: rows 0-7 and 8-15 of the block.
-    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
-    for g in 0..n_groups {
-        let w_lo = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES) as *const _);
-        let w_hi = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES + 32) as *const _);
-        for (r, acc_r) in acc.iter_mut().enumerate() {
-            let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-            let a_abs = _mm256_abs_epi8(av);
-            for (acc_rh, wh) in acc_r.iter_mut().zip([w_lo, w_hi]) {
-                let pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wh, av));
-                *acc_rh = _mm256_add_epi32(*acc_rh, _mm256_madd_epi16(pairs, ones));
+    let scale_base = w.scales.as_ptr().add(block * n_blocks * ROWS_PER_BLOCK);
+    for kb in 0..n_blocks {
+        let mut dots = [[_mm256_setzero_si256(); 2]; MR];
+        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
+            let w_lo = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES) as *const _);
+            let w_hi = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES + 32) as *const _);
+            for (r, dots_r) in dots.iter_mut().enumerate() {
+                let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
+                let a_abs = _mm256_abs_epi8(av);
+                for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
+                    let pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wh, av));
+                    *d = _mm256_add_epi32(*d, _mm256_madd_epi16(pairs, ones));
+                }
+            }
+        }
+        let scales = scale_base.add(kb * ROWS_PER_BLOCK);
+        let w_scale = [
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8).cast())),
+        ];
+        for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
+            let a_scale = _mm256_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
+            for ((acc_rh, d), ws) in acc_r.iter_mut().zip(dots_r).zip(w_scale) {
+                *acc_rh =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(*d), _mm256_mul_ps(ws, a_scale), *acc_rh);
             }
         }
     }
     for (r, acc_r) in acc.iter().enumerate() {
-        let a_scale = _mm256_set1_ps(a.scales[row0 + r]);
         for (h, acc_rh) in acc_r.iter().enumerate() {
             let col0 = block * ROWS_PER_BLOCK + h * 8;
             if col0 >= w.n {
                 continue;
             }
-            let scaled = _mm256_mul_ps(
-                _mm256_mul_ps(_mm256_cvtepi32_ps(*acc_rh), a_scale),
-                _mm256_loadu_ps(w.scales.as_ptr().add(col0)),
-            );
             let valid = (w.n - col0).min(8);
             let dst = out.add((row0 + r) * w.n + col0);
             if valid == 8 {
-                _mm256_storeu_ps(dst, scaled);
+                _mm256_storeu_ps(dst, *acc_rh);
             } else {
                 let mut tmp = [0.0f32; 8];
-                _mm256_storeu_ps(tmp.as_mut_ptr(), scaled);
+                _mm256_storeu_ps(tmp.as_mut_ptr(), *acc_rh);
                 std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
             }
         }
