@@ -10,7 +10,7 @@ use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{KvType, Model, Precision};
+use pyramid_model::{Calibration, KvType, Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::Tokenizer;
 
@@ -67,6 +67,62 @@ pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
     file.seek(SeekFrom::Start(len.saturating_sub(SPAN)))?;
     file.read_to_end(&mut tail)?;
     Ok(pyramid_runtime::artifact::model_id(&head, &tail, len))
+}
+
+/// The outlier calibration of the model at `path`: from the cache beside the models, or
+/// from a pass of the f32 model (`f32_model` when loaded, else loaded for it and dropped),
+/// then cached. Keeping it spares every later load the f32 weights, four times the INT8
+/// model's memory. A cache that cannot be read or written only costs that pass.
+fn calibration(
+    path: &std::path::Path,
+    file: &GgufFile,
+    tokenizer: &Tokenizer,
+    pool: &ThreadPool,
+    f32_model: Option<&Model>,
+) -> Result<Calibration> {
+    let cache_path = ModelCache::from_env()?
+        .root()
+        .join("calibration")
+        .join(format!(
+            "{:016x}-{:016x}.json",
+            file_model_id(path)?,
+            text_id(CALIBRATION_TEXT)
+        ));
+    if let Some(cached) = std::fs::read(&cache_path)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Calibration>(&bytes).ok())
+    {
+        return Ok(cached);
+    }
+    let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
+    let calibration = match f32_model {
+        Some(model) => model.calibrate(pool, &tokens)?,
+        None => Model::from_gguf(file)
+            .with_context(|| format!("loading {}", path.display()))?
+            .calibrate(pool, &tokens)?,
+    };
+    let written = cache_path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| {
+            let tmp = cache_path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&calibration)?)?;
+            std::fs::rename(&tmp, &cache_path)
+        });
+    if let Err(err) = written {
+        eprintln!(
+            "warning: could not cache the calibration at {}: {err}",
+            cache_path.display()
+        );
+    }
+    Ok(calibration)
+}
+
+/// A stable 64-bit FNV-1a hash: the calibration text's part of its cache key.
+fn text_id(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Prefix of model names that stand for random-weight models with a published model's
@@ -166,20 +222,24 @@ impl ModelArgs {
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
         let (path, file, tokenizer) = open_path(path)?;
-        let model =
-            Model::from_gguf(&file).with_context(|| format!("loading {}", path.display()))?;
-        let f32_model =
-            (keep_f32 && self.precision != Precision::F32).then(|| Arc::new(model.clone()));
-        let model = match self.precision {
-            Precision::F32 => model,
-            precision if precision.quantises_activations() => {
-                // Outlier channels come from a short calibration pass of the f32 model.
-                let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
-                let calibration = model.calibrate(&pool, &tokens)?;
-                model.into_precision(precision, Some(&calibration))
-            }
-            precision => model.into_precision(precision, None),
+        let loading = || format!("loading {}", path.display());
+        let f32_model = (keep_f32 && self.precision != Precision::F32)
+            .then(|| Model::from_gguf(&file).map(Arc::new))
+            .transpose()
+            .with_context(loading)?;
+        let calibration = if self.precision.quantises_activations() {
+            Some(calibration(
+                &path,
+                &file,
+                &tokenizer,
+                &pool,
+                f32_model.as_deref(),
+            )?)
+        } else {
+            None
         };
+        let model = Model::from_gguf_as(&file, self.precision, calibration.as_ref())
+            .with_context(loading)?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         let model = Arc::new(model);
         let f32_model = f32_model.or_else(|| keep_f32.then(|| Arc::clone(&model)));

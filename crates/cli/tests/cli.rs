@@ -636,3 +636,49 @@ fn replay_runs_every_arm_with_identical_tokens_and_rejects_bad_input() {
         );
     }
 }
+
+/// The INT8 outlier calibration runs once per model file and is then read from
+/// `$PYRAMID_HOME/calibration`: the cached load gives the same tokens, and a damaged cache
+/// file is recomputed and rewritten, never an error.
+#[test]
+fn calibration_is_cached_beside_the_models() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    let args = [
+        "run",
+        "-m",
+        &model,
+        "--precision",
+        "int8",
+        "--prompt",
+        "hello",
+        "--temperature",
+        "0",
+        "-n",
+        "6",
+        "--ignore-eos",
+        "--json",
+    ];
+    let tokens = |out: &Output| {
+        assert_ok(out);
+        let v: Value = serde_json::from_str(&stdout(out)).expect("one JSON object");
+        v["tokens"].clone()
+    };
+    let cache_files = || -> Vec<PathBuf> {
+        std::fs::read_dir(f.home().join("calibration"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    let first = tokens(&f.run(&args));
+    let files = cache_files();
+    assert_eq!(files.len(), 1, "one calibration file: {files:?}");
+    let cached = std::fs::read(&files[0]).unwrap();
+    assert_eq!(tokens(&f.run(&args)), first);
+    std::fs::write(&files[0], b"{ not a calibration").unwrap();
+    assert_eq!(tokens(&f.run(&args)), first);
+    assert_eq!(
+        std::fs::read(&files[0]).unwrap(),
+        cached,
+        "rewritten as computed"
+    );
+}

@@ -254,6 +254,26 @@ impl GgufFile {
         &self.storage.bytes()[start..start + info.n_bytes as usize]
     }
 
+    /// Gives back the mapped pages of a tensor already read: a loader converting tensor
+    /// by tensor then never holds the whole file resident. A later read maps them in again.
+    pub fn release(&self, name: &str) {
+        let (Storage::Mapped(mmap), Some(&i)) = (&self.storage, self.by_name.get(name)) else {
+            return;
+        };
+        let info = &self.tensors[i];
+        let start = (self.data_offset + info.offset) as usize;
+        // SAFETY: the mapping is a read-only shared file mapping; dropping its pages loses
+        // nothing, the kernel reads them from the file again if touched. Failure only means
+        // the pages stay resident.
+        let _ = unsafe {
+            mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                start,
+                info.n_bytes as usize,
+            )
+        };
+    }
+
     /// A tensor dequantised to f32, in GGML element order.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         let info = self.tensor_info(name)?;

@@ -23,6 +23,9 @@ use crate::kv_cache::{HeadView, KvCache};
 use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
 use crate::{Model, ModelError, Result};
 
+/// Tokens per pass beyond which a segment's tokens are split into passes.
+pub const MAX_PASS_TOKENS: usize = 512;
+
 /// Which positions of a forward pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsFor {
@@ -190,6 +193,11 @@ impl Model {
     /// many tokens; batched decode is many segments of one token; they may be mixed.
     /// Returns logits `[n_rows, n_vocab]`: with [`LogitsFor::Last`] one row per segment
     /// (its last real token), with [`LogitsFor::All`] every row, in segment order.
+    ///
+    /// Segments longer than [`MAX_PASS_TOKENS`] run in passes of that many tokens each
+    /// (fixed-size chunked prefill): a long prompt then needs buffers for one chunk, not
+    /// for the whole prompt, and gives the same results, since every row's arithmetic is
+    /// its own.
     pub fn forward_batch(
         &self,
         pool: &ThreadPool,
@@ -197,8 +205,50 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<Vec<f32>> {
-        self.forward_into(pool, segments, scratch, which)?;
-        Ok(scratch.logits.clone())
+        let chunked = segments
+            .iter()
+            .any(|s| s.tokens.len() > MAX_PASS_TOKENS && s.n_padding == 0);
+        if !chunked {
+            self.forward_into(pool, segments, scratch, which)?;
+            return Ok(scratch.logits.clone());
+        }
+        // Every chunk is checked before the first runs, so an error leaves no cache changed.
+        self.validate(segments)?;
+        let n_vocab = self.config.n_vocab;
+        let mut per_segment: Vec<Vec<f32>> = vec![Vec::new(); segments.len()];
+        let mut done = 0;
+        loop {
+            let mut round: Vec<(usize, Segment<'_>)> = segments
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| done < s.tokens.len())
+                .map(|(i, s)| {
+                    let end = (done + MAX_PASS_TOKENS).min(s.tokens.len());
+                    (i, Segment::new(&s.tokens[done..end], &mut *s.kv))
+                })
+                .collect();
+            if round.is_empty() {
+                break;
+            }
+            let (owners, mut chunks): (Vec<usize>, Vec<Segment<'_>>) = round.drain(..).unzip();
+            self.forward_into(pool, &mut chunks, scratch, which)?;
+            let mut rows = scratch.logits.chunks_exact(n_vocab);
+            for (owner, chunk) in owners.into_iter().zip(&chunks) {
+                let n_rows = match which {
+                    LogitsFor::All => chunk.tokens.len(),
+                    LogitsFor::Last => 1,
+                };
+                let logits = &mut per_segment[owner];
+                if which == LogitsFor::Last {
+                    logits.clear();
+                }
+                for row in rows.by_ref().take(n_rows) {
+                    logits.extend_from_slice(row);
+                }
+            }
+            done += MAX_PASS_TOKENS;
+        }
+        Ok(per_segment.concat())
     }
 
     /// As [`Model::forward_batch`], leaving the logits in [`Scratch::logits`]: with a
@@ -211,28 +261,7 @@ impl Model {
         which: LogitsFor,
     ) -> Result<()> {
         let cfg = &self.config;
-        if segments.is_empty() {
-            return Err(ModelError::EmptyInput);
-        }
-        for seg in segments.iter() {
-            if seg.n_padding >= seg.tokens.len() {
-                return Err(ModelError::EmptyInput);
-            }
-            if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
-                return Err(ModelError::TokenOutOfRange {
-                    id,
-                    n_vocab: cfg.n_vocab,
-                });
-            }
-            let needed = seg.kv.len() + seg.n_real();
-            if needed > cfg.n_ctx_train {
-                return Err(ModelError::ContextLengthExceeded {
-                    needed,
-                    n_ctx: cfg.n_ctx_train,
-                });
-            }
-            seg.kv.check_room(seg.n_real())?;
-        }
+        self.validate(segments)?;
         if scratch.scores.len() < pool.n_threads() {
             scratch
                 .scores
@@ -297,6 +326,35 @@ impl Model {
         Ok(())
     }
 
+    /// Checks that every segment can run: real tokens in the vocabulary, room in its cache
+    /// and in the model's context.
+    fn validate(&self, segments: &[Segment<'_>]) -> Result<()> {
+        let cfg = &self.config;
+        if segments.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        for seg in segments.iter() {
+            if seg.n_padding >= seg.tokens.len() {
+                return Err(ModelError::EmptyInput);
+            }
+            if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
+                return Err(ModelError::TokenOutOfRange {
+                    id,
+                    n_vocab: cfg.n_vocab,
+                });
+            }
+            let needed = seg.kv.len() + seg.n_real();
+            if needed > cfg.n_ctx_train {
+                return Err(ModelError::ContextLengthExceeded {
+                    needed,
+                    n_ctx: cfg.n_ctx_train,
+                });
+            }
+            seg.kv.check_room(seg.n_real())?;
+        }
+        Ok(())
+    }
+
     /// One thread's part of the whole pass.
     fn region(&self, team: &Team, pass: &Pass<'_, '_>) {
         let cfg = &self.config;
@@ -310,8 +368,10 @@ impl Model {
         // completed before the last barrier.
         unsafe {
             for r in my_rows.clone() {
-                b.x.range_mut(r * e..(r + 1) * e)
-                    .copy_from_slice(w.token_embd.row(pass.places[r].token as usize));
+                w.embed(
+                    pass.places[r].token as usize,
+                    b.x.range_mut(r * e..(r + 1) * e),
+                );
             }
         }
         for (li, layer) in w.layers.iter().enumerate() {

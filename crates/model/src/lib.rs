@@ -24,10 +24,10 @@ use pyramid_kernels::ops::rope_inv_freq;
 
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
-pub use forward::{LogitsFor, Scratch, Segment};
+pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
 pub use kv_cache::{HeadView, KvCache, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
-pub use weights::{LayerWeights, Matrix, ModelWeights};
+pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
 
 /// How projection weights are stored and multiplied, chosen at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,20 +86,30 @@ pub struct Model {
 impl Model {
     /// The f32 reference model.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        let config = ModelConfig::from_metadata(file.metadata())?;
-        let weights = ModelWeights::load(file, &config)?;
-        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
-        Ok(Self {
-            config,
-            weights,
-            precision: Precision::F32,
-            rope_inv_freq,
-        })
+        Self::from_gguf_as(file, Precision::F32, None)
     }
 
     /// The model in `precision`, without calibration (INT8 without outlier channels).
     pub fn from_gguf_with(file: &GgufFile, precision: Precision) -> Result<Self> {
-        Ok(Self::from_gguf(file)?.into_precision(precision, None))
+        Self::from_gguf_as(file, precision, None)
+    }
+
+    /// The model loaded straight into `precision` tensor by tensor, never whole in f32;
+    /// integer projections split off the outlier channels `calibration` found.
+    pub fn from_gguf_as(
+        file: &GgufFile,
+        precision: Precision,
+        calibration: Option<&Calibration>,
+    ) -> Result<Self> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = ModelWeights::load_as(file, &config, precision, calibration)?;
+        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
+        Ok(Self {
+            config,
+            weights,
+            precision,
+            rope_inv_freq,
+        })
     }
 
     /// Runs `tokens` through the model and records every projection input's per-channel

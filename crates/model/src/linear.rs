@@ -99,10 +99,12 @@ pub struct QuantLinear {
 }
 
 impl QuantLinear {
-    pub fn quantize(m: &Matrix, bits: WeightBits, outlier_channels: Vec<usize>) -> Self {
+    /// Consumes the f32 matrix: its buffer becomes the inliers' (a copy would double the
+    /// load's largest transient).
+    pub fn quantize(m: Matrix, bits: WeightBits, outlier_channels: Vec<usize>) -> Self {
         let (n, k) = (m.n_rows, m.n_cols);
         let n_o = outlier_channels.len();
-        let mut inliers = m.data.clone();
+        let mut inliers = m.data;
         let mut outlier_weights = vec![0.0; n * n_o];
         for row in 0..n {
             for (o, &c) in outlier_channels.iter().enumerate() {
@@ -118,6 +120,22 @@ impl QuantLinear {
             packed,
             outlier_channels,
             outlier_weights,
+        }
+    }
+
+    /// Row `row` of the weights as the kernels see them, outlier columns restored.
+    fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
+        match &self.packed {
+            PackedWeights::I8(p) => p.dequantize_row_into(row, out),
+            PackedWeights::I4(p) => p.dequantize_row_into(row, out),
+        }
+        let n_o = self.outlier_channels.len();
+        for (&c, &w) in self
+            .outlier_channels
+            .iter()
+            .zip(&self.outlier_weights[row * n_o..(row + 1) * n_o])
+        {
+            out[c] = w;
         }
     }
 }
@@ -157,6 +175,19 @@ impl Linear {
             Linear::F32(m) => m.n_cols,
             Linear::Bf16 { n_cols, .. } => *n_cols,
             Linear::Quant(q) => q.packed.k(),
+        }
+    }
+
+    /// Row `row` (`[n_in]`) in f32: how a tied model reads its embeddings.
+    pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
+        match self {
+            Linear::F32(m) => out.copy_from_slice(m.row(row)),
+            Linear::Bf16 { data, n_cols, .. } => {
+                for (o, v) in out.iter_mut().zip(&data[row * n_cols..(row + 1) * n_cols]) {
+                    *o = v.to_f32();
+                }
+            }
+            Linear::Quant(q) => q.dequantize_row_into(row, out),
         }
     }
 
@@ -391,7 +422,8 @@ impl Site {
 }
 
 /// Per-channel peak |activation| seen at every projection input during a calibration run.
-#[derive(Debug, Clone)]
+/// Serialisable, so a loader can keep it beside the model and skip the f32 pass next time.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     layers: Vec<[Vec<f32>; N_SITES]>,
     head: Vec<f32>,
@@ -506,7 +538,8 @@ mod tests {
                 .map(|(g, w)| (g - w).abs())
                 .fold(0.0, f32::max)
         };
-        let quant = |bits, outliers| Linear::Quant(QuantLinear::quantize(&w, bits, outliers));
+        let quant =
+            |bits, outliers| Linear::Quant(QuantLinear::quantize(w.clone(), bits, outliers));
         for bits in [WeightBits::Eight, WeightBits::Four] {
             let plain = err(&quant(bits, vec![]), &mut s);
             let split = err(&quant(bits, vec![5]), &mut s);

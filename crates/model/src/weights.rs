@@ -1,7 +1,13 @@
-//! Typed layer weights, dequantised to f32 at load.
+//! Typed layer weights, dequantised from the GGUF and converted to the load precision one
+//! tensor at a time.
 //!
 //! Matrices keep GGUF's layout: `[n_out, n_in]` row-major (GGML dims `[n_in, n_out]`),
 //! which is what [`pyramid_kernels::matmul`] consumes.
+//!
+//! Loading streams: each tensor is dequantised to f32, converted, and its mapped pages are
+//! released before the next, so an INT8 model never holds its f32 weights (four times its
+//! size) nor the file's pages at once. The output projection goes first, while nothing
+//! else is resident: its f32 form is the largest transient of the load.
 
 use pyramid_gguf::GgufFile;
 
@@ -18,6 +24,14 @@ pub struct Matrix {
 }
 
 impl Matrix {
+    fn empty() -> Self {
+        Self {
+            data: Vec::new(),
+            n_rows: 0,
+            n_cols: 0,
+        }
+    }
+
     pub fn row(&self, idx: usize) -> &[f32] {
         &self.data[idx * self.n_cols..(idx + 1) * self.n_cols]
     }
@@ -39,19 +53,66 @@ pub struct LayerWeights {
     pub w_down: Linear,       // [n_embd, n_ff]
 }
 
+/// Where token embeddings are read from.
+#[derive(Debug, Clone)]
+pub enum Embedding {
+    /// The GGUF's own table, `[n_vocab, n_embd]`, in [`table_precision`]: never an f32
+    /// copy beside an integer model.
+    Table(Linear),
+    /// The rows of the output projection, which a tied model shares with its embedding:
+    /// one copy of the vocabulary in the load precision instead of an f32 table beside it.
+    Output,
+}
+
 #[derive(Debug, Clone)]
 pub struct ModelWeights {
-    pub token_embd: Matrix, // [n_vocab, n_embd]
+    pub token_embd: Embedding,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>, // [n_embd]
-    /// The output projection; a copy of `token_embd` (in the load precision) when tied.
+    /// The output projection; the embedding table itself when tied.
     pub output: Linear, // [n_vocab, n_embd]
 }
 
 impl ModelWeights {
-    /// Loads every weight in f32 (the reference); see [`ModelWeights::into_precision`].
+    /// Loads every weight in f32 (the reference).
     pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
+        Self::load_as(file, cfg, Precision::F32, None)
+    }
+
+    /// Loads the weights straight into `precision`, tensor by tensor; with a calibration,
+    /// integer projections keep their inputs' outlier channels in f32.
+    pub fn load_as(
+        file: &GgufFile,
+        cfg: &ModelConfig,
+        precision: Precision,
+        calibration: Option<&Calibration>,
+    ) -> Result<Self> {
         let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let tied = !file.has_tensor("output.weight");
+        let output_name = if tied {
+            "token_embd.weight"
+        } else {
+            "output.weight"
+        };
+        let output = convert(
+            streamed_matrix(file, output_name, cfg.n_vocab, e)?,
+            precision,
+            calibration,
+            0,
+            Site::Head,
+        );
+        let token_embd = if tied {
+            Embedding::Output
+        } else {
+            let table = streamed_matrix(file, "token_embd.weight", cfg.n_vocab, e)?;
+            Embedding::Table(convert(
+                table,
+                table_precision(precision),
+                None,
+                0,
+                Site::Head,
+            ))
+        };
         let layers = (0..cfg.n_layer)
             .map(|i| {
                 let name = |t: &str| format!("blk.{i}.{t}");
@@ -64,41 +125,34 @@ impl ModelWeights {
                         Ok(None)
                     }
                 };
-                let linear = |t: &str, n_rows, n_cols| -> Result<Linear> {
-                    Ok(Linear::F32(matrix(file, &name(t), n_rows, n_cols)?))
+                let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
+                    let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
+                    Ok(convert(m, precision, calibration, i, site))
                 };
                 Ok(LayerWeights {
                     attn_norm: vector(file, &name("attn_norm.weight"), e)?,
-                    wq: linear("attn_q.weight", q, e)?,
-                    wk: linear("attn_k.weight", kv, e)?,
-                    wv: linear("attn_v.weight", kv, e)?,
+                    wq: linear("attn_q.weight", q, e, Site::AttnIn)?,
+                    wk: linear("attn_k.weight", kv, e, Site::AttnIn)?,
+                    wv: linear("attn_v.weight", kv, e, Site::AttnIn)?,
                     bq: bias("attn_q.bias", q)?,
                     bk: bias("attn_k.bias", kv)?,
                     bv: bias("attn_v.bias", kv)?,
-                    wo: linear("attn_output.weight", e, q)?,
+                    wo: linear("attn_output.weight", e, q, Site::AttnOut)?,
                     ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
-                    w_gate: linear("ffn_gate.weight", ff, e)?,
-                    w_up: linear("ffn_up.weight", ff, e)?,
-                    w_down: linear("ffn_down.weight", e, ff)?,
+                    w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
+                    w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
+                    w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let token_embd = matrix(file, "token_embd.weight", cfg.n_vocab, e)?;
-        let output = if file.has_tensor("output.weight") {
-            matrix(file, "output.weight", cfg.n_vocab, e)?
-        } else {
-            token_embd.clone()
-        };
         Ok(Self {
             token_embd,
-            output: Linear::F32(output),
+            output,
             layers,
             output_norm: vector(file, "output_norm.weight", e)?,
         })
     }
-}
 
-impl ModelWeights {
     /// Converts the f32 projections to `precision`; with a calibration, integer projections
     /// keep their inputs' outlier channels in f32.
     pub fn into_precision(
@@ -109,38 +163,84 @@ impl ModelWeights {
         if precision == Precision::F32 {
             return self;
         }
-        let convert = |lin: &mut Linear, layer: usize, site: Site| {
+        let to_precision = |lin: &mut Linear, layer: usize, site: Site| {
             if let Linear::F32(m) = lin {
-                let outliers = || {
-                    calibration
-                        .map(|c| c.outliers(layer, site))
-                        .unwrap_or_default()
-                };
-                *lin = match precision {
-                    Precision::F32 => unreachable!("returned above"),
-                    Precision::Bf16 => Linear::to_bf16(m),
-                    Precision::Int8 => {
-                        Linear::Quant(QuantLinear::quantize(m, WeightBits::Eight, outliers()))
-                    }
-                    Precision::Int4 => {
-                        Linear::Quant(QuantLinear::quantize(m, WeightBits::Four, outliers()))
-                    }
-                };
+                let m = std::mem::replace(m, Matrix::empty());
+                *lin = convert(m, precision, calibration, layer, site);
             }
         };
+        if let Embedding::Table(Linear::F32(m)) = &mut self.token_embd {
+            let m = std::mem::replace(m, Matrix::empty());
+            self.token_embd =
+                Embedding::Table(convert(m, table_precision(precision), None, 0, Site::Head));
+        }
         for (i, l) in self.layers.iter_mut().enumerate() {
             for w in [&mut l.wq, &mut l.wk, &mut l.wv] {
-                convert(w, i, Site::AttnIn);
+                to_precision(w, i, Site::AttnIn);
             }
-            convert(&mut l.wo, i, Site::AttnOut);
+            to_precision(&mut l.wo, i, Site::AttnOut);
             for w in [&mut l.w_gate, &mut l.w_up] {
-                convert(w, i, Site::FfnIn);
+                to_precision(w, i, Site::FfnIn);
             }
-            convert(&mut l.w_down, i, Site::FfnDown);
+            to_precision(&mut l.w_down, i, Site::FfnDown);
         }
-        convert(&mut self.output, 0, Site::Head);
+        to_precision(&mut self.output, 0, Site::Head);
         self
     }
+
+    /// Writes the embedding of `token` into `out` (`[n_embd]`).
+    pub fn embed(&self, token: usize, out: &mut [f32]) {
+        match &self.token_embd {
+            Embedding::Table(table) => table.dequantize_row_into(token, out),
+            Embedding::Output => self.output.dequantize_row_into(token, out),
+        }
+    }
+
+    /// The f32 embedding table: the GGUF's own, or the output projection when tied.
+    /// `None` once converted to another precision.
+    pub fn embedding_table(&self) -> Option<&Matrix> {
+        match (&self.token_embd, &self.output) {
+            (Embedding::Table(Linear::F32(m)), _) | (Embedding::Output, Linear::F32(m)) => Some(m),
+            _ => None,
+        }
+    }
+}
+
+/// What an untied embedding table is stored in: INT8 for both integer precisions (a
+/// lookup reads one row, so the table's bytes cost memory, not speed).
+fn table_precision(precision: Precision) -> Precision {
+    match precision {
+        Precision::Int4 => Precision::Int8,
+        other => other,
+    }
+}
+
+/// A projection in `precision`, integer ones with their calibrated outlier channels.
+fn convert(
+    m: Matrix,
+    precision: Precision,
+    calibration: Option<&Calibration>,
+    layer: usize,
+    site: Site,
+) -> Linear {
+    let outliers = || {
+        calibration
+            .map(|c| c.outliers(layer, site))
+            .unwrap_or_default()
+    };
+    match precision {
+        Precision::F32 => Linear::F32(m),
+        Precision::Bf16 => Linear::to_bf16(&m),
+        Precision::Int8 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Eight, outliers())),
+        Precision::Int4 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Four, outliers())),
+    }
+}
+
+/// A matrix dequantised from the file, whose mapped pages are then given back.
+fn streamed_matrix(file: &GgufFile, name: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
+    let m = matrix(file, name, n_rows, n_cols)?;
+    file.release(name);
+    Ok(m)
 }
 
 fn check_dims(file: &GgufFile, name: &str, expected: &[u64]) -> Result<()> {

@@ -491,3 +491,148 @@ fn published_shapes_pad_the_vocabulary_and_keep_special_tokens_last() {
     assert!((1.3e9..1.8e9).contains(&n), "{n}");
     assert!(SyntheticSpec::published("gpt-5").is_none());
 }
+
+/// Segments longer than one pass run in fixed-size chunks: the logits of every position,
+/// and of the last, are those of the same tokens fed in small pieces, for one sequence
+/// and for a batch whose segments end in different chunks.
+#[test]
+fn long_prompts_run_in_chunks_with_the_results_of_pieces() {
+    use pyramid_model::MAX_PASS_TOKENS;
+    let pool = ThreadPool::new(2).unwrap();
+    let spec = SyntheticSpec {
+        n_ctx: 2 * MAX_PASS_TOKENS + 64,
+        ..SyntheticSpec::tiny(Architecture::Qwen2)
+    };
+    let model = build(&spec);
+    let n_vocab = model.config.n_vocab;
+    let long: Vec<u32> = (0..MAX_PASS_TOKENS + 37)
+        .map(|i| (i * 7 % 200) as u32 + 3)
+        .collect();
+    let mut kv = model.new_kv_cache(long.len());
+    let chunked = model
+        .forward(
+            &pool,
+            &long,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::All,
+        )
+        .unwrap();
+    assert_eq!(kv.len(), long.len());
+    assert_eq!(chunked.len(), long.len() * n_vocab);
+    let mut kv = model.new_kv_cache(long.len());
+    let mut scratch = Scratch::default();
+    let mut pieces = Vec::new();
+    for piece in long.chunks(100) {
+        pieces.extend(
+            model
+                .forward(&pool, piece, &mut kv, &mut scratch, LogitsFor::All)
+                .unwrap(),
+        );
+    }
+    assert!(max_abs_diff(&chunked, &pieces) < 1e-4);
+
+    // A batch: one long segment and one short, last-token logits in segment order.
+    let short = &long[..9];
+    let (mut kv_long, mut kv_short) = (model.new_kv_cache(long.len()), model.new_kv_cache(9));
+    let batch = model
+        .forward_batch(
+            &pool,
+            &mut [
+                Segment::new(short, &mut kv_short),
+                Segment::new(&long, &mut kv_long),
+            ],
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )
+        .unwrap();
+    assert_eq!((kv_short.len(), kv_long.len()), (9, long.len()));
+    let last = |t: usize| &pieces[t * n_vocab..(t + 1) * n_vocab];
+    assert!(max_abs_diff(&batch[..n_vocab], last(8)) < 1e-4);
+    assert!(max_abs_diff(&batch[n_vocab..], last(long.len() - 1)) < 1e-4);
+
+    // A bad token in a later chunk is found before the first chunk touches the cache.
+    let mut bad = long.clone();
+    bad[MAX_PASS_TOKENS + 5] = n_vocab as u32;
+    let mut kv = model.new_kv_cache(bad.len());
+    let err = model
+        .forward(
+            &pool,
+            &bad,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )
+        .unwrap_err();
+    assert!(matches!(err, ModelError::TokenOutOfRange { .. }), "{err}");
+    assert_eq!(kv.len(), 0);
+}
+
+/// An integer model never keeps an f32 copy of the vocabulary: a tied model reads its
+/// embeddings from the quantised output projection, an untied one keeps its table in INT8;
+/// either way the embeddings are the f32 ones to within INT8 rounding, and the model
+/// loaded straight into INT8 is the f32 model converted.
+#[test]
+fn integer_models_keep_no_f32_vocabulary() {
+    use pyramid_model::Embedding;
+    let pool = ThreadPool::new(2).unwrap();
+    for untied_output in [false, true] {
+        let spec = SyntheticSpec {
+            untied_output,
+            ..SyntheticSpec::tiny(Architecture::Llama)
+        };
+        let bytes = synthetic_gguf(&spec).unwrap().to_bytes();
+        let file = GgufFile::from_bytes(bytes).unwrap();
+        let reference = Model::from_gguf(&file).unwrap();
+        for precision in [Precision::Int8, Precision::Int4] {
+            let model = Model::from_gguf_as(&file, precision, None).unwrap();
+            match (&model.weights.token_embd, untied_output) {
+                (Embedding::Output, false) => {}
+                (Embedding::Table(table), true) => {
+                    assert!(
+                        matches!(table, pyramid_model::Linear::Quant(_)),
+                        "{precision}"
+                    )
+                }
+                (other, _) => panic!("{precision} untied={untied_output}: {other:?}"),
+            }
+            assert!(model.weights.embedding_table().is_none());
+            let e = model.config.n_embd;
+            let (mut got, mut want) = (vec![0.0; e], vec![0.0; e]);
+            for token in [0, 7, model.config.n_vocab - 1] {
+                model.weights.embed(token, &mut got);
+                reference.weights.embed(token, &mut want);
+                let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                // Half a step: 4-bit groups span min..max in 15 steps, INT8 blocks ±max in 254.
+                let steps = if precision == Precision::Int4 && !untied_output {
+                    15.0
+                } else {
+                    254.0
+                };
+                let bound = scale / steps * 1.01 + 1e-6;
+                assert!(
+                    max_abs_diff(&got, &want) <= bound,
+                    "{precision} token {token}"
+                );
+            }
+            let converted = Model::from_gguf(&file)
+                .unwrap()
+                .into_precision(precision, None);
+            let run = |m: &Model| {
+                m.forward(
+                    &pool,
+                    &PROMPT,
+                    &mut m.new_kv_cache(16),
+                    &mut Scratch::default(),
+                    LogitsFor::Last,
+                )
+                .unwrap()
+            };
+            assert_eq!(
+                run(&model),
+                run(&converted),
+                "{precision} untied={untied_output}"
+            );
+        }
+    }
+}

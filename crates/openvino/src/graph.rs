@@ -84,7 +84,12 @@ impl ModelGraph {
         }
         let w = &model.weights;
         let mut blob = Blob::default();
-        let emb = &w.token_embd;
+        let emb = w.embedding_table().ok_or_else(|| {
+            OvError::Unsupported(
+                "a tied model already quantised: OpenVINO graphs are built from the f32 model"
+                    .into(),
+            )
+        })?;
         add_weight(
             &mut blob,
             "token_embd",
@@ -118,7 +123,7 @@ impl ModelGraph {
         }
         blob.add_f32("output_norm", &[cfg.n_embd], &w.output_norm);
         let (out, rows, cols) = f32_matrix(&w.output, "output")?;
-        let tied_output = out == emb.data.as_slice();
+        let tied_output = std::ptr::eq(out, emb.data.as_slice()) || out == emb.data.as_slice();
         if !tied_output {
             add_weight(&mut blob, "output", out, rows, cols, format);
         }

@@ -95,21 +95,27 @@ impl PackedI4 {
         self.k_pad / GROUP
     }
 
-    /// The weight as the kernels see it, back in f32 (tests and diagnostics).
+    /// The weight as the kernels see it, back in f32.
     pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
+        let mut out = vec![0.0; self.k];
+        self.dequantize_row_into(row, &mut out);
+        out
+    }
+
+    /// As [`PackedI4::dequantize_row`], into `out` (`[k]`): a tied model's embeddings.
+    pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
         let n_groups = self.n_groups();
-        (0..self.k)
-            .map(|kk| {
-                let (g, j) = (kk / GROUP, kk % GROUP);
-                let byte = self.data[(row * n_groups + g) * GROUP_BYTES + j % GROUP_BYTES];
-                let nibble = if j < GROUP_BYTES {
-                    byte & 0xF
-                } else {
-                    byte >> 4
-                };
-                f32::from(nibble) * self.scales[row * n_groups + g] + self.mins[row * n_groups + g]
-            })
-            .collect()
+        for (kk, o) in out[..self.k].iter_mut().enumerate() {
+            let (g, j) = (kk / GROUP, kk % GROUP);
+            let byte = self.data[(row * n_groups + g) * GROUP_BYTES + j % GROUP_BYTES];
+            let nibble = if j < GROUP_BYTES {
+                byte & 0xF
+            } else {
+                byte >> 4
+            };
+            *o =
+                f32::from(nibble) * self.scales[row * n_groups + g] + self.mins[row * n_groups + g];
+        }
     }
 
     pub fn bytes(&self) -> usize {

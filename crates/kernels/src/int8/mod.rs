@@ -99,14 +99,21 @@ impl PackedI8 {
         self.scales[scale_index(row, block, self.n_blocks())].to_f32()
     }
 
-    /// The weight as the kernels see it, back in f32 (tests and diagnostics).
+    /// The weight as the kernels see it, back in f32.
     pub fn dequantize_row(&self, row: usize) -> Vec<f32> {
-        (0..self.k)
-            .map(|kk| {
-                f32::from(self.data[packed_index(row, kk, self.k_pad)])
-                    * self.scale(row, kk / BLOCK_K)
-            })
-            .collect()
+        let mut out = vec![0.0; self.k];
+        self.dequantize_row_into(row, &mut out);
+        out
+    }
+
+    /// As [`PackedI8::dequantize_row`], into `out` (`[k]`): a tied model's embeddings.
+    pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
+        for (b, block) in out[..self.k].chunks_mut(BLOCK_K).enumerate() {
+            let scale = self.scale(row, b);
+            for (j, o) in block.iter_mut().enumerate() {
+                *o = f32::from(self.data[packed_index(row, b * BLOCK_K + j, self.k_pad)]) * scale;
+            }
+        }
     }
 
     pub fn bytes(&self) -> usize {
