@@ -36,9 +36,10 @@ pub enum Precision {
     F32,
     /// bf16 weights widened to f32 in the kernel: half the bytes, f32 arithmetic.
     Bf16,
-    /// W8A8: INT8 weights per output row, activations quantised per token at run time.
+    /// W8A8: INT8 weights and activations (quantised per token at run time), one scale per
+    /// block of 32 along `k`.
     Int8,
-    /// W4A8: 4-bit weights per group of 32, activations INT8 per token.
+    /// W4A8: 4-bit weights per group of 32, activations INT8 per token and block of 32.
     Int4,
 }
 
