@@ -18,7 +18,7 @@ use pyramid_kernels::int8::{
     gemm_i8_cols, quantize_blocks_excluding, sum_blocks, PackedI8, QuantizedView, BLOCK_K,
 };
 use pyramid_kernels::matmul::{bf16, matmul_cols};
-use pyramid_kernels::ops::{add_in_place, dot};
+use pyramid_kernels::ops::{add_in_place, axpy};
 use pyramid_kernels::{isa, SharedSlice, ThreadPool, COLUMN_ALIGN};
 
 use crate::weights::Matrix;
@@ -94,7 +94,8 @@ pub struct QuantLinear {
     pub packed: PackedWeights,
     /// Input channels computed in f32, ascending.
     pub outlier_channels: Vec<usize>,
-    /// The outlier columns of the original weights: `[n_out, n_outliers]`.
+    /// The outlier columns of the original weights, one channel's column per row:
+    /// `[n_outliers, n_out]`, so the side product runs along outputs without a reduction.
     pub outlier_weights: Vec<f32>,
 }
 
@@ -108,7 +109,7 @@ impl QuantLinear {
         let mut outlier_weights = vec![0.0; n * n_o];
         for row in 0..n {
             for (o, &c) in outlier_channels.iter().enumerate() {
-                outlier_weights[row * n_o + o] = inliers[row * k + c];
+                outlier_weights[o * n + row] = inliers[row * k + c];
                 inliers[row * k + c] = 0.0;
             }
         }
@@ -129,13 +130,9 @@ impl QuantLinear {
             PackedWeights::I8(p) => p.dequantize_row_into(row, out),
             PackedWeights::I4(p) => p.dequantize_row_into(row, out),
         }
-        let n_o = self.outlier_channels.len();
-        for (&c, &w) in self
-            .outlier_channels
-            .iter()
-            .zip(&self.outlier_weights[row * n_o..(row + 1) * n_o])
-        {
-            out[c] = w;
+        let n = self.packed.n();
+        for (o, &c) in self.outlier_channels.iter().enumerate() {
+            out[c] = self.outlier_weights[o * n + row];
         }
     }
 }
@@ -316,13 +313,14 @@ impl Linear {
                 q.packed.gemm_cols(&view, out, cols.clone());
                 let n_o = q.outlier_channels.len();
                 if n_o > 0 {
-                    // The float side product, one dot per output: the same arithmetic for a
-                    // token whatever shares its batch (tiled kernels sum in another order).
+                    // The float side product, channel by channel along the outputs: each token's
+                    // arithmetic is its own whatever shares its batch.
                     let outliers = &prepared.outliers.as_slice()[..n * n_o];
                     for (r, x_o) in outliers.chunks_exact(n_o).enumerate() {
                         let row = out.range_mut(r * n_out + cols.start..r * n_out + cols.end);
-                        for (o, j) in row.iter_mut().zip(cols.clone()) {
-                            *o += dot(x_o, &q.outlier_weights[j * n_o..(j + 1) * n_o]);
+                        for (o, &x) in x_o.iter().enumerate() {
+                            let w = &q.outlier_weights[o * n_out..(o + 1) * n_out];
+                            axpy(row, x, &w[cols.clone()]);
                         }
                     }
                 }
