@@ -205,9 +205,9 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<Vec<f32>> {
-        let chunked = segments
-            .iter()
-            .any(|s| s.tokens.len() > MAX_PASS_TOKENS && s.n_padding == 0);
+        // Padded segments are fixed-shape artifact passes, run as given.
+        let chunked = segments.iter().all(|s| s.n_padding == 0)
+            && segments.iter().any(|s| s.tokens.len() > MAX_PASS_TOKENS);
         if !chunked {
             self.forward_into(pool, segments, scratch, which)?;
             return Ok(scratch.logits.clone());
@@ -218,7 +218,7 @@ impl Model {
         let mut per_segment: Vec<Vec<f32>> = vec![Vec::new(); segments.len()];
         let mut done = 0;
         loop {
-            let mut round: Vec<(usize, Segment<'_>)> = segments
+            let (owners, mut chunks): (Vec<usize>, Vec<Segment<'_>>) = segments
                 .iter_mut()
                 .enumerate()
                 .filter(|(_, s)| done < s.tokens.len())
@@ -226,11 +226,10 @@ impl Model {
                     let end = (done + MAX_PASS_TOKENS).min(s.tokens.len());
                     (i, Segment::new(&s.tokens[done..end], &mut *s.kv))
                 })
-                .collect();
-            if round.is_empty() {
+                .unzip();
+            if chunks.is_empty() {
                 break;
             }
-            let (owners, mut chunks): (Vec<usize>, Vec<Segment<'_>>) = round.drain(..).unzip();
             self.forward_into(pool, &mut chunks, scratch, which)?;
             let mut rows = scratch.logits.chunks_exact(n_vocab);
             for (owner, chunk) in owners.into_iter().zip(&chunks) {

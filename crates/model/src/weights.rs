@@ -56,8 +56,8 @@ pub struct LayerWeights {
 /// Where token embeddings are read from.
 #[derive(Debug, Clone)]
 pub enum Embedding {
-    /// The GGUF's own table, `[n_vocab, n_embd]`, in [`table_precision`]: never an f32
-    /// copy beside an integer model.
+    /// The GGUF's own table, `[n_vocab, n_embd]`, in the precision `embedding_table`
+    /// picks: never an f32 copy beside an integer model.
     Table(Linear),
     /// The rows of the output projection, which a tied model shares with its embedding:
     /// one copy of the vocabulary in the load precision instead of an f32 table beside it.
@@ -104,14 +104,10 @@ impl ModelWeights {
         let token_embd = if tied {
             Embedding::Output
         } else {
-            let table = streamed_matrix(file, "token_embd.weight", cfg.n_vocab, e)?;
-            Embedding::Table(convert(
-                table,
-                table_precision(precision),
-                None,
-                0,
-                Site::Head,
-            ))
+            embedding_table(
+                streamed_matrix(file, "token_embd.weight", cfg.n_vocab, e)?,
+                precision,
+            )
         };
         let layers = (0..cfg.n_layer)
             .map(|i| {
@@ -171,8 +167,7 @@ impl ModelWeights {
         };
         if let Embedding::Table(Linear::F32(m)) = &mut self.token_embd {
             let m = std::mem::replace(m, Matrix::empty());
-            self.token_embd =
-                Embedding::Table(convert(m, table_precision(precision), None, 0, Site::Head));
+            self.token_embd = embedding_table(m, precision);
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             for w in [&mut l.wq, &mut l.wk, &mut l.wv] {
@@ -206,13 +201,14 @@ impl ModelWeights {
     }
 }
 
-/// What an untied embedding table is stored in: INT8 for both integer precisions (a
-/// lookup reads one row, so the table's bytes cost memory, not speed).
-fn table_precision(precision: Precision) -> Precision {
-    match precision {
+/// An untied embedding table for a model in `precision`: INT8 for both integer
+/// precisions (a lookup reads one row, so the table's bytes cost memory, not speed).
+fn embedding_table(m: Matrix, precision: Precision) -> Embedding {
+    let table_precision = match precision {
         Precision::Int4 => Precision::Int8,
         other => other,
-    }
+    };
+    Embedding::Table(convert(m, table_precision, None, 0, Site::Head))
 }
 
 /// A projection in `precision`, integer ones with their calibrated outlier channels.

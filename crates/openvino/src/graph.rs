@@ -86,7 +86,7 @@ impl ModelGraph {
         let mut blob = Blob::default();
         let emb = w.embedding_table().ok_or_else(|| {
             OvError::Unsupported(
-                "a tied model already quantised: OpenVINO graphs are built from the f32 model"
+                "a model already converted from f32: OpenVINO graphs are built from the f32 model"
                     .into(),
             )
         })?;
