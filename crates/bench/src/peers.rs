@@ -45,6 +45,13 @@ struct Run {
 struct Settings {
     threads: usize,
     precision: String,
+    /// Absent from runs made before the script recorded it, which all used f32.
+    #[serde(default = "f32_kv")]
+    kv: String,
+}
+
+fn f32_kv() -> String {
+    "f32".to_string()
 }
 
 #[derive(Deserialize)]
@@ -119,6 +126,7 @@ pub fn comparisons(text: &str, here: &Machine) -> Result<Vec<PeerComparison>, Pe
             model: row.model,
             test: row.test,
             precision: run.settings.precision.clone(),
+            kv: run.settings.kv.clone(),
             threads: run.settings.threads,
             engines: row
                 .engines

@@ -344,12 +344,17 @@ fn peers_table(peers: &[PeerComparison], with_sd: bool) -> String {
     for p in peers {
         let _ = write!(
             out,
-            "| {} | {} | {} | {} ({}) |",
+            "| {} | {} | {} | {} ({}{}) |",
             p.model,
             p.test,
             p.threads,
             figure(p, "pyramid"),
-            p.precision
+            p.precision,
+            if p.kv == "f32" {
+                String::new()
+            } else {
+                format!(", KV {}", p.kv)
+            }
         );
         for (engine, _) in PEERS {
             let _ = write!(out, " {} |", figure(p, engine));

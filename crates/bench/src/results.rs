@@ -271,9 +271,16 @@ pub struct PeerComparison {
     pub test: String,
     /// pyramid's weight precision in the run.
     pub precision: String,
+    /// pyramid's KV cache storage in the run (runs from before it was recorded used f32).
+    #[serde(default = "f32_kv")]
+    pub kv: String,
     pub threads: usize,
     pub engines: Vec<PeerFigure>,
     pub provenance: Option<Provenance>,
+}
+
+fn f32_kv() -> String {
+    "f32".to_string()
 }
 
 impl PeerComparison {
@@ -330,8 +337,8 @@ impl ResultsFile {
     pub fn merge_peers(&mut self, comparisons: Vec<PeerComparison>) {
         for c in comparisons {
             self.peers.retain(|p| {
-                (&p.model, &p.test, &p.precision, p.threads)
-                    != (&c.model, &c.test, &c.precision, c.threads)
+                (&p.model, &p.test, &p.precision, &p.kv, p.threads)
+                    != (&c.model, &c.test, &c.precision, &c.kv, c.threads)
             });
             self.peers.push(c);
         }

@@ -7,11 +7,13 @@
 //!   for each of its hundreds of matmuls.
 //! - [`matmul`]: `out = a · wᵀ` with weights stored row-major as `[n_out, n_in]`, the
 //!   layout GGUF uses, so both operands stream contiguously along `k`.
+//! - [`attention`]: the query heads of one KV head attending to its cache together.
 //! - [`ops`]: RMSNorm, RoPE, softmax, SwiGLU and the small vector helpers attention uses.
 //!
 //! Invariant: kernels write into caller-provided buffers and do not return `Result`; the
 //! public entry points assert shapes (with checked arithmetic) before any raw load.
 
+pub mod attention;
 pub mod int4;
 pub mod int8;
 pub mod isa;

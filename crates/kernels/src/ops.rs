@@ -106,6 +106,43 @@ unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
     axpy_scalar(y, alpha, x)
 }
 
+/// `y += alpha * x` with `x` in f16, widened with F16C where the CPU has it: the outlier
+/// channels' weights, kept in half the bytes because decode reads all of them every token.
+pub fn axpy_f16(y: &mut [f32], alpha: f32, x: &[f16]) {
+    assert_eq!(x.len(), y.len(), "axpy_f16 operands differ in length");
+    match isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2 and F16C for both `Isa::Avx2` and `Isa::Avx512`.
+        Isa::Avx512 | Isa::Avx2 => unsafe { axpy_f16_avx2(y, alpha, x) },
+        _ => axpy_f16_scalar(y, alpha, x),
+    }
+}
+
+/// The scalar oracle for [`axpy_f16`].
+pub fn axpy_f16_scalar(y: &mut [f32], alpha: f32, x: &[f16]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi.to_f32();
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn axpy_f16_avx2(y: &mut [f32], alpha: f32, x: &[f16]) {
+    use std::arch::x86_64::*;
+    let whole = y.len() / 8 * 8;
+    let alpha_v = _mm256_set1_ps(alpha);
+    for i in (0..whole).step_by(8) {
+        // Multiply then add, not fused: the same two roundings as the scalar oracle.
+        let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast()));
+        let yp = y.as_mut_ptr().add(i);
+        _mm256_storeu_ps(
+            yp,
+            _mm256_add_ps(_mm256_loadu_ps(yp), _mm256_mul_ps(alpha_v, xv)),
+        );
+    }
+    axpy_f16_scalar(&mut y[whole..], alpha, &x[whole..]);
+}
+
 /// Attention scores of one query against `n_pos` keys (`keys`: `[n_pos, head_dim]`):
 /// `out[p] = scale · q · keys[p]`. One ISA dispatch per head, not per position.
 pub fn attention_scores(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>) {
@@ -452,6 +489,20 @@ mod tests {
             axpy(&mut y, 0.5, &a);
             axpy_scalar(&mut y_ref, 0.5, &a);
             assert_eq!(y, y_ref, "len {len}");
+        }
+    }
+
+    #[test]
+    fn f16_axpy_matches_scalar() {
+        for len in [0, 1, 7, 8, 9, 31, 100] {
+            let x: Vec<f16> = (0..len)
+                .map(|i| f16::from_f32((i as f32 * 0.37).sin()))
+                .collect();
+            let y: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+            let (mut got, mut want) = (y.clone(), y);
+            axpy_f16(&mut got, -0.75, &x);
+            axpy_f16_scalar(&mut want, -0.75, &x);
+            assert_eq!(got, want, "len {len}");
         }
     }
 

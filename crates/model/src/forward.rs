@@ -2,7 +2,7 @@
 //!
 //! The pool's threads enter once ([`ThreadPool::run_team`]) and stay for every layer. Each
 //! layer is a fixed list of steps; a step splits its work statically (rows of the batch,
-//! output columns of a projection, or (row, head) pairs of attention) and ends at a
+//! output columns of a projection, or (row, KV head) items of attention) and ends at a
 //! barrier, after which its results are visible to every thread. Nothing is spawned or
 //! allocated inside, and the serial glue of a layer (norms, RoPE, activation quantisation,
 //! residual adds) is split across the threads like the products are.
@@ -12,14 +12,11 @@
 
 use std::sync::Mutex;
 
-use pyramid_kernels::ops::{
-    add_in_place, attention_scores, attention_scores_f16, attention_scores_i8, rms_norm,
-    rope_in_place, silu_mul_in_place, softmax_in_place, weighted_sum, weighted_sum_f16,
-    weighted_sum_i8,
-};
+use pyramid_kernels::attention::{attend_group, MAX_GROUP};
+use pyramid_kernels::ops::{add_in_place, rms_norm, rope_in_place, silu_mul_in_place};
 use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
-use crate::kv_cache::{HeadView, KvCache};
+use crate::kv_cache::KvCache;
 use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
 use crate::{Model, ModelError, Result};
 
@@ -81,7 +78,7 @@ pub struct Scratch {
     logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
     normed: Vec<f32>,       // [n_rows, n_embd]
     logits: Vec<f32>,       // [n_rows, n_vocab]
-    /// One attention-score buffer per pool thread: `[window]` each.
+    /// One attention-score buffer per pool thread: `[window, MAX_GROUP]` each.
     scores: Vec<Mutex<Vec<f32>>>,
     x: Vec<f32>,    // [n_tokens, n_embd] residual stream
     h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
@@ -122,7 +119,7 @@ impl Scratch {
             normed: with(n_outputs * e),
             logits: with(n_outputs * cfg.n_vocab),
             scores: (0..n_threads)
-                .map(|_| Mutex::new(Vec::with_capacity(window)))
+                .map(|_| Mutex::new(Vec::with_capacity(window * MAX_GROUP)))
                 .collect(),
             x: with(n_tokens * e),
             h: with(n_tokens * e),
@@ -549,7 +546,7 @@ impl Model {
     }
 
     /// Causal grouped-query attention for every real row, whose keys and values are already
-    /// in its segment's cache; padding rows get zeros. Threads share out the (row, head) pairs.
+    /// in its segment's cache; padding rows get zeros.
     ///
     /// # Safety
     /// `q` and the caches are complete and unwritten until the next barrier.
@@ -565,46 +562,34 @@ impl Model {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scores = &mut *scores;
-        // Dealt round-robin rather than in contiguous runs: a causal row's work grows with
-        // its position, so contiguous runs would leave the last rows' thread with most of it.
-        let n_items = pass.places.len() * n_head;
+        // Work items are (row, KV head, run of that head's query heads), dealt round-robin
+        // rather than in contiguous runs: a causal row's work grows with its position, so
+        // contiguous runs would leave the last rows' thread with most of it. A KV head's
+        // query heads go together so its cache is read once; they split into more runs
+        // only where there would otherwise be fewer items than threads (decode).
+        let n_kv = cfg.n_head_kv;
+        let min_runs = group.div_ceil(MAX_GROUP);
+        let wanted = team.n_threads().div_ceil((pass.places.len() * n_kv).max(1));
+        let runs = wanted.clamp(min_runs, group);
+        let heads_per_run = group.div_ceil(runs);
+        let runs = group.div_ceil(heads_per_run);
+        let n_items = pass.places.len() * n_kv * runs;
         for item in (team.idx()..n_items).step_by(team.n_threads()) {
-            let (t, head) = (item / n_head, item % n_head);
+            let (t, rest) = (item / (n_kv * runs), item % (n_kv * runs));
+            let (kv_head, run) = (rest / runs, rest % runs);
             let place = pass.places[t];
-            let n_pos = place.pos + 1; // causal: attend to itself and everything before
-            let kv_head = head / group;
-            let kv: &KvCache = pass.segments.get(place.segment).kv;
-            let q_h = &q[t * qd + head * head_dim..t * qd + (head + 1) * head_dim];
-            let o = pass
-                .bufs
-                .attn
-                .range_mut(t * qd + head * head_dim..t * qd + (head + 1) * head_dim);
+            let first = kv_head * group + run * heads_per_run;
+            let last = (first + heads_per_run).min((kv_head + 1) * group);
+            let span = t * qd + first * head_dim..t * qd + last * head_dim;
+            let o = pass.bufs.attn.range_mut(span.clone());
             if place.padding {
                 o.fill(0.0);
                 continue;
             }
-            match kv.head(layer_idx, kv_head, n_pos) {
-                HeadView::F32 { keys, values } => {
-                    attention_scores(q_h, keys, scale, scores);
-                    softmax_in_place(scores);
-                    weighted_sum(scores, values, o);
-                }
-                HeadView::F16 { keys, values } => {
-                    attention_scores_f16(q_h, keys, scale, scores);
-                    softmax_in_place(scores);
-                    weighted_sum_f16(scores, values, o);
-                }
-                HeadView::Int8 {
-                    keys,
-                    key_scales,
-                    values,
-                    value_scales,
-                } => {
-                    attention_scores_i8(q_h, keys, key_scales, scale, scores);
-                    softmax_in_place(scores);
-                    weighted_sum_i8(scores, values, value_scales, o);
-                }
-            }
+            let kv: &KvCache = pass.segments.get(place.segment).kv;
+            // Causal: attend to itself and everything before.
+            let rows = kv.head(layer_idx, kv_head, place.pos + 1);
+            attend_group(&q[span], head_dim, rows, scale, scores, o);
         }
     }
 }

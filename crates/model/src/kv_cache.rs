@@ -8,6 +8,7 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::int8::quantize_row;
 
 use crate::config::ModelConfig;
@@ -120,22 +121,6 @@ impl Store {
             },
         }
     }
-}
-
-/// One head's cached positions `0..n_pos`, as attention reads them.
-#[derive(Debug, Clone, Copy)]
-pub enum HeadView<'a> {
-    /// Keys and values `[n_pos, head_dim]`.
-    F32 { keys: &'a [f32], values: &'a [f32] },
-    /// Keys and values `[n_pos, head_dim]` in f16.
-    F16 { keys: &'a [f16], values: &'a [f16] },
-    /// INT8 rows `[n_pos, head_dim]` with one scale per row `[n_pos]`.
-    Int8 {
-        keys: &'a [i8],
-        key_scales: &'a [f32],
-        values: &'a [i8],
-        value_scales: &'a [f32],
-    },
 }
 
 #[derive(Debug, Clone)]
@@ -266,20 +251,20 @@ impl KvCache {
     }
 
     /// One head's positions `0..n_pos`.
-    pub fn head(&self, layer: usize, kv_head: usize, n_pos: usize) -> HeadView<'_> {
+    pub fn head(&self, layer: usize, kv_head: usize, n_pos: usize) -> KvRows<'_> {
         let (r0, hd) = (self.row(layer, kv_head, 0), self.head_dim);
         let (rows, elems) = (r0..r0 + n_pos, r0 * hd..(r0 + n_pos) * hd);
         match (&self.k, &self.v) {
-            (Store::F32(k), Store::F32(v)) => HeadView::F32 {
+            (Store::F32(k), Store::F32(v)) => KvRows::F32 {
                 keys: &k[elems.clone()],
                 values: &v[elems],
             },
-            (Store::F16(k), Store::F16(v)) => HeadView::F16 {
+            (Store::F16(k), Store::F16(v)) => KvRows::F16 {
                 keys: &k[elems.clone()],
                 values: &v[elems],
             },
             (Store::Int8 { q: kq, scales: ks }, Store::Int8 { q: vq, scales: vs }) => {
-                HeadView::Int8 {
+                KvRows::Int8 {
                     keys: &kq[elems.clone()],
                     key_scales: &ks[rows.clone()],
                     values: &vq[elems],

@@ -25,7 +25,7 @@ use pyramid_kernels::ops::rope_inv_freq;
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
 pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
-pub use kv_cache::{HeadView, KvCache, KvType};
+pub use kv_cache::{KvCache, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
 pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
 

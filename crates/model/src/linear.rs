@@ -9,7 +9,8 @@
 //! hundreds of times larger than the rest (the "outlier channels" of LLM.int8() and
 //! llm.npu); with one in a block's scale, the block's other 31 channels are left with a
 //! handful of levels. Those channels are found by a calibration pass ([`Calibration`]),
-//! removed from the INT8 product, and computed in f32 against f32 weight columns.
+//! removed from the INT8 product, and computed in f32 against float weight columns (kept in
+//! f16, which holds the GGUF's few-bit weights all but exactly).
 
 use std::ops::Range;
 
@@ -18,7 +19,7 @@ use pyramid_kernels::int8::{
     gemm_i8_cols, quantize_blocks_excluding, sum_blocks, PackedI8, QuantizedView, BLOCK_K,
 };
 use pyramid_kernels::matmul::{bf16, matmul_cols};
-use pyramid_kernels::ops::{add_in_place, axpy};
+use pyramid_kernels::ops::{add_in_place, axpy_f16, f16};
 use pyramid_kernels::{isa, SharedSlice, ThreadPool, COLUMN_ALIGN};
 
 use crate::weights::Matrix;
@@ -87,7 +88,7 @@ impl PackedWeights {
     }
 }
 
-/// Integer weights with their outlier input channels split off in f32.
+/// Integer weights with their outlier input channels split off in float.
 #[derive(Debug, Clone)]
 pub struct QuantLinear {
     /// Quantised with the outlier columns zeroed.
@@ -96,7 +97,9 @@ pub struct QuantLinear {
     pub outlier_channels: Vec<usize>,
     /// The outlier columns of the original weights, one channel's column per row:
     /// `[n_outliers, n_out]`, so the side product runs along outputs without a reduction.
-    pub outlier_weights: Vec<f32>,
+    /// In f16: the weights come from GGUF blocks of at most 8 bits, which f16 holds all but
+    /// exactly, and decode reads these bytes every token.
+    pub outlier_weights: Vec<f16>,
 }
 
 impl QuantLinear {
@@ -106,10 +109,10 @@ impl QuantLinear {
         let (n, k) = (m.n_rows, m.n_cols);
         let n_o = outlier_channels.len();
         let mut inliers = m.data;
-        let mut outlier_weights = vec![0.0; n * n_o];
+        let mut outlier_weights = vec![f16::ZERO; n * n_o];
         for row in 0..n {
             for (o, &c) in outlier_channels.iter().enumerate() {
-                outlier_weights[o * n + row] = inliers[row * k + c];
+                outlier_weights[o * n + row] = f16::from_f32(inliers[row * k + c]);
                 inliers[row * k + c] = 0.0;
             }
         }
@@ -132,7 +135,7 @@ impl QuantLinear {
         }
         let n = self.packed.n();
         for (o, &c) in self.outlier_channels.iter().enumerate() {
-            out[c] = self.outlier_weights[o * n + row];
+            out[c] = self.outlier_weights[o * n + row].to_f32();
         }
     }
 }
@@ -192,7 +195,7 @@ impl Linear {
         match self {
             Linear::F32(m) => m.data.len() * 4,
             Linear::Bf16 { data, .. } => data.len() * 2,
-            Linear::Quant(q) => q.packed.bytes() + q.outlier_weights.len() * 4,
+            Linear::Quant(q) => q.packed.bytes() + q.outlier_weights.len() * 2,
         }
     }
 
@@ -320,7 +323,7 @@ impl Linear {
                         let row = out.range_mut(r * n_out + cols.start..r * n_out + cols.end);
                         for (o, &x) in x_o.iter().enumerate() {
                             let w = &q.outlier_weights[o * n_out..(o + 1) * n_out];
-                            axpy(row, x, &w[cols.clone()]);
+                            axpy_f16(row, x, &w[cols.clone()]);
                         }
                     }
                 }

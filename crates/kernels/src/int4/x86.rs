@@ -1,85 +1,116 @@
 //! AVX2 W4A8 kernel (AVX-512 machines use it too: at 4 bits decode is bound by memory,
 //! not by the width of the multiply).
 //!
-//! A group's 16 bytes unpack into 32 unsigned nibbles, which `vpmaddubsw` multiplies
-//! with the signed activations directly (pairs stay within ±2·15·127, far from
-//! saturating) and `vpmaddwd` widens to i32; the minimum's term takes the token's
-//! precomputed `Σ a`. Up to four tokens share each unpacked group.
+//! A group's 32 bytes give rows 0–7 (low nibbles) and 8–15 (high nibbles) of four `k`;
+//! `vpmaddubsw` multiplies them with four broadcast activations of a token. Its pair sums
+//! are at most 2·15·127, so a whole block of eight groups adds up in 16-bit lanes
+//! (≤ 30,480) and widens once per block with `vpmaddwd`. Up to four tokens share each
+//! unpacked group.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI4, GROUP, GROUP_BYTES};
-use crate::int8::QuantizedView;
-use crate::matmul::x86::hsum256;
+use super::{PackedI4, GROUP, GROUP_BYTES, K_PER_GROUP};
+use crate::int8::x86::{block_chunks, load_a4};
+use crate::int8::{QuantizedView, ROWS_PER_BLOCK};
 
-/// Tokens that share one unpacking of a weight group.
-const TOKENS_PER_TILE: usize = 4;
+/// Packed groups per scale group.
+const GROUPS_PER_BLOCK: usize = GROUP / K_PER_GROUP;
 
 /// # Safety
-/// The CPU has AVX2 and FMA; `out` points to `m * w.n` floats and no other thread writes
-/// the columns in `rows`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn gemm_rows_avx2(
+/// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other thread
+/// writes the columns of `blocks`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_blocks_avx2(
     a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
-    rows: Range<usize>,
+    blocks: Range<usize>,
 ) {
     let m = a.m;
-    let mut i = 0;
-    while i < m {
-        let tokens = (m - i).min(TOKENS_PER_TILE);
-        for col in rows.clone() {
-            match tokens {
-                4 => tile::<4>(a, w, out, i, col),
-                3 => tile::<3>(a, w, out, i, col),
-                2 => tile::<2>(a, w, out, i, col),
-                _ => tile::<1>(a, w, out, i, col),
+    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad / 2) {
+        let mut row = 0;
+        while row < m {
+            let rows = (m - row).min(4);
+            for b in chunk.clone() {
+                match rows {
+                    4 => tile::<4>(a, w, out, row, b),
+                    3 => tile::<3>(a, w, out, row, b),
+                    2 => tile::<2>(a, w, out, row, b),
+                    _ => tile::<1>(a, w, out, row, b),
+                }
             }
+            row += rows;
         }
-        i += tokens;
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn tile<const MR: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
-    i0: usize,
-    col: usize,
+    row0: usize,
+    block: usize,
 ) {
-    let n_groups = w.n_groups();
-    let low_nibbles = _mm_set1_epi8(0x0F);
-    let ones_i16 = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); MR];
-    let mut min_terms = [0.0f32; MR];
-    let w_row = w.data.as_ptr().add(col * n_groups * GROUP_BYTES);
-    let scale_row = w.scales.as_ptr().add(col * n_groups);
-    let min_row = w.mins.as_ptr().add(col * n_groups);
-    let a_base = a.data.as_ptr().add(i0 * a.k_pad);
-    for g in 0..n_groups {
-        let packed = _mm_loadu_si128(w_row.add(g * GROUP_BYTES).cast());
-        let lo = _mm_and_si128(packed, low_nibbles);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(packed), low_nibbles);
-        let nibbles = _mm256_set_m128i(hi, lo);
-        let (scale, min) = (*scale_row.add(g), *min_row.add(g));
-        for (t, (acc_t, min_t)) in acc.iter_mut().zip(&mut min_terms).enumerate() {
-            let x = _mm256_loadu_si256(a_base.add(t * a.k_pad + g * GROUP).cast());
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(nibbles, x), ones_i16);
-            let at = (i0 + t) * n_groups + g;
+    let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_groups());
+    let low_nibbles = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    // [row][half]: rows 0-7 and 8-15 of the block.
+    let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+    let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
+    let scale_base = block * n_blocks * ROWS_PER_BLOCK;
+    for kb in 0..n_blocks {
+        let mut pairs = [[_mm256_setzero_si256(); 2]; MR];
+        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
+            let packed = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES).cast());
+            let lo = _mm256_and_si256(packed, low_nibbles);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low_nibbles);
+            for (r, pairs_r) in pairs.iter_mut().enumerate() {
+                let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
+                for (p, nibbles) in pairs_r.iter_mut().zip([lo, hi]) {
+                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(nibbles, av));
+                }
+            }
+        }
+        let at = scale_base + kb * ROWS_PER_BLOCK;
+        let (scales, mins) = (w.scales.as_ptr().add(at), w.mins.as_ptr().add(at));
+        let w_scale = [
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8).cast())),
+        ];
+        let w_min = [
+            _mm256_cvtph_ps(_mm_loadu_si128(mins.cast())),
+            _mm256_cvtph_ps(_mm_loadu_si128(mins.add(8).cast())),
+        ];
+        for (r, (acc_r, pairs_r)) in acc.iter_mut().zip(&pairs).enumerate() {
+            let at = (row0 + r) * n_blocks + kb;
             let a_scale = *a.scales.get_unchecked(at);
-            *acc_t = _mm256_fmadd_ps(
-                _mm256_cvtepi32_ps(dot),
-                _mm256_set1_ps(scale * a_scale),
-                *acc_t,
-            );
-            *min_t += *a.block_sums.get_unchecked(at) as f32 * (min * a_scale);
+            let a_sum = _mm256_set1_ps(*a.block_sums.get_unchecked(at) as f32 * a_scale);
+            let a_scale = _mm256_set1_ps(a_scale);
+            for h in 0..2 {
+                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_r[h], ones));
+                let scaled = _mm256_fmadd_ps(dot, _mm256_mul_ps(w_scale[h], a_scale), acc_r[h]);
+                acc_r[h] = _mm256_fmadd_ps(w_min[h], a_sum, scaled);
+            }
         }
     }
-    for (t, (acc_t, min_t)) in acc.iter().zip(&min_terms).enumerate() {
-        *out.add((i0 + t) * w.n + col) = hsum256(*acc_t) + min_t;
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (h, acc_rh) in acc_r.iter().enumerate() {
+            let col0 = block * ROWS_PER_BLOCK + h * 8;
+            if col0 >= w.n {
+                continue;
+            }
+            let valid = (w.n - col0).min(8);
+            let dst = out.add((row0 + r) * w.n + col0);
+            if valid == 8 {
+                _mm256_storeu_ps(dst, *acc_rh);
+            } else {
+                let mut tmp = [0.0f32; 8];
+                _mm256_storeu_ps(tmp.as_mut_ptr(), *acc_rh);
+                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
+            }
+        }
     }
 }

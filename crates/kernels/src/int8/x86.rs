@@ -23,18 +23,21 @@ const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP;
 /// a prefill streams each weight from memory once rather than once per 4-row tile.
 const L2_CHUNK_BYTES: usize = 512 * 1024;
 
-/// Splits `blocks` into runs whose packed weights fit in [`L2_CHUNK_BYTES`] (even-sized,
-/// so VNNI's block pairs stay whole).
-fn block_chunks(blocks: Range<usize>, k_pad: usize) -> impl Iterator<Item = Range<usize>> {
-    let block_bytes = (ROWS_PER_BLOCK * k_pad).max(1);
-    let per_chunk = (L2_CHUNK_BYTES / block_bytes).max(2) & !1;
+/// Splits `blocks` (of `block_bytes` packed weights each) into runs that fit in
+/// [`L2_CHUNK_BYTES`] (even-sized, so VNNI's block pairs stay whole).
+pub(crate) fn block_chunks(
+    blocks: Range<usize>,
+    block_bytes: usize,
+) -> impl Iterator<Item = Range<usize>> {
+    let per_chunk = (L2_CHUNK_BYTES / block_bytes.max(1)).max(2) & !1;
     (blocks.start..blocks.end)
         .step_by(per_chunk)
         .map(move |start| start..(start + per_chunk).min(blocks.end))
 }
 
+/// The four activation bytes of `row` in packed group `group`, as one lane.
 #[inline(always)]
-unsafe fn load_a4(a: &QuantizedView<'_>, row: usize, group: usize) -> i32 {
+pub(crate) unsafe fn load_a4(a: &QuantizedView<'_>, row: usize, group: usize) -> i32 {
     // SAFETY (caller): `row < m` and `group < k_pad / 4`, so the 4 bytes are in bounds.
     std::ptr::read_unaligned(a.data.as_ptr().add(row * a.k_pad + group * K_PER_GROUP) as *const i32)
 }
@@ -50,7 +53,7 @@ pub(super) unsafe fn gemm_blocks_vnni(
     blocks: Range<usize>,
 ) {
     let m = a.m;
-    for chunk in block_chunks(blocks, w.k_pad) {
+    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(4);
@@ -141,7 +144,7 @@ pub(super) unsafe fn gemm_blocks_avx2(
     blocks: Range<usize>,
 ) {
     let m = a.m;
-    for chunk in block_chunks(blocks, w.k_pad) {
+    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(4);

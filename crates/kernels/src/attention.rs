@@ -1,0 +1,436 @@
+//! Attention of one token's query heads that share a KV head (grouped-query attention)
+//! over that head's cached rows.
+//!
+//! Walking the cache once per query head reads every key and value `group` times (seven
+//! for Qwen2.5) and, with an f16 or INT8 cache, widens each element as often. Taking the
+//! heads of a group together reads and widens each row once: a key row's eight-value
+//! chunks meet every head's query while in registers, and a value chunk meets every
+//! head's weight. That is what makes long contexts cost what reading their cache costs.
+//!
+//! The scalar oracle is the plain per-head path ([`attention_scores`], [`softmax_in_place`],
+//! [`weighted_sum`] and their f16 and INT8 forms). The AVX2 version computes the same
+//! softmax-weighted sums in another order (and with a polynomial `exp`), so the two agree
+//! to rounding, not bit for bit.
+
+use half::f16;
+
+use crate::isa::{self, Isa};
+use crate::ops::{
+    attention_scores, attention_scores_f16, attention_scores_i8, softmax_in_place, weighted_sum,
+    weighted_sum_f16, weighted_sum_i8,
+};
+
+/// Query heads one call takes at most: the lanes of one AVX2 register of scores.
+pub const MAX_GROUP: usize = 8;
+
+/// One KV head's cached rows, `[n_pos, head_dim]`, in the cache's storage type.
+#[derive(Debug, Clone, Copy)]
+pub enum KvRows<'a> {
+    F32 {
+        keys: &'a [f32],
+        values: &'a [f32],
+    },
+    F16 {
+        keys: &'a [f16],
+        values: &'a [f16],
+    },
+    /// INT8 rows with one scale per row, `[n_pos]`.
+    Int8 {
+        keys: &'a [i8],
+        key_scales: &'a [f32],
+        values: &'a [i8],
+        value_scales: &'a [f32],
+    },
+}
+
+impl KvRows<'_> {
+    fn len(&self) -> usize {
+        match self {
+            KvRows::F32 { keys, .. } => keys.len(),
+            KvRows::F16 { keys, .. } => keys.len(),
+            KvRows::Int8 { keys, .. } => keys.len(),
+        }
+    }
+}
+
+/// `out[h] = softmax(scale · q[h] · keysᵀ) · values` for each of the `n_q = q.len() /
+/// head_dim` query heads (at most [`MAX_GROUP`]); `q` and `out` are `[n_q, head_dim]`.
+/// `scratch` is reused between calls (`8 · n_pos` floats).
+pub fn attend_group(
+    q: &[f32],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    scale: f32,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    attend_group_with(isa::active(), q, head_dim, kv, scale, scratch, out)
+}
+
+/// As [`attend_group`] with an explicit ISA (tests compare every ISA against scalar).
+pub fn attend_group_with(
+    isa: Isa,
+    q: &[f32],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    scale: f32,
+    scratch: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    assert!(head_dim > 0, "head_dim must be positive");
+    let n_q = q.len() / head_dim;
+    assert!(
+        q.len() == n_q * head_dim && out.len() == q.len() && n_q <= MAX_GROUP,
+        "q and out must be [n_q <= {MAX_GROUP}, head_dim]"
+    );
+    let n_pos = kv.len() / head_dim;
+    let consistent = match kv {
+        KvRows::F32 { keys, values } => keys.len() == values.len(),
+        KvRows::F16 { keys, values } => keys.len() == values.len(),
+        KvRows::Int8 {
+            keys,
+            key_scales,
+            values,
+            value_scales,
+        } => keys.len() == values.len() && key_scales.len() == n_pos && value_scales.len() == n_pos,
+    };
+    assert!(
+        consistent && kv.len() == n_pos * head_dim,
+        "keys and values must be [n_pos, head_dim] (with a scale per row)"
+    );
+    if n_pos == 0 {
+        out.fill(0.0);
+        return;
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for both `Isa::Avx2` and
+        // `Isa::Avx512`; the shapes were checked above.
+        Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) => unsafe {
+            x86::attend_group(q, head_dim, kv, scale, scratch, out)
+        },
+        _ => attend_group_scalar(q, head_dim, kv, scale, scratch, out),
+    }
+}
+
+/// The oracle: each head on its own.
+fn attend_group_scalar(
+    q: &[f32],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    for (q_h, o) in q.chunks_exact(head_dim).zip(out.chunks_exact_mut(head_dim)) {
+        match kv {
+            KvRows::F32 { keys, values } => {
+                attention_scores(q_h, keys, scale, scores);
+                softmax_in_place(scores);
+                weighted_sum(scores, values, o);
+            }
+            KvRows::F16 { keys, values } => {
+                attention_scores_f16(q_h, keys, scale, scores);
+                softmax_in_place(scores);
+                weighted_sum_f16(scores, values, o);
+            }
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => {
+                attention_scores_i8(q_h, keys, key_scales, scale, scores);
+                softmax_in_place(scores);
+                weighted_sum_i8(scores, values, value_scales, o);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use half::f16;
+
+    use super::{KvRows, MAX_GROUP};
+
+    /// A cache element type: eight of them widen to one f32 vector.
+    trait Widen: Copy {
+        /// # Safety
+        /// Eight elements are readable at `p`; the CPU has AVX2 and F16C.
+        unsafe fn load8(p: *const Self) -> __m256;
+    }
+
+    impl Widen for f32 {
+        #[target_feature(enable = "avx2,f16c")]
+        #[inline]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            _mm256_loadu_ps(p)
+        }
+    }
+
+    impl Widen for f16 {
+        #[target_feature(enable = "avx2,f16c")]
+        #[inline]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+        }
+    }
+
+    impl Widen for i8 {
+        #[target_feature(enable = "avx2,f16c")]
+        #[inline]
+        unsafe fn load8(p: *const Self) -> __m256 {
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())))
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `head_dim` is a multiple of 8; the shapes are as
+    /// [`super::attend_group_with`] checks, with at least one position.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn attend_group(
+        q: &[f32],
+        head_dim: usize,
+        kv: KvRows<'_>,
+        scale: f32,
+        scratch: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        macro_rules! by_group {
+            ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {
+                match q.len() / head_dim {
+                    1 => group::<_, 1>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    2 => group::<_, 2>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    3 => group::<_, 3>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    4 => group::<_, 4>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    5 => group::<_, 5>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    6 => group::<_, 6>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    7 => group::<_, 7>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    _ => group::<_, 8>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                }
+            };
+        }
+        match kv {
+            KvRows::F32 { keys, values } => by_group!(keys, None, values, None),
+            KvRows::F16 { keys, values } => by_group!(keys, None, values, None),
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => by_group!(keys, Some(key_scales), values, Some(value_scales)),
+        }
+    }
+
+    /// Scores are kept position-major, `[n_pos][8]` with head `h` in lane `h`, so the
+    /// softmax of all heads runs on whole vectors.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn group<T: Widen, const NQ: usize>(
+        q: &[f32],
+        head_dim: usize,
+        keys: &[T],
+        key_scales: Option<&[f32]>,
+        values: &[T],
+        value_scales: Option<&[f32]>,
+        scale: f32,
+        scratch: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        const { assert!(NQ <= MAX_GROUP) };
+        let n_pos = keys.len() / head_dim;
+        let chunks = head_dim / 8;
+        scratch.clear();
+        scratch.resize(n_pos * 8, 0.0);
+        let scores = scratch.as_mut_ptr();
+        let (q, keys, values) = (q.as_ptr(), keys.as_ptr(), values.as_ptr());
+
+        // Scores, and their running maximum per head.
+        let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
+        for p in 0..n_pos {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let row = keys.add(p * head_dim);
+            for c in 0..chunks {
+                let k = T::load8(row.add(c * 8));
+                for (h, acc_h) in acc.iter_mut().enumerate().take(NQ) {
+                    let q_hc = _mm256_loadu_ps(q.add(h * head_dim + c * 8));
+                    *acc_h = _mm256_fmadd_ps(q_hc, k, *acc_h);
+                }
+            }
+            let row_scale = key_scales.map_or(scale, |s| scale * *s.get_unchecked(p));
+            let s = _mm256_mul_ps(sum_lanes(&acc), _mm256_set1_ps(row_scale));
+            _mm256_storeu_ps(scores.add(p * 8), s);
+            max = _mm256_max_ps(max, s);
+        }
+
+        // exp(s - max) in place, a value row's scale folded in; the sum stays unscaled.
+        let mut sum = _mm256_setzero_ps();
+        for p in 0..n_pos {
+            let at = scores.add(p * 8);
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max));
+            sum = _mm256_add_ps(sum, e);
+            let weight = match value_scales {
+                Some(s) => _mm256_mul_ps(e, _mm256_set1_ps(*s.get_unchecked(p))),
+                None => e,
+            };
+            _mm256_storeu_ps(at, weight);
+        }
+        let mut inv = [0.0f32; 8];
+        _mm256_storeu_ps(inv.as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
+
+        // Weighted sums, one 8-wide chunk of every head's output at a time.
+        let out = out.as_mut_ptr();
+        for c in 0..chunks {
+            let mut acc = [_mm256_setzero_ps(); NQ];
+            for p in 0..n_pos {
+                let v = T::load8(values.add(p * head_dim + c * 8));
+                let w = scores.add(p * 8);
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    *acc_h = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, *acc_h);
+                }
+            }
+            for (h, acc_h) in acc.iter().enumerate() {
+                let o = _mm256_mul_ps(*acc_h, _mm256_set1_ps(inv[h]));
+                _mm256_storeu_ps(out.add(h * head_dim + c * 8), o);
+            }
+        }
+    }
+
+    /// The eight horizontal sums of `acc`, lane `h` holding `Σ acc[h]`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn sum_lanes(acc: &[__m256; 8]) -> __m256 {
+        let s01 = _mm256_hadd_ps(acc[0], acc[1]);
+        let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+        let s45 = _mm256_hadd_ps(acc[4], acc[5]);
+        let s67 = _mm256_hadd_ps(acc[6], acc[7]);
+        let s0123 = _mm256_hadd_ps(s01, s23);
+        let s4567 = _mm256_hadd_ps(s45, s67);
+        // Each 128-bit half now holds partial sums of heads 0-3 / 4-7 in lane order.
+        let lo = _mm256_permute2f128_ps::<0x20>(s0123, s4567);
+        let hi = _mm256_permute2f128_ps::<0x31>(s0123, s4567);
+        _mm256_add_ps(lo, hi)
+    }
+
+    /// `e^x` per lane: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-6
+    /// polynomial (relative error about 2e-7); `x ≤ -88` gives 0, as softmax needs.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn exp256(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
+        // ln 2 split in two so `n · ln 2` subtracts without losing `r`'s low bits.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.0 / 720.0);
+        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::random;
+
+    fn check(head_dim: usize, n_q: usize, n_pos: usize, seed: u64) {
+        let q: Vec<f32> = random(n_q * head_dim, seed)
+            .iter()
+            .map(|v| v * 3.0)
+            .collect();
+        let keys = random(n_pos * head_dim, seed + 1);
+        let values = random(n_pos * head_dim, seed + 2);
+        let keys_h: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
+        let values_h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+        let keys_q: Vec<i8> = keys.iter().map(|&v| (v * 127.0) as i8).collect();
+        let values_q: Vec<i8> = values.iter().map(|&v| (v * 127.0) as i8).collect();
+        let key_scales: Vec<f32> = (0..n_pos).map(|p| 0.01 + 0.001 * p as f32).collect();
+        let value_scales: Vec<f32> = (0..n_pos).map(|p| 0.02 - 0.0001 * p as f32).collect();
+        let caches = [
+            KvRows::F32 {
+                keys: &keys,
+                values: &values,
+            },
+            KvRows::F16 {
+                keys: &keys_h,
+                values: &values_h,
+            },
+            KvRows::Int8 {
+                keys: &keys_q,
+                key_scales: &key_scales,
+                values: &values_q,
+                value_scales: &value_scales,
+            },
+        ];
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        for kv in caches {
+            let mut scratch = Vec::new();
+            let mut want = vec![0.0; q.len()];
+            attend_group_with(
+                Isa::Scalar,
+                &q,
+                head_dim,
+                kv,
+                scale,
+                &mut scratch,
+                &mut want,
+            );
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; q.len()];
+                attend_group_with(isa, &q, head_dim, kv, scale, &mut scratch, &mut got);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                        "{isa} hd={head_dim} n_q={n_q} n_pos={n_pos} {kv:?} at {i}: {g} vs {w}",
+                        kv = std::mem::discriminant(&kv)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_heads_match_each_head_alone() {
+        for (head_dim, n_q, n_pos) in [(8, 1, 1), (64, 7, 300), (64, 3, 17), (16, 8, 5), (24, 2, 9)]
+        {
+            check(head_dim, n_q, n_pos, head_dim as u64 + n_pos as u64);
+        }
+    }
+
+    #[test]
+    fn head_dims_off_the_vector_width_take_the_scalar_path() {
+        check(20, 4, 11, 7);
+    }
+
+    #[test]
+    fn a_dominant_position_takes_all_the_weight() {
+        // Scores far apart: the softmax must not overflow, and the output is that row.
+        let head_dim = 8;
+        let q = vec![10.0; head_dim];
+        let mut keys = vec![-10.0; 3 * head_dim];
+        keys[head_dim..2 * head_dim].fill(10.0);
+        let values: Vec<f32> = (0..3 * head_dim).map(|i| i as f32).collect();
+        let mut out = vec![0.0; head_dim];
+        for isa in Isa::available() {
+            let kv = KvRows::F32 {
+                keys: &keys,
+                values: &values,
+            };
+            attend_group_with(isa, &q, head_dim, kv, 1.0, &mut Vec::new(), &mut out);
+            assert_eq!(out, values[head_dim..2 * head_dim], "{isa}");
+        }
+    }
+}
