@@ -28,15 +28,13 @@ use std::ops::Range;
 
 use half::f16;
 
-use crate::int8::{scale_index, QuantizedView, ROWS_PER_BLOCK};
+use crate::int8::{scale_index, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
 use crate::isa::{self, Isa};
 use crate::threadpool::{SharedSlice, ThreadPool};
 use crate::COLUMN_ALIGN;
 
 /// Weights per scale and minimum.
 pub const GROUP: usize = crate::int8::BLOCK_K;
-/// `k` values per packed group of sixteen rows (one 32-bit lane of activations).
-const K_PER_GROUP: usize = crate::int8::K_PER_GROUP;
 /// Bytes of one packed group: sixteen rows × four `k`, two nibbles per byte.
 const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP / 2;
 

@@ -10,12 +10,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI4, GROUP, GROUP_BYTES, K_PER_GROUP};
+use super::{PackedI4, GROUP_BYTES};
 use crate::int8::x86::{block_chunks, load_a4};
-use crate::int8::{QuantizedView, ROWS_PER_BLOCK};
-
-/// Packed groups per scale group.
-const GROUPS_PER_BLOCK: usize = GROUP / K_PER_GROUP;
+use crate::int8::{QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other thread
