@@ -19,7 +19,7 @@ use pyramid_kernels::int8::{
     gemm_i8_cols, quantize_blocks_excluding, sum_blocks, PackedI8, QuantizedView, BLOCK_K,
 };
 use pyramid_kernels::matmul::{bf16, matmul_cols};
-use pyramid_kernels::ops::{add_in_place, axpy_f16, f16};
+use pyramid_kernels::ops::{add_in_place, f16, outlier_product_cols};
 use pyramid_kernels::{isa, SharedSlice, ThreadPool, COLUMN_ALIGN};
 
 use crate::weights::Matrix;
@@ -315,18 +315,8 @@ impl Linear {
                 };
                 q.packed.gemm_cols(&view, out, cols.clone());
                 let n_o = q.outlier_channels.len();
-                if n_o > 0 {
-                    // The float side product, channel by channel along the outputs: each token's
-                    // arithmetic is its own whatever shares its batch.
-                    let outliers = &prepared.outliers.as_slice()[..n * n_o];
-                    for (r, x_o) in outliers.chunks_exact(n_o).enumerate() {
-                        let row = out.range_mut(r * n_out + cols.start..r * n_out + cols.end);
-                        for (o, &x) in x_o.iter().enumerate() {
-                            let w = &q.outlier_weights[o * n_out..(o + 1) * n_out];
-                            axpy_f16(row, x, &w[cols.clone()]);
-                        }
-                    }
-                }
+                let outliers = &prepared.outliers.as_slice()[..n * n_o];
+                outlier_product_cols(outliers, n_o, &q.outlier_weights, out, n_out, cols.clone());
             }
         }
         if let Some(b) = bias {

@@ -176,16 +176,41 @@ pub fn quantize_blocks_excluding(
     out: &mut [i8],
     scales: &mut [f32],
 ) {
+    quantize_blocks_excluding_with(isa::active(), x, excluded, out, scales)
+}
+
+/// As [`quantize_blocks_excluding`] with an explicit ISA. Every token's activations go
+/// through this at each projection site, so whole blocks with no excluded channel (nearly
+/// all of them) take a vector path, which gives the scalar one's bytes and scales exactly.
+pub fn quantize_blocks_excluding_with(
+    isa: Isa,
+    x: &[f32],
+    excluded: &[usize],
+    out: &mut [i8],
+    scales: &mut [f32],
+) {
     let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
     assert!(out.len() >= k_pad && scales.len() >= k_pad / BLOCK_K);
+    assert!(
+        isa <= Isa::detect(),
+        "{isa} kernels requested on a CPU without them"
+    );
     out[x.len()..k_pad].fill(0);
     let mut excluded = excluded.iter().copied().peekable();
     for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
         let start = b * BLOCK_K;
         let mut max = 0.0f32;
         let mut skipped = [false; BLOCK_K];
+        let mut any_skipped = false;
         while let Some(c) = excluded.next_if(|&c| c < start + xb.len()) {
             skipped[c - start] = true;
+            any_skipped = true;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if !any_skipped && xb.len() == BLOCK_K && matches!(isa, Isa::Avx2 | Isa::Avx512) {
+            // SAFETY: `Isa::detect` requires AVX2 for both; the block is whole.
+            scales[b] = unsafe { x86::quantize_block_avx2(xb, qb) };
+            continue;
         }
         for (v, skip) in xb.iter().zip(skipped) {
             if !skip {
@@ -193,9 +218,11 @@ pub fn quantize_blocks_excluding(
             }
         }
         scales[b] = quantize_with_max(xb, max, qb);
-        for (q, skip) in qb.iter_mut().zip(skipped) {
-            if skip {
-                *q = 0;
+        if any_skipped {
+            for (q, skip) in qb.iter_mut().zip(skipped) {
+                if skip {
+                    *q = 0;
+                }
             }
         }
     }
@@ -429,6 +456,29 @@ mod tests {
         let mut sums = [0; 2];
         sum_blocks(&q, &mut sums);
         assert_eq!(sums, [64 - 127 + 32, 127]);
+    }
+
+    #[test]
+    fn vectorised_activation_quantisation_matches_scalar() {
+        let mut x: Vec<f32> = random(7 * BLOCK_K + 5, 9)
+            .iter()
+            .map(|v| v * 40.0)
+            .collect();
+        x[40..72].fill(0.0); // an all-zero block
+        x[75] = -0.0;
+        x[100] = f32::NAN;
+        x[130] = f32::INFINITY; // a block that cannot be scaled
+        let excluded = [3, 200];
+        let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
+        let run = |isa| {
+            let (mut q, mut s) = (vec![7i8; k_pad], vec![-1.0f32; k_pad / BLOCK_K]);
+            quantize_blocks_excluding_with(isa, &x, &excluded, &mut q, &mut s);
+            (q, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        let expected = run(Isa::Scalar);
+        for isa in Isa::available() {
+            assert_eq!(run(isa), expected, "{isa}");
+        }
     }
 
     #[test]

@@ -221,3 +221,47 @@ unsafe fn tile_avx2<const MR: usize>(
         }
     }
 }
+
+/// One whole block of activations quantised as the scalar path does it: the same scale
+/// (`max / 127`), and each value scaled, clamped to ±127, rounded half away from zero by
+/// truncating `v ± 0.5`, with NaN giving 0. Returns the scale (0 for an all-zero block or
+/// a non-finite maximum, which zero the block).
+///
+/// # Safety
+/// The CPU has AVX2; `x` and `q` hold at least [`super::BLOCK_K`] elements.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
+    debug_assert!(x.len() >= super::BLOCK_K && q.len() >= super::BLOCK_K);
+    let sign_bit = _mm256_set1_ps(-0.0);
+    let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.as_ptr().add(i)));
+    let mut max = _mm256_setzero_ps();
+    for vi in v {
+        // A NaN lane keeps `max` (the second operand), as `f32::max` ignores NaN.
+        max = _mm256_max_ps(_mm256_andnot_ps(sign_bit, vi), max);
+    }
+    let half = _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps::<1>(max));
+    let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
+    let max = _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<1>(half, half)));
+    if max == 0.0 || !max.is_finite() {
+        q[..super::BLOCK_K].fill(0);
+        return 0.0;
+    }
+    let inv = _mm256_set1_ps(127.0 / max);
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let rounded = v.map(|vi| {
+        let scaled = _mm256_mul_ps(vi, inv);
+        let scaled = _mm256_and_ps(scaled, _mm256_cmp_ps::<_CMP_ORD_Q>(scaled, scaled));
+        let scaled = _mm256_min_ps(_mm256_max_ps(scaled, lo), hi);
+        let half = _mm256_or_ps(_mm256_and_ps(scaled, sign_bit), _mm256_set1_ps(0.5));
+        _mm256_cvttps_epi32(_mm256_add_ps(scaled, half))
+    });
+    // Packing works within 128-bit lanes; the permute puts the four dwords back in order.
+    let words = [
+        _mm256_packs_epi32(rounded[0], rounded[1]),
+        _mm256_packs_epi32(rounded[2], rounded[3]),
+    ];
+    let bytes = _mm256_packs_epi16(words[0], words[1]);
+    let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered);
+    max / 127.0
+}
