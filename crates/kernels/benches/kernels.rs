@@ -1,0 +1,82 @@
+//! Throughput of the hot kernels on Qwen2.5-0.5B's shapes, in multiply-adds per second
+//! (criterion's "elements"), so a kernel's figure can be set against the machine's limits:
+//! `cargo bench -p pyramid-kernels`. Uses every core, as a forward pass does.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pyramid_kernels::attention::{attend_group, KvRows};
+use pyramid_kernels::int4::{gemm_i4, PackedI4};
+use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
+use pyramid_kernels::ThreadPool;
+
+/// FFN gate/up of Qwen2.5-0.5B: the largest projection of a layer.
+const K: usize = 896;
+const N: usize = 4864;
+
+fn values(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i * 2654435761 + seed * 97) % 2001) as f32 / 1000.0) - 1.0)
+        .collect()
+}
+
+fn integer_gemm(c: &mut Criterion) {
+    let pool = ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .expect("thread pool");
+    let w = values(N * K, 1);
+    let (w8, w4) = (PackedI8::quantize(&w, N, K), PackedI4::quantize(&w, N, K));
+    let mut group = c.benchmark_group("gemm");
+    group.sample_size(20);
+    for m in [1, 8, 128] {
+        let mut a = QuantizedRows::default();
+        a.quantize(&values(m * K, 2), m, K, w8.k_pad);
+        let mut out = vec![0.0; m * N];
+        group.throughput(Throughput::Elements((m * N * K) as u64));
+        group.bench_with_input(BenchmarkId::new("int8", m), &m, |b, _| {
+            b.iter(|| gemm_i8(&pool, &a.view(), &w8, &mut out))
+        });
+        group.bench_with_input(BenchmarkId::new("int4", m), &m, |b, _| {
+            b.iter(|| gemm_i4(&pool, &a.view(), &w4, &mut out))
+        });
+    }
+    group.finish();
+}
+
+fn grouped_attention(c: &mut Criterion) {
+    // One token's seven query heads over one KV head of 4,096 cached positions.
+    let (head_dim, n_q, n_pos) = (64, 7, 4096);
+    let q = values(n_q * head_dim, 3);
+    let keys = values(n_pos * head_dim, 4);
+    let values_f32 = values(n_pos * head_dim, 5);
+    let to_i8 = |v: &[f32]| v.iter().map(|&x| (x * 127.0) as i8).collect::<Vec<_>>();
+    let (keys_i8, values_i8) = (to_i8(&keys), to_i8(&values_f32));
+    let scales = vec![1.0 / 127.0; n_pos];
+    let mut group = c.benchmark_group("attention");
+    group.throughput(Throughput::Elements((2 * n_q * n_pos * head_dim) as u64));
+    let (mut scratch, mut out) = (Vec::new(), vec![0.0; n_q * head_dim]);
+    let caches = [
+        (
+            "f32",
+            KvRows::F32 {
+                keys: &keys,
+                values: &values_f32,
+            },
+        ),
+        (
+            "int8",
+            KvRows::Int8 {
+                keys: &keys_i8,
+                key_scales: &scales,
+                values: &values_i8,
+                value_scales: &scales,
+            },
+        ),
+    ];
+    for (name, kv) in caches {
+        group.bench_function(BenchmarkId::new(name, n_pos), |b| {
+            b.iter(|| attend_group(&q, head_dim, kv, 0.125, &mut scratch, &mut out))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, integer_gemm, grouped_attention);
+criterion_main!(benches);
