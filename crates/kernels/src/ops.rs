@@ -1,9 +1,10 @@
 //! Element-wise and row-wise operations of a transformer layer.
 //!
 //! Most are memory-light next to the matmuls, so one portable version serves. `dot` and
-//! `axpy`, which attention calls once per cached position, also have AVX2 and AVX-512
-//! builds of the same code (the scalar one is their oracle). Loops use independent
-//! accumulators so the compiler vectorises them without reassociating sums.
+//! `axpy`, which the per-head attention helpers here (the oracle of [`crate::attention`])
+//! call once per cached position, also have AVX2 and AVX-512 builds of the same code (the
+//! scalar one is their oracle); the outlier side product has an AVX2 tiling. Loops use
+//! independent accumulators so the compiler vectorises them without reassociating sums.
 
 pub use half::f16;
 use half::slice::HalfFloatSliceExt;

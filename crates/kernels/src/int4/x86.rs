@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI4, GROUP_BYTES};
-use crate::int8::x86::{block_chunks, load_a4};
+use crate::int8::x86::{for_each_tile, load_a4, store_tile};
 use crate::int8::{QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 /// # Safety
@@ -24,22 +24,17 @@ pub(super) unsafe fn gemm_blocks_avx2(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m;
-    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad / 2) {
-        let mut row = 0;
-        while row < m {
-            let rows = (m - row).min(4);
-            for b in chunk.clone() {
-                match rows {
-                    4 => tile::<4>(a, w, out, row, b),
-                    3 => tile::<3>(a, w, out, row, b),
-                    2 => tile::<2>(a, w, out, row, b),
-                    _ => tile::<1>(a, w, out, row, b),
-                }
-            }
-            row += rows;
-        }
-    }
+    for_each_tile(
+        a.m,
+        blocks,
+        ROWS_PER_BLOCK * w.k_pad / 2,
+        |rows, row, b| match rows {
+            4 => tile::<4>(a, w, out, row, b),
+            3 => tile::<3>(a, w, out, row, b),
+            2 => tile::<2>(a, w, out, row, b),
+            _ => tile::<1>(a, w, out, row, b),
+        },
+    );
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -93,21 +88,5 @@ unsafe fn tile<const MR: usize>(
             }
         }
     }
-    for (r, acc_r) in acc.iter().enumerate() {
-        for (h, acc_rh) in acc_r.iter().enumerate() {
-            let col0 = block * ROWS_PER_BLOCK + h * 8;
-            if col0 >= w.n {
-                continue;
-            }
-            let valid = (w.n - col0).min(8);
-            let dst = out.add((row0 + r) * w.n + col0);
-            if valid == 8 {
-                _mm256_storeu_ps(dst, *acc_rh);
-            } else {
-                let mut tmp = [0.0f32; 8];
-                _mm256_storeu_ps(tmp.as_mut_ptr(), *acc_rh);
-                std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, valid);
-            }
-        }
-    }
+    store_tile(&acc, out, w.n, row0, block);
 }

@@ -25,10 +25,7 @@ const L2_CHUNK_BYTES: usize = 512 * 1024;
 
 /// Splits `blocks` (of `block_bytes` packed weights each) into runs that fit in
 /// [`L2_CHUNK_BYTES`] (even-sized, so VNNI's block pairs stay whole).
-pub(crate) fn block_chunks(
-    blocks: Range<usize>,
-    block_bytes: usize,
-) -> impl Iterator<Item = Range<usize>> {
+fn block_chunks(blocks: Range<usize>, block_bytes: usize) -> impl Iterator<Item = Range<usize>> {
     let per_chunk = (L2_CHUNK_BYTES / block_bytes.max(1)).max(2) & !1;
     (blocks.start..blocks.end)
         .step_by(per_chunk)
@@ -143,18 +140,35 @@ pub(super) unsafe fn gemm_blocks_avx2(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m;
-    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
+    for_each_tile(
+        a.m,
+        blocks,
+        ROWS_PER_BLOCK * w.k_pad,
+        |rows, row, b| match rows {
+            4 => tile_avx2::<4>(a, w, out, row, b),
+            3 => tile_avx2::<3>(a, w, out, row, b),
+            2 => tile_avx2::<2>(a, w, out, row, b),
+            _ => tile_avx2::<1>(a, w, out, row, b),
+        },
+    );
+}
+
+/// Calls `tile(rows, row, block)` for every tile of up to four activation rows and one
+/// 16-row weight block, a chunk of weights that fits in L2 at a time, so a prefill streams
+/// each weight from memory once: the walk both AVX2 integer kernels take.
+#[inline(always)]
+pub(crate) fn for_each_tile(
+    m: usize,
+    blocks: Range<usize>,
+    block_bytes: usize,
+    mut tile: impl FnMut(usize, usize, usize),
+) {
+    for chunk in block_chunks(blocks, block_bytes) {
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(4);
             for b in chunk.clone() {
-                match rows {
-                    4 => tile_avx2::<4>(a, w, out, row, b),
-                    3 => tile_avx2::<3>(a, w, out, row, b),
-                    2 => tile_avx2::<2>(a, w, out, row, b),
-                    _ => tile_avx2::<1>(a, w, out, row, b),
-                }
+                tile(rows, row, b);
             }
             row += rows;
         }
@@ -203,14 +217,31 @@ unsafe fn tile_avx2<const MR: usize>(
             }
         }
     }
+    store_tile(&acc, out, w.n, row0, block);
+}
+
+/// Stores a tile's sums, rows `row0..` and the block's two halves of eight outputs, leaving
+/// out the columns at or past `n` (the padding rows of the last block).
+///
+/// # Safety
+/// The CPU has AVX; `out` points to `[m, n]` floats and holds the tile's rows.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn store_tile<const MR: usize>(
+    acc: &[[__m256; 2]; MR],
+    out: *mut f32,
+    n: usize,
+    row0: usize,
+    block: usize,
+) {
     for (r, acc_r) in acc.iter().enumerate() {
         for (h, acc_rh) in acc_r.iter().enumerate() {
             let col0 = block * ROWS_PER_BLOCK + h * 8;
-            if col0 >= w.n {
+            if col0 >= n {
                 continue;
             }
-            let valid = (w.n - col0).min(8);
-            let dst = out.add((row0 + r) * w.n + col0);
+            let valid = (n - col0).min(8);
+            let dst = out.add((row0 + r) * n + col0);
             if valid == 8 {
                 _mm256_storeu_ps(dst, *acc_rh);
             } else {
