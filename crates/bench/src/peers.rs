@@ -46,12 +46,8 @@ struct Settings {
     threads: usize,
     precision: String,
     /// Absent from runs made before the script recorded it, which all used f32.
-    #[serde(default = "f32_kv")]
+    #[serde(default = "crate::results::f32_kv")]
     kv: String,
-}
-
-fn f32_kv() -> String {
-    "f32".to_string()
 }
 
 #[derive(Deserialize)]

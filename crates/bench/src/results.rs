@@ -279,7 +279,8 @@ pub struct PeerComparison {
     pub provenance: Option<Provenance>,
 }
 
-fn f32_kv() -> String {
+/// The KV type of results recorded before the KV type was.
+pub(crate) fn f32_kv() -> String {
     "f32".to_string()
 }
 

@@ -199,7 +199,6 @@ pub fn quantize_blocks_excluding_with(
     let mut excluded = excluded.iter().copied().peekable();
     for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
         let start = b * BLOCK_K;
-        let mut max = 0.0f32;
         let mut skipped = [false; BLOCK_K];
         let mut any_skipped = false;
         while let Some(c) = excluded.next_if(|&c| c < start + xb.len()) {
@@ -212,6 +211,7 @@ pub fn quantize_blocks_excluding_with(
             scales[b] = unsafe { x86::quantize_block_avx2(xb, qb) };
             continue;
         }
+        let mut max = 0.0f32;
         for (v, skip) in xb.iter().zip(skipped) {
             if !skip {
                 max = max.max(v.abs());
