@@ -70,9 +70,9 @@ pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
 }
 
 /// The outlier calibration of the model at `path`: from the cache beside the models, or
-/// from a pass of the f32 model (`f32_model` when loaded, else loaded for it and dropped),
-/// then cached. Keeping it spares every later load the f32 weights, four times the INT8
-/// model's memory. A cache that cannot be read or written only costs that pass.
+/// from a pass of the f32 model (`f32_model` when loaded, else streamed from the file a
+/// layer at a time), then cached. A cache that cannot be read or written only costs that
+/// pass.
 fn calibration(
     path: &std::path::Path,
     file: &GgufFile,
@@ -97,9 +97,8 @@ fn calibration(
     let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
     let calibration = match f32_model {
         Some(model) => model.calibrate(pool, &tokens)?,
-        None => Model::from_gguf(file)
-            .with_context(|| format!("loading {}", path.display()))?
-            .calibrate(pool, &tokens)?,
+        None => Model::calibrate_streamed(file, pool, &tokens)
+            .with_context(|| format!("calibrating {}", path.display()))?,
     };
     let written = cache_path
         .parent()

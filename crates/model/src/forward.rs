@@ -18,6 +18,7 @@ use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
 use crate::kv_cache::KvCache;
 use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
+use crate::weights::LayerWeights;
 use crate::{Model, ModelError, Result};
 
 /// Tokens per pass beyond which a segment's tokens are split into passes.
@@ -58,6 +59,15 @@ impl<'a> Segment<'a> {
     pub fn n_real(&self) -> usize {
         self.tokens.len() - self.n_padding
     }
+}
+
+/// Where a pass finds its layers' weights.
+#[derive(Clone, Copy)]
+pub(crate) enum Layers<'a> {
+    /// The model's own.
+    Resident,
+    /// Loaded by this function one at a time, each dropped once its layer has run.
+    Loaded(&'a dyn Fn(usize) -> Result<LayerWeights>),
 }
 
 /// Where a row of the batch belongs.
@@ -256,6 +266,18 @@ impl Model {
         scratch: &mut Scratch,
         which: LogitsFor,
     ) -> Result<()> {
+        self.run_pass(pool, segments, scratch, which, Layers::Resident)
+    }
+
+    /// As [`Model::forward_into`], with the layers' weights from `layers`.
+    pub(crate) fn run_pass(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        scratch: &mut Scratch,
+        which: LogitsFor,
+        layers: Layers<'_>,
+    ) -> Result<()> {
         let cfg = &self.config;
         self.validate(segments)?;
         if scratch.scores.len() < pool.n_threads() {
@@ -315,7 +337,18 @@ impl Model {
             calibration: Mutex::new(s.calibration.as_mut()),
             bufs,
         };
-        pool.run_team(&|team| self.region(team, &pass));
+        match layers {
+            Layers::Resident => pool.run_team(&|team| self.region(team, &pass)),
+            Layers::Loaded(load) => {
+                // One region per layer: its weights exist only while it runs.
+                pool.run_team(&|team| self.embed_rows(team, &pass));
+                for li in 0..cfg.n_layer {
+                    let layer = load(li)?;
+                    pool.run_team(&|team| self.layer(team, &pass, li, &layer));
+                }
+                pool.run_team(&|team| self.finish(team, &pass));
+            }
+        }
         for seg in segments.iter_mut() {
             seg.kv.advance(seg.n_real());
         }
@@ -353,110 +386,124 @@ impl Model {
 
     /// One thread's part of the whole pass.
     fn region(&self, team: &Team, pass: &Pass<'_, '_>) {
+        self.embed_rows(team, pass);
+        for (li, layer) in self.weights.layers.iter().enumerate() {
+            self.layer(team, pass, li, layer);
+        }
+        self.finish(team, pass);
+    }
+
+    // SAFETY (every block of the steps below): between two barriers each thread writes
+    // only its own rows, columns, (row, head) pairs or segments of a buffer, and reads only
+    // buffers completed before the last barrier (or before the region began).
+
+    /// This thread's rows of the residual stream, set to their tokens' embeddings.
+    fn embed_rows(&self, team: &Team, pass: &Pass<'_, '_>) {
+        let e = self.config.n_embd;
+        for r in team.split(pass.places.len(), 1) {
+            let x = unsafe { pass.bufs.x.range_mut(r * e..(r + 1) * e) };
+            self.weights.embed(pass.places[r].token as usize, x);
+        }
+    }
+
+    /// Layer `li` of the pass, ending at a barrier.
+    fn layer(&self, team: &Team, pass: &Pass<'_, '_>, li: usize, layer: &LayerWeights) {
         let cfg = &self.config;
-        let w = &self.weights;
         let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let b = &pass.bufs;
         let n = pass.places.len();
         let my_rows = team.split(n, 1);
-        // SAFETY (every block below): between two barriers each thread writes only its own
-        // rows, columns, (row, head) pairs or segments of a buffer, and reads only buffers
-        // completed before the last barrier.
+        // Residual of the previous layer's FFN, then the attention norm.
+        unsafe { self.residual_norm(b, my_rows.clone(), li > 0, &layer.attn_norm, &layer.wq) };
+        team.sync();
         unsafe {
-            for r in my_rows.clone() {
-                w.embed(
-                    pass.places[r].token as usize,
-                    b.x.range_mut(r * e..(r + 1) * e),
+            pass.record(team, li, Site::AttnIn, b.h.as_slice(), e);
+            for (lin, bias, out) in [
+                (&layer.wq, &layer.bq, &b.q),
+                (&layer.wk, &layer.bk, &b.k),
+                (&layer.wv, &layer.bv, &b.v),
+            ] {
+                project(
+                    team,
+                    lin,
+                    b.h.as_slice(),
+                    &b.prepared,
+                    bias.as_deref(),
+                    out,
+                    n,
                 );
             }
         }
-        for (li, layer) in w.layers.iter().enumerate() {
-            // Residual of the previous layer's FFN, then the attention norm.
-            unsafe { self.residual_norm(b, my_rows.clone(), li > 0, &layer.attn_norm, &layer.wq) };
-            team.sync();
-            unsafe {
-                pass.record(team, li, Site::AttnIn, b.h.as_slice(), e);
-                for (lin, bias, out) in [
-                    (&layer.wq, &layer.bq, &b.q),
-                    (&layer.wk, &layer.bk, &b.k),
-                    (&layer.wv, &layer.bv, &b.v),
-                ] {
-                    project(
-                        team,
-                        lin,
-                        b.h.as_slice(),
-                        &b.prepared,
-                        bias.as_deref(),
-                        out,
-                        n,
-                    );
-                }
+        team.sync();
+        let style = cfg.arch.rope_style();
+        unsafe {
+            for r in my_rows.clone() {
+                let pos = pass.places[r].pos;
+                let (q_r, k_r) = (
+                    b.q.range_mut(r * qd..(r + 1) * qd),
+                    b.k.range_mut(r * kvd..(r + 1) * kvd),
+                );
+                rope_in_place(q_r, hd, pos, &self.rope_inv_freq, style);
+                rope_in_place(k_r, hd, pos, &self.rope_inv_freq, style);
             }
-            team.sync();
-            let style = cfg.arch.rope_style();
-            unsafe {
-                for r in my_rows.clone() {
-                    let pos = pass.places[r].pos;
-                    let (q_r, k_r) = (
-                        b.q.range_mut(r * qd..(r + 1) * qd),
-                        b.k.range_mut(r * kvd..(r + 1) * kvd),
-                    );
-                    rope_in_place(q_r, hd, pos, &self.rope_inv_freq, style);
-                    rope_in_place(k_r, hd, pos, &self.rope_inv_freq, style);
-                }
-            }
-            team.sync();
-            // Each segment's cache is written by the one thread that owns the segment.
-            unsafe {
-                let (k, v) = (b.k.as_slice(), b.v.as_slice());
-                for seg in team.split(pass.segments.len, 1) {
-                    let kv = &mut pass.segments.get_mut(seg).kv;
-                    for (r, place) in pass.places.iter().enumerate() {
-                        if place.segment == seg && !place.padding {
-                            kv.store(
-                                li,
-                                place.pos,
-                                &k[r * kvd..(r + 1) * kvd],
-                                &v[r * kvd..(r + 1) * kvd],
-                            );
-                        }
+        }
+        team.sync();
+        // Each segment's cache is written by the one thread that owns the segment.
+        unsafe {
+            let (k, v) = (b.k.as_slice(), b.v.as_slice());
+            for seg in team.split(pass.segments.len, 1) {
+                let kv = &mut pass.segments.get_mut(seg).kv;
+                for (r, place) in pass.places.iter().enumerate() {
+                    if place.segment == seg && !place.padding {
+                        kv.store(
+                            li,
+                            place.pos,
+                            &k[r * kvd..(r + 1) * kvd],
+                            &v[r * kvd..(r + 1) * kvd],
+                        );
                     }
                 }
             }
-            team.sync();
-            unsafe { self.attend(team, pass, li) };
-            team.sync();
-            unsafe {
-                pass.record(team, li, Site::AttnOut, b.attn.as_slice(), qd);
-            }
-            self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
-            team.sync();
-            unsafe { self.residual_norm(b, my_rows.clone(), true, &layer.ffn_norm, &layer.w_gate) };
-            team.sync();
-            unsafe {
-                pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
-                let h = b.h.as_slice();
-                let my_cols = team.split(cfg.n_ff, COLUMN_ALIGN);
-                layer
-                    .w_gate
-                    .forward_cols(h, &b.prepared, None, &b.gate, n, my_cols.clone());
-                layer
-                    .w_up
-                    .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
-                // SwiGLU on the columns this thread just produced: no extra pass over memory.
-                for r in 0..n {
-                    let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
-                    silu_mul_in_place(b.gate.range_mut(cols.clone()), &b.up.as_slice()[cols]);
-                }
-            }
-            team.sync();
-            unsafe {
-                pass.record(team, li, Site::FfnDown, b.gate.as_slice(), cfg.n_ff);
-            }
-            self.prepared_project(team, &layer.w_down, &b.gate, &b.o, n, pass);
-            team.sync();
         }
-        // The last residual and the final norm, only for the rows whose logits are wanted.
+        team.sync();
+        unsafe { self.attend(team, pass, li) };
+        team.sync();
+        unsafe {
+            pass.record(team, li, Site::AttnOut, b.attn.as_slice(), qd);
+        }
+        self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
+        team.sync();
+        unsafe { self.residual_norm(b, my_rows.clone(), true, &layer.ffn_norm, &layer.w_gate) };
+        team.sync();
+        unsafe {
+            pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
+            let h = b.h.as_slice();
+            let my_cols = team.split(cfg.n_ff, COLUMN_ALIGN);
+            layer
+                .w_gate
+                .forward_cols(h, &b.prepared, None, &b.gate, n, my_cols.clone());
+            layer
+                .w_up
+                .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
+            // SwiGLU on the columns this thread just produced: no extra pass over memory.
+            for r in 0..n {
+                let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
+                silu_mul_in_place(b.gate.range_mut(cols.clone()), &b.up.as_slice()[cols]);
+            }
+        }
+        team.sync();
+        unsafe {
+            pass.record(team, li, Site::FfnDown, b.gate.as_slice(), cfg.n_ff);
+        }
+        self.prepared_project(team, &layer.w_down, &b.gate, &b.o, n, pass);
+        team.sync();
+    }
+
+    /// The last residual, the final norm and the output projection, only for the rows
+    /// whose logits are wanted.
+    fn finish(&self, team: &Team, pass: &Pass<'_, '_>) {
+        let (cfg, w, b) = (&self.config, &self.weights, &pass.bufs);
+        let e = cfg.n_embd;
         let n_rows = pass.logit_rows.len();
         let my_logit_rows = team.split(n_rows, 1);
         unsafe {

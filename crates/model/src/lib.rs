@@ -24,6 +24,7 @@ use pyramid_kernels::ops::rope_inv_freq;
 
 pub use config::{Architecture, ModelConfig};
 pub use error::{ModelError, Result};
+use forward::Layers;
 pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
 pub use kv_cache::{KvCache, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
@@ -121,11 +122,48 @@ impl Model {
         pool: &pyramid_kernels::ThreadPool,
         tokens: &[u32],
     ) -> Result<Calibration> {
+        self.calibrate_with(pool, tokens, Layers::Resident)
+    }
+
+    /// [`Model::calibrate`] of the f32 model in `file` without loading it: each layer's
+    /// f32 weights are read when the pass reaches the layer and dropped after it, so a
+    /// first INT8 load peaks near the INT8 model's own size rather than at the f32
+    /// model's, four times that. The peaks are those of the resident f32 model exactly.
+    pub fn calibrate_streamed(
+        file: &GgufFile,
+        pool: &pyramid_kernels::ThreadPool,
+        tokens: &[u32],
+    ) -> Result<Calibration> {
+        let config = ModelConfig::from_metadata(file.metadata())?;
+        let weights = ModelWeights::load_without_layers(file, &config)?;
+        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
+        let model = Self {
+            config,
+            weights,
+            precision: Precision::F32,
+            rope_inv_freq,
+        };
+        let load = |li| weights::load_layer(file, &model.config, li, Precision::F32, None);
+        model.calibrate_with(pool, tokens, Layers::Loaded(&load))
+    }
+
+    fn calibrate_with(
+        &self,
+        pool: &pyramid_kernels::ThreadPool,
+        tokens: &[u32],
+        layers: Layers<'_>,
+    ) -> Result<Calibration> {
         let tokens = &tokens[..tokens.len().min(self.config.n_ctx_train)];
         let mut kv = self.new_kv_cache(tokens.len());
         let mut scratch = Scratch::default();
         scratch.calibration = Some(Calibration::new(self.config.n_layer));
-        self.forward(pool, tokens, &mut kv, &mut scratch, LogitsFor::Last)?;
+        self.run_pass(
+            pool,
+            &mut [Segment::new(tokens, &mut kv)],
+            &mut scratch,
+            LogitsFor::Last,
+            layers,
+        )?;
         Ok(scratch.calibration.take().expect("set above"))
     }
 

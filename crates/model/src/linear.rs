@@ -414,7 +414,7 @@ impl Site {
 
 /// Per-channel peak |activation| seen at every projection input during a calibration run.
 /// Serialisable, so a loader can keep it beside the model and skip the f32 pass next time.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Calibration {
     layers: Vec<[Vec<f32>; N_SITES]>,
     head: Vec<f32>,

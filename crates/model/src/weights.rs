@@ -87,65 +87,35 @@ impl ModelWeights {
         precision: Precision,
         calibration: Option<&Calibration>,
     ) -> Result<Self> {
-        let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        let tied = !file.has_tensor("output.weight");
-        let output_name = if tied {
-            "token_embd.weight"
-        } else {
-            "output.weight"
-        };
-        let output = convert(
-            streamed_matrix(file, output_name, cfg.n_vocab, e)?,
-            precision,
-            calibration,
-            0,
-            Site::Head,
-        );
-        let token_embd = if tied {
-            Embedding::Output
-        } else {
-            embedding_table(
-                streamed_matrix(file, "token_embd.weight", cfg.n_vocab, e)?,
-                precision,
-            )
-        };
+        let (token_embd, output) = load_vocabulary(file, cfg, precision, precision, calibration)?;
         let layers = (0..cfg.n_layer)
-            .map(|i| {
-                let name = |t: &str| format!("blk.{i}.{t}");
-                let has_bias = cfg.arch == Architecture::Qwen2;
-                let bias = |t: &str, len: usize| -> Result<Option<Vec<f32>>> {
-                    let n = name(t);
-                    if has_bias || file.has_tensor(&n) {
-                        vector(file, &n, len).map(Some)
-                    } else {
-                        Ok(None)
-                    }
-                };
-                let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
-                    let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
-                    Ok(convert(m, precision, calibration, i, site))
-                };
-                Ok(LayerWeights {
-                    attn_norm: vector(file, &name("attn_norm.weight"), e)?,
-                    wq: linear("attn_q.weight", q, e, Site::AttnIn)?,
-                    wk: linear("attn_k.weight", kv, e, Site::AttnIn)?,
-                    wv: linear("attn_v.weight", kv, e, Site::AttnIn)?,
-                    bq: bias("attn_q.bias", q)?,
-                    bk: bias("attn_k.bias", kv)?,
-                    bv: bias("attn_v.bias", kv)?,
-                    wo: linear("attn_output.weight", e, q, Site::AttnOut)?,
-                    ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
-                    w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
-                    w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
-                    w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
-                })
-            })
+            .map(|i| load_layer(file, cfg, i, precision, calibration))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             token_embd,
             output,
             layers,
-            output_norm: vector(file, "output_norm.weight", e)?,
+            output_norm: vector(file, "output_norm.weight", cfg.n_embd)?,
+        })
+    }
+
+    /// Everything but the layers, for a pass that loads each layer when it reaches it
+    /// ([`crate::Model::calibrate_streamed`]): the embedding exact in f32, and an untied
+    /// output projection in INT8, since that pass records the projection's input and
+    /// never uses its result.
+    pub(crate) fn load_without_layers(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
+        let output_precision = if is_tied(file) {
+            Precision::F32
+        } else {
+            Precision::Int8
+        };
+        let (token_embd, output) =
+            load_vocabulary(file, cfg, output_precision, Precision::F32, None)?;
+        Ok(Self {
+            token_embd,
+            output,
+            layers: Vec::new(),
+            output_norm: vector(file, "output_norm.weight", cfg.n_embd)?,
         })
     }
 
@@ -199,6 +169,83 @@ impl ModelWeights {
             _ => None,
         }
     }
+}
+
+/// Whether the model reads its embeddings from the output projection's rows.
+fn is_tied(file: &GgufFile) -> bool {
+    !file.has_tensor("output.weight")
+}
+
+/// The embedding and the output projection (the output first, while nothing else is
+/// resident: its f32 form is the largest transient of a load).
+fn load_vocabulary(
+    file: &GgufFile,
+    cfg: &ModelConfig,
+    output_precision: Precision,
+    embedding_precision: Precision,
+    calibration: Option<&Calibration>,
+) -> Result<(Embedding, Linear)> {
+    let tied = is_tied(file);
+    let output_name = if tied {
+        "token_embd.weight"
+    } else {
+        "output.weight"
+    };
+    let output = convert(
+        streamed_matrix(file, output_name, cfg.n_vocab, cfg.n_embd)?,
+        output_precision,
+        calibration,
+        0,
+        Site::Head,
+    );
+    let token_embd = if tied {
+        Embedding::Output
+    } else {
+        embedding_table(
+            streamed_matrix(file, "token_embd.weight", cfg.n_vocab, cfg.n_embd)?,
+            embedding_precision,
+        )
+    };
+    Ok((token_embd, output))
+}
+
+/// Layer `i`'s weights in `precision`, integer projections split by `calibration`.
+pub(crate) fn load_layer(
+    file: &GgufFile,
+    cfg: &ModelConfig,
+    i: usize,
+    precision: Precision,
+    calibration: Option<&Calibration>,
+) -> Result<LayerWeights> {
+    let (e, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+    let name = |t: &str| format!("blk.{i}.{t}");
+    let has_bias = cfg.arch == Architecture::Qwen2;
+    let bias = |t: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        let n = name(t);
+        if has_bias || file.has_tensor(&n) {
+            vector(file, &n, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    };
+    let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
+        let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
+        Ok(convert(m, precision, calibration, i, site))
+    };
+    Ok(LayerWeights {
+        attn_norm: vector(file, &name("attn_norm.weight"), e)?,
+        wq: linear("attn_q.weight", q, e, Site::AttnIn)?,
+        wk: linear("attn_k.weight", kv, e, Site::AttnIn)?,
+        wv: linear("attn_v.weight", kv, e, Site::AttnIn)?,
+        bq: bias("attn_q.bias", q)?,
+        bk: bias("attn_k.bias", kv)?,
+        bv: bias("attn_v.bias", kv)?,
+        wo: linear("attn_output.weight", e, q, Site::AttnOut)?,
+        ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
+        w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
+        w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
+        w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
+    })
 }
 
 /// An untied embedding table for a model in `precision`: INT8 for both integer

@@ -58,6 +58,30 @@ fn prefill_equals_token_by_token_decode_for_both_architectures() {
     }
 }
 
+/// The loader calibrates a first INT8 load by streaming the f32 layers from the file one
+/// at a time; its peaks must be the resident f32 model's, tied output or not.
+#[test]
+fn streamed_calibration_equals_the_resident_models() {
+    let pool = ThreadPool::new(2).unwrap();
+    for (arch, untied_output) in [(Architecture::Llama, false), (Architecture::Qwen2, true)] {
+        let spec = SyntheticSpec {
+            untied_output,
+            ..SyntheticSpec::tiny(arch)
+        };
+        let file = GgufFile::from_bytes(synthetic_gguf(&spec).unwrap().to_bytes()).unwrap();
+        let resident = Model::from_gguf(&file)
+            .unwrap()
+            .calibrate(&pool, &PROMPT)
+            .unwrap();
+        let streamed = Model::calibrate_streamed(&file, &pool, &PROMPT).unwrap();
+        assert!(streamed == resident, "{arch:?}: calibrations differ");
+        assert!(
+            streamed != Calibration::new(spec.n_layer),
+            "{arch:?}: nothing recorded"
+        );
+    }
+}
+
 /// The forward pass is one parallel region whose steps are split between threads and
 /// joined by barriers; a missing barrier or an overlapping split shows up as a result that
 /// depends on the number of threads. Every element is computed the same way whatever the
