@@ -155,6 +155,7 @@ mod x86 {
     use half::f16;
 
     use super::{KvRows, MAX_GROUP};
+    use crate::ops::exp_avx2 as exp256;
 
     /// A cache element type: eight of them widen to one f32 vector.
     trait Widen: Copy {
@@ -314,30 +315,6 @@ mod x86 {
         let lo = _mm256_permute2f128_ps::<0x20>(s0123, s4567);
         let hi = _mm256_permute2f128_ps::<0x31>(s0123, s4567);
         _mm256_add_ps(lo, hi)
-    }
-
-    /// `e^x` per lane: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-6
-    /// polynomial (relative error about 2e-7); `x ≤ -88` gives 0, as softmax needs.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn exp256(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
-        let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-        );
-        // ln 2 split in two so `n · ln 2` subtracts without losing `r`'s low bits.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
-        let mut p = _mm256_set1_ps(1.0 / 720.0);
-        for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
     }
 }
 

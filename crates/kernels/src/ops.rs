@@ -508,12 +508,74 @@ pub fn softmax_in_place(x: &mut [f32]) {
     }
 }
 
-/// SwiGLU: `gate = silu(gate) * up`, the feed-forward activation of Llama and Qwen2.
+/// SwiGLU: `gate = silu(gate) * up`, the feed-forward activation of Llama and Qwen2,
+/// vectorised for the active ISA: it runs over every FFN column of every token, and the
+/// scalar path's `exp` is a libm call per element.
 pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
-    debug_assert_eq!(gate.len(), up.len());
+    silu_mul_in_place_with(isa::active(), gate, up)
+}
+
+/// As [`silu_mul_in_place`] with an explicit ISA; [`Isa::Scalar`] is the oracle.
+pub fn silu_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up differ in length");
+    assert!(
+        isa <= Isa::detect(),
+        "{isa} kernels requested on a CPU without them"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
+        Isa::Avx2 | Isa::Avx512 => unsafe { silu_mul_avx2(gate, up) },
+        _ => silu_mul_scalar(gate, up),
+    }
+}
+
+fn silu_mul_scalar(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    let whole = gate.len() / 8 * 8;
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    for i in (0..whole).step_by(8) {
+        let x = _mm256_loadu_ps(g.add(i));
+        let e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(g.add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(u.add(i))));
+    }
+    silu_mul_scalar(&mut gate[whole..], &up[whole..]);
+}
+
+/// `e^x` per lane: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-6
+/// polynomial (relative error about 2e-7); `x ≤ -88` gives 0, as softmax needs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn exp_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let x = _mm256_min_ps(x, _mm256_set1_ps(88.0));
+    let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.0));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    // ln 2 split in two so `n · ln 2` subtracts without losing `r`'s low bits.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    for c in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(n),
+        _mm256_set1_epi32(127),
+    )));
+    _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
 }
 
 /// How RoPE pairs the dimensions of a head.
@@ -543,14 +605,16 @@ pub fn rope_in_place(
 ) {
     debug_assert!(x.len().is_multiple_of(head_dim) && 2 * inv_freq.len() <= head_dim);
     let n_rot = 2 * inv_freq.len();
-    for head in x.chunks_exact_mut(head_dim) {
-        for (i, &freq) in inv_freq.iter().enumerate() {
-            let theta = pos as f32 * freq;
-            let (sin, cos) = theta.sin_cos();
-            let (a, b) = match style {
-                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                RopeStyle::Neox => (i, i + n_rot / 2),
-            };
+    // Frequencies outside, heads inside: one `sin_cos` (a libm call) per frequency serves
+    // every head.
+    for (i, &freq) in inv_freq.iter().enumerate() {
+        let theta = pos as f32 * freq;
+        let (sin, cos) = theta.sin_cos();
+        let (a, b) = match style {
+            RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+            RopeStyle::Neox => (i, i + n_rot / 2),
+        };
+        for head in x.chunks_exact_mut(head_dim) {
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
             head[b] = x0 * sin + x1 * cos;
@@ -571,6 +635,32 @@ mod tests {
         let mut masked = [f32::NEG_INFINITY; 3];
         softmax_in_place(&mut masked);
         assert_eq!(masked, [0.0; 3]);
+    }
+
+    #[test]
+    fn vectorised_silu_matches_scalar() {
+        for len in [1, 7, 8, 13, 96, 1000] {
+            // Past ±88 the vector `exp` saturates; SiLU is then `x` or ±0 either way.
+            let gate: Vec<f32> = crate::test_support::random(len, len as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 97 == 5 { v * 200.0 } else { v * 12.0 })
+                .collect();
+            let up = crate::test_support::random(len, len as u64 + 1);
+            let mut expected = gate.clone();
+            silu_mul_in_place_with(Isa::Scalar, &mut expected, &up);
+            for isa in Isa::available() {
+                let mut got = gate.clone();
+                silu_mul_in_place_with(isa, &mut got, &up);
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    assert!(
+                        (g - e).abs() <= 1e-6 * e.abs().max(1e-3),
+                        "{isa} len {len} at {i}: {g} vs {e} (gate {})",
+                        gate[i]
+                    );
+                }
+            }
+        }
     }
 
     #[test]
