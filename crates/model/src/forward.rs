@@ -1,6 +1,7 @@
 //! The forward pass, as one parallel region per call.
 //!
-//! The pool's threads enter once ([`ThreadPool::run_team`]) and stay for every layer. Each
+//! The pool's threads enter once ([`ThreadPool::run_team`]) and stay for every layer (a
+//! calibration pass that streams its f32 layers from the file enters once per layer). Each
 //! layer is a fixed list of steps; a step splits its work statically (rows of the batch,
 //! output columns of a projection, or (row, KV head) items of attention) and ends at a
 //! barrier, after which its results are visible to every thread. Nothing is spawned or
