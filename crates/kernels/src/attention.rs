@@ -78,6 +78,7 @@ pub fn attend_group_with(
     out: &mut [f32],
 ) {
     assert!(head_dim > 0, "head_dim must be positive");
+    isa.assert_supported();
     let n_q = q.len() / head_dim;
     assert!(
         q.len() == n_q * head_dim && out.len() == q.len() && n_q <= MAX_GROUP,

@@ -67,6 +67,16 @@ impl Isa {
         Isa::Scalar
     }
 
+    /// Panics unless this CPU runs `self`'s kernels: the `_with` entry points take an ISA
+    /// from their caller and their vector paths' safety rests on this check.
+    #[track_caller]
+    pub fn assert_supported(self) {
+        assert!(
+            self <= Isa::detect(),
+            "{self} kernels requested on a CPU without them"
+        );
+    }
+
     /// Every family usable on this CPU; tests run each against the scalar oracle.
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();

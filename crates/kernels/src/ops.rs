@@ -157,10 +157,7 @@ pub unsafe fn outlier_product_cols_with(
         Some(out.len()) == m.checked_mul(n_out) && cols.end <= n_out,
         "out must be [m, n_out] and cols within it"
     );
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -518,10 +515,7 @@ pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
 /// As [`silu_mul_in_place`] with an explicit ISA; [`Isa::Scalar`] is the oracle.
 pub fn silu_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up differ in length");
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.

@@ -105,13 +105,17 @@ impl Model {
     ) -> Result<Self> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = ModelWeights::load_as(file, &config, precision, calibration)?;
+        Ok(Self::assemble(config, weights, precision))
+    }
+
+    fn assemble(config: ModelConfig, weights: ModelWeights, precision: Precision) -> Self {
         let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
-        Ok(Self {
+        Self {
             config,
             weights,
             precision,
             rope_inv_freq,
-        })
+        }
     }
 
     /// Runs `tokens` through the model and records every projection input's per-channel
@@ -136,13 +140,7 @@ impl Model {
     ) -> Result<Calibration> {
         let config = ModelConfig::from_metadata(file.metadata())?;
         let weights = ModelWeights::load_without_layers(file, &config)?;
-        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
-        let model = Self {
-            config,
-            weights,
-            precision: Precision::F32,
-            rope_inv_freq,
-        };
+        let model = Self::assemble(config, weights, Precision::F32);
         let load = |li| weights::load_layer(file, &model.config, li, Precision::F32, None);
         model.calibrate_with(pool, tokens, Layers::Loaded(&load))
     }

@@ -221,10 +221,7 @@ pub unsafe fn gemm_i4_cols(
         (cols.is_empty() || cols.start.is_multiple_of(ROWS_PER_BLOCK)) && cols.end <= w.n,
         "columns must start on a block"
     );
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
     let out = out.as_mut_ptr();
     match isa {

@@ -191,10 +191,7 @@ pub fn quantize_blocks_excluding_with(
 ) {
     let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
     assert!(out.len() >= k_pad && scales.len() >= k_pad / BLOCK_K);
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     out[x.len()..k_pad].fill(0);
     let mut excluded = excluded.iter().copied().peekable();
     for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
@@ -360,10 +357,7 @@ pub unsafe fn gemm_i8_cols(
         (cols.is_empty() || cols.start.is_multiple_of(ROWS_PER_BLOCK)) && cols.end <= w.n,
         "columns must start on a block"
     );
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
     let out = out.as_mut_ptr();
     match isa {

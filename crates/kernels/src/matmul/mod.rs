@@ -75,10 +75,7 @@ pub unsafe fn matmul_cols<W: WeightElem>(
     assert_eq!(Some(w.len()), n.checked_mul(k), "w must be [n, k]");
     assert_eq!(Some(out.len()), m.checked_mul(n), "out must be [m, n]");
     assert!(cols.end <= n, "columns beyond the weights");
-    assert!(
-        isa <= Isa::detect(),
-        "{isa} kernels requested on a CPU without them"
-    );
+    isa.assert_supported();
     let out = out.as_mut_ptr();
     for block_start in cols.clone().step_by(N_BLOCK) {
         let block = block_start..(block_start + N_BLOCK).min(cols.end);
