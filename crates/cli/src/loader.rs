@@ -206,11 +206,7 @@ pub struct Loaded {
 }
 
 impl ModelArgs {
-    pub fn load(&self) -> Result<Loaded> {
-        self.load_keeping_f32(false)
-    }
-
-    /// As [`ModelArgs::load`], also keeping the f32 model when `keep_f32` (a second copy
+    /// Loads the model in `--precision`, also keeping the f32 model when `keep_f32` (a second copy
     /// of the weights unless `--precision f32`).
     pub fn load_keeping_f32(&self, keep_f32: bool) -> Result<Loaded> {
         let pool = match self.threads {

@@ -1,12 +1,14 @@
 //! `--device`, `--prefill-device`, `--decode-device`: which backend runs each stage.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig};
 use pyramid_model::{KvType, Model};
 use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
-use pyramid_runtime::{executed_as_requested, Backend, CpuBackend, RouteBackend};
+use pyramid_runtime::{executed_as_requested, Backend, CpuBackend, RouteBackend, WindowLadder};
 use serde::Serialize;
 
 use crate::loader::Loaded;
@@ -185,28 +187,60 @@ impl RouteArgs {
     }
 }
 
-/// A pyramid over `route` for one-off generation (`run`, `qualify`): windows from `ladder`,
-/// compiled when a session reaches them.
-pub fn pyramid_for(
-    route: &Route,
-    loaded: &Loaded,
-    ladder: pyramid_runtime::WindowLadder,
-    generation_reserve: usize,
-) -> Result<Arc<pyramid_engine::WindowPyramid>> {
-    use pyramid_engine::{Arm, PyramidConfig, WindowPyramid};
-    let config = PyramidConfig {
-        prefill_chunk: crate::commands::replay::DEFAULT_PREFILL_CHUNK.min(ladder.windows()[0]),
-        ladder,
-        arm: Arm::OnDemand,
-        generation_reserve,
-        artifact_budget: usize::MAX,
-        margin: std::time::Duration::ZERO,
-        first_compile_estimate: std::time::Duration::ZERO,
-    };
-    Ok(WindowPyramid::new(
-        Arc::clone(&route.backend),
-        crate::loader::file_model_id(&loaded.path)?,
-        loaded.kv_type,
-        config,
-    )?)
+/// Prompt tokens per step on a route: a native pass takes the model's whole pass
+/// ([`pyramid_model::MAX_PASS_TOKENS`]); static artifacts take `static_chunk`, at most the
+/// smallest window.
+pub fn prefill_chunk_for(route: &Route, ladder: &WindowLadder, static_chunk: usize) -> usize {
+    if route.backend.runs_mixed_passes() {
+        pyramid_model::MAX_PASS_TOKENS
+    } else {
+        static_chunk.min(ladder.windows()[0])
+    }
+}
+
+/// The engine settings for one conversation at a time (`run`, `chat`, `qualify`, `bench`):
+/// no memory limits beyond the windows, predictive compiles with `pyramid replay`'s
+/// margins.
+pub fn single_user(ladder: WindowLadder, prefill_chunk: usize, max_batch: usize) -> EngineConfig {
+    EngineConfig {
+        pyramid: PyramidConfig {
+            ladder,
+            prefill_chunk,
+            arm: Arm::Predictive,
+            generation_reserve: DEFAULT_GENERATION_RESERVE,
+            artifact_budget: usize::MAX,
+            margin: PREDICTION_MARGIN,
+            first_compile_estimate: FIRST_COMPILE_ESTIMATE,
+        },
+        max_batch,
+        kv_budget: usize::MAX,
+        max_sessions: 4,
+        static_shapes: false,
+    }
+}
+
+/// Positions a new session's first window keeps free for generation (capped by the
+/// request's own `max_tokens`).
+pub const DEFAULT_GENERATION_RESERVE: usize = 256;
+/// Lead time added to a predicted compile.
+pub const PREDICTION_MARGIN: Duration = Duration::from_millis(20);
+/// What a compile is assumed to take before one has been measured.
+pub const FIRST_COMPILE_ESTIMATE: Duration = Duration::from_millis(50);
+
+impl Route {
+    /// The engine core on this route's backend.
+    pub fn engine(&self, loaded: &Loaded, config: EngineConfig) -> Result<Engine> {
+        Ok(Engine::new(
+            Arc::clone(&self.backend),
+            crate::loader::file_model_id(&loaded.path)?,
+            loaded.kv_type,
+            config,
+        )?)
+    }
+
+    /// The route audit of what `engine` ran.
+    pub fn audit_of(&self, engine: &Engine) -> RouteAudit {
+        let stats = engine.pyramid().stats();
+        self.audit(stats.prefill_executed_on, stats.decode_executed_on)
+    }
 }

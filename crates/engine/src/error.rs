@@ -16,6 +16,14 @@ pub enum EngineError {
     BadConfig(String),
     #[error("prompt is empty: at least one token is needed")]
     EmptyPrompt,
+    #[error("a session on this window needs {bytes} bytes of KV cache, beyond the budget of {budget} bytes")]
+    OverBudget { bytes: usize, budget: usize },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the pass failed: {0}")]
+    Pass(String),
+    #[error("the artifacts of window {window} are unavailable: {reason}")]
+    Unavailable { window: usize, reason: String },
     #[error("trace line {line}: {reason}")]
     BadTrace { line: usize, reason: String },
     #[error("session {session} step {step}: {reason}")]

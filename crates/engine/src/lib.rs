@@ -1,19 +1,37 @@
-//! The engine above the runtime: the window pyramid and the replay of agent sessions.
+//! The engine: one core that every entry point drives, on the window pyramid.
 //!
-//! - [`WindowPyramid`] / [`PyramidSession`]: sessions on a ladder of static-shape windows,
-//!   moved up by copying their live KV cache ([`Arm`] names the strategies compared).
+//! - [`Engine`]: requests in, token events out. Each [`Engine::step`] is
+//!   [`Engine::schedule`] → [`Engine::execute`] → [`Engine::update`] with plain data
+//!   between them ([`Schedule`], [`Executed`], [`Event`]): continuous batching, chunked
+//!   prefill interleaved with decode, prefix reuse, KV and session budgets, window
+//!   migration, predictive compiles, on any backend route.
+//! - [`WindowPyramid`]: the artifact side of the ladder of static-shape windows (the
+//!   artifact cache and background compiles; [`Arm`] names the window policies).
 //! - [`GrowthPredictor`]: when a session will outgrow its window, from its own growth.
-//! - [`replay`]: agent traces (JSONL or synthetic) run under every arm, with the figures
-//!   `pyramid replay` reports.
+//! - [`replay`]: agent traces (JSONL or synthetic) run through the engine under every
+//!   arm, with the figures `pyramid replay` reports.
 //!
-//! Invariant: the arms differ only in when artifacts are compiled and how a session moves
-//! between windows; the tokens a session produces are the same under all of them.
+//! Invariant: a request's tokens depend only on its prompt and sampling settings: not
+//! on the batch around it, the arm, the window it runs on, or whether its prefix came
+//! from the cache.
 
+mod engine;
 mod error;
+mod executor;
 mod predictor;
+mod prefix_cache;
 mod pyramid;
 pub mod replay;
+mod request;
+mod scheduler;
+mod session;
 
+pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary};
 pub use error::{EngineError, Result};
+pub use executor::Executed;
 pub use predictor::GrowthPredictor;
-pub use pyramid::{Arm, PyramidConfig, PyramidSession, PyramidStats, WindowPyramid};
+pub use prefix_cache::common_prefix;
+pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid};
+pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
+pub use scheduler::{decode_batches, DecodeRun, Move, Schedule};
+pub use session::Session;

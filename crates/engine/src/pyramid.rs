@@ -4,9 +4,10 @@
 //! before they need them.
 //!
 //! [`WindowPyramid`] is shared by all sessions of one model and backend: it owns the
-//! artifact cache and the background compiles. [`PyramidSession`] is one conversation.
-//! The four [`Arm`]s are the strategies `pyramid replay` compares; only the pyramid arms
-//! migrate, and none of them ever changes a token.
+//! artifact cache and the background compiles; the engine ([`crate::Engine`]) asks it for
+//! artifacts and moves sessions between windows. The four [`Arm`]s are the strategies
+//! `pyramid replay` compares (the engine's window policy); only the pyramid arms migrate,
+//! and none of them ever changes a token.
 
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,16 +15,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pyramid_kernels::ThreadPool;
-use pyramid_model::{KvCache, KvType, Segment};
+use pyramid_model::KvType;
 use pyramid_runtime::artifact::compile_timed;
 use pyramid_runtime::{
-    prefill_chunked, ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, Prefill,
-    RuntimeError, WindowLadder,
+    ArtifactCache, ArtifactKey, ArtifactShape, Backend, Executable, RuntimeError, WindowLadder,
 };
 use serde::Serialize;
 
-use crate::predictor::GrowthPredictor;
 use crate::{EngineError, Result};
 
 /// How a session's window follows its growth.
@@ -171,7 +169,16 @@ impl WindowPyramid {
         }
     }
 
-    fn shapes(&self, window: usize) -> [ArtifactShape; 2] {
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
+    /// The artifacts every session on `window` holds: prefill and one-sequence decode.
+    pub fn shapes(&self, window: usize) -> [ArtifactShape; 2] {
         [
             ArtifactShape::Prefill {
                 chunk: self.config.prefill_chunk,
@@ -182,7 +189,7 @@ impl WindowPyramid {
     }
 
     /// Whether both artifacts of `window` are compiled or being compiled.
-    fn is_prepared(&self, window: usize) -> bool {
+    pub fn is_prepared(&self, window: usize) -> bool {
         let state = lock(&self.state);
         self.shapes(window)
             .iter()
@@ -201,7 +208,12 @@ impl WindowPyramid {
     /// Starts compiling `window`'s artifacts in the background: those not compiled, not
     /// in flight, and not already failed (a failure is retried by the session needing it).
     pub fn prepare(self: &Arc<Self>, window: usize) {
-        for shape in self.shapes(window) {
+        self.prepare_shapes(&self.shapes(window));
+    }
+
+    /// Starts compiling `shapes` in the background, as [`WindowPyramid::prepare`] does.
+    pub fn prepare_shapes(self: &Arc<Self>, shapes: &[ArtifactShape]) {
+        for &shape in shapes {
             {
                 let mut state = lock(&self.state);
                 if state.compiling.contains(&shape)
@@ -256,9 +268,17 @@ impl WindowPyramid {
             stats.n_compiles += 1;
             stats.compile_ms += t.as_secs_f64() * 1e3;
             match shape {
-                ArtifactShape::Prefill { .. } => stats.prefill_executed_on.get_or_insert(device),
-                ArtifactShape::Decode { .. } => stats.decode_executed_on.get_or_insert(device),
-            };
+                ArtifactShape::Prefill { .. } => {
+                    stats.prefill_executed_on.get_or_insert(device);
+                }
+                ArtifactShape::Decode { .. } => {
+                    stats.decode_executed_on.get_or_insert(device);
+                }
+                ArtifactShape::Mixed { .. } => {
+                    stats.prefill_executed_on.get_or_insert(device.clone());
+                    stats.decode_executed_on.get_or_insert(device);
+                }
+            }
             Ok(exe)
         });
         if let Err(e) = &published {
@@ -272,7 +292,10 @@ impl WindowPyramid {
     /// The artifact for `shape`: from the cache, from a compile in flight (waiting for
     /// it), or compiled now (retrying once after a failed background compile). Returns it
     /// with the time spent waiting (zero on a hit).
-    fn acquire(self: &Arc<Self>, shape: ArtifactShape) -> Result<(Arc<dyn Executable>, Duration)> {
+    pub fn acquire(
+        self: &Arc<Self>,
+        shape: ArtifactShape,
+    ) -> Result<(Arc<dyn Executable>, Duration)> {
         let start = Instant::now();
         let key = self.key(shape);
         let mut state = lock(&self.state);
@@ -305,259 +328,63 @@ impl WindowPyramid {
         }
     }
 
-    fn record(&self, update: impl FnOnce(&mut PyramidStats)) {
+    /// The artifact for `shape` if it is compiled: never waits, never compiles.
+    pub fn get_ready(&self, shape: ArtifactShape) -> Option<Arc<dyn Executable>> {
+        lock(&self.state).cache.get(&self.key(shape))
+    }
+
+    /// Both artifacts of `window`, if both are compiled.
+    pub fn window_ready(&self, window: usize) -> Option<ArtifactPair> {
+        let [prefill, decode] = self.shapes(window);
+        Some((self.get_ready(prefill)?, self.get_ready(decode)?))
+    }
+
+    /// Both artifacts of `window` (compiling them now if nobody has started) and how long
+    /// the caller waited for them.
+    pub fn acquire_window(self: &Arc<Self>, window: usize) -> Result<(ArtifactPair, Duration)> {
+        let [prefill_shape, decode_shape] = self.shapes(window);
+        // Both compile at once when neither is ready; the wait is for the slower.
+        self.prepare(window);
+        let (prefill, w1) = self.acquire(prefill_shape)?;
+        let (decode, w2) = self.acquire(decode_shape)?;
+        Ok(((prefill, decode), w1 + w2))
+    }
+
+    /// A compile of a shape failed (in the background or now): the error, if any.
+    pub fn failure(&self, window: usize) -> Option<String> {
+        let state = lock(&self.state);
+        self.shapes(window)
+            .iter()
+            .find_map(|s| state.failed.get(s).cloned())
+    }
+
+    /// Compiled artifacts by window: `(window, count, bytes)`, smallest window first.
+    pub fn resident(&self) -> Vec<(usize, usize, usize)> {
+        let state = lock(&self.state);
+        let mut by_window: Vec<(usize, usize, usize)> = Vec::new();
+        for (shape, bytes) in state.cache.entries() {
+            let w = shape.window();
+            match by_window.iter_mut().find(|e| e.0 == w) {
+                Some(e) => {
+                    e.1 += 1;
+                    e.2 += bytes;
+                }
+                None => by_window.push((w, 1, bytes)),
+            }
+        }
+        by_window.sort_unstable();
+        by_window
+    }
+
+    /// Background compiles in flight.
+    pub fn n_compiling(&self) -> usize {
+        lock(&self.state).compiling.len()
+    }
+
+    pub(crate) fn record(&self, update: impl FnOnce(&mut PyramidStats)) {
         update(&mut lock(&self.stats));
     }
 }
 
 /// A window's prefill and decode artifacts.
-type ArtifactPair = (Arc<dyn Executable>, Arc<dyn Executable>);
-
-/// The artifacts a session runs on: both compiled for its current window.
-struct Placement {
-    window: usize,
-    prefill: Arc<dyn Executable>,
-    decode: Arc<dyn Executable>,
-    kv: KvCache,
-}
-
-/// One conversation on the pyramid.
-pub struct PyramidSession {
-    pyramid: Arc<WindowPyramid>,
-    tokens: Vec<u32>,
-    placement: Option<Placement>,
-    predictor: GrowthPredictor,
-    /// Decode speed, tokens/s (moving average).
-    decode_rate: Option<f64>,
-    logits: Vec<f32>,
-}
-
-impl PyramidSession {
-    pub fn new(pyramid: Arc<WindowPyramid>) -> Self {
-        Self {
-            pyramid,
-            tokens: Vec::new(),
-            placement: None,
-            predictor: GrowthPredictor::default(),
-            decode_rate: None,
-            logits: Vec::new(),
-        }
-    }
-
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// The current window, once the session has one.
-    pub fn window(&self) -> Option<usize> {
-        self.placement.as_ref().map(|p| p.window)
-    }
-
-    /// KV bytes reserved (the window) and used (the live positions).
-    pub fn kv_bytes(&self) -> (usize, usize) {
-        self.placement
-            .as_ref()
-            .map_or((0, 0), |p| (p.kv.bytes(), p.kv.used_bytes()))
-    }
-
-    /// Makes the session hold exactly `context`, running only what follows the longest
-    /// prefix already cached (an agent re-sends its whole context each step). Returns the
-    /// logits after the last token.
-    pub fn prefill(&mut self, pool: &ThreadPool, context: &[u32]) -> Result<&[f32]> {
-        if context.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        let common = self
-            .tokens
-            .iter()
-            .zip(context)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(context.len() - 1);
-        self.tokens.truncate(common);
-        if let Some(p) = &mut self.placement {
-            p.kv.truncate(common);
-        }
-        self.ensure_room(pool, context.len())?;
-        let p = self
-            .placement
-            .as_mut()
-            .expect("ensure_room placed the session");
-        let new = &context[common..];
-        prefill_chunked(p.prefill.as_ref(), pool, new, &mut p.kv, &mut self.logits)?;
-        self.tokens.extend_from_slice(new);
-        self.maybe_prepare_next();
-        Ok(&self.logits)
-    }
-
-    /// Appends one token and returns the logits after it.
-    pub fn decode(&mut self, pool: &ThreadPool, token: u32) -> Result<&[f32]> {
-        self.ensure_room(pool, self.tokens.len() + 1)?;
-        let p = self
-            .placement
-            .as_mut()
-            .expect("ensure_room placed the session");
-        let start = Instant::now();
-        let tokens = [token];
-        let mut segments = [Segment::new(&tokens, &mut p.kv)];
-        p.decode.run(pool, &mut segments, &mut self.logits)?;
-        let rate = 1.0 / start.elapsed().as_secs_f64().max(1e-9);
-        self.decode_rate = Some(self.decode_rate.map_or(rate, |r| 0.8 * r + 0.2 * rate));
-        self.tokens.push(token);
-        self.maybe_prepare_next();
-        Ok(&self.logits)
-    }
-
-    /// Tells the predictor a step ended: `tokens` were added in `elapsed`.
-    pub fn end_step(&mut self, tokens: usize, elapsed: Duration) {
-        self.predictor.observe_step(tokens, elapsed);
-        self.maybe_prepare_next();
-    }
-
-    /// Places the session on a window holding `needed` positions (plus the generation
-    /// reserve where the ladder allows): its first window, or a move up the ladder
-    /// (migration or re-prefill, by arm). On failure the session is left as it was.
-    fn ensure_room(&mut self, pool: &ThreadPool, needed: usize) -> Result<()> {
-        let pyramid = Arc::clone(&self.pyramid);
-        let cfg = pyramid.config();
-        let ladder = &cfg.ladder;
-        let rung = ladder.rung_for(needed)?.max(
-            ladder.rung_for(
-                needed
-                    .saturating_add(cfg.generation_reserve)
-                    .min(ladder.largest()),
-            )?,
-        );
-        let Some(current) = &self.placement else {
-            let rung = match cfg.arm {
-                Arm::Largest => ladder.windows().len() - 1,
-                _ => rung,
-            };
-            let window = ladder.windows()[rung];
-            let ((prefill, decode), _) = self.acquire_window(window)?;
-            let kv = pyramid
-                .backend
-                .model()
-                .new_kv_cache_of(window, pyramid.kv_type);
-            self.placement = Some(Placement {
-                window,
-                prefill,
-                decode,
-                kv,
-            });
-            return Ok(());
-        };
-        if needed <= current.window {
-            return Ok(());
-        }
-        let window = ladder.windows()[rung];
-        let ((prefill, decode), waited) = self.acquire_window(window)?;
-        pyramid.record(|s| {
-            s.n_stalls += usize::from(!waited.is_zero());
-            s.stall_ms += waited.as_secs_f64() * 1e3;
-        });
-        let start = Instant::now();
-        let kv = if cfg.arm == Arm::Reprefill {
-            let mut kv = pyramid
-                .backend
-                .model()
-                .new_kv_cache_of(window, pyramid.kv_type);
-            let live = &self.tokens[..current.kv.len()];
-            if !live.is_empty() {
-                prefill_chunked(prefill.as_ref(), pool, live, &mut kv, &mut self.logits)?;
-            }
-            let n = live.len();
-            pyramid.record(|s| {
-                s.n_reprefills += 1;
-                s.reprefill_ms += start.elapsed().as_secs_f64() * 1e3;
-                s.reprefill_tokens += n;
-            });
-            kv
-        } else {
-            let kv = current.kv.migrated(window)?;
-            let bytes = current.kv.used_bytes();
-            pyramid.record(|s| {
-                s.n_migrations += 1;
-                s.migration_ms += start.elapsed().as_secs_f64() * 1e3;
-                s.migration_bytes += bytes;
-            });
-            kv
-        };
-        // The old window's artifacts are released here, so the cache may evict them.
-        self.placement = Some(Placement {
-            window,
-            prefill,
-            decode,
-            kv,
-        });
-        self.maybe_prepare_next();
-        Ok(())
-    }
-
-    /// Both artifacts of `window` (prefill, decode) and how long the session waited.
-    fn acquire_window(&self, window: usize) -> Result<(ArtifactPair, Duration)> {
-        let [prefill_shape, decode_shape] = self.pyramid.shapes(window);
-        // Both compile at once when neither is ready; the wait is for the slower.
-        self.pyramid.prepare(window);
-        let (prefill, w1) = self.pyramid.acquire(prefill_shape)?;
-        let (decode, w2) = self.pyramid.acquire(decode_shape)?;
-        Ok(((prefill, decode), w1 + w2))
-    }
-
-    /// With [`Arm::Predictive`], compiles the next window in the background when the
-    /// predictor says the crossing is nearer than that compile.
-    fn maybe_prepare_next(&mut self) {
-        let cfg = self.pyramid.config();
-        if cfg.arm != Arm::Predictive {
-            return;
-        }
-        let Some(p) = &self.placement else { return };
-        let Some(&next) = cfg.ladder.windows().iter().find(|&&w| w > p.window) else {
-            return;
-        };
-        if self.pyramid.is_prepared(next) {
-            return;
-        }
-        let remaining = p.window - self.tokens.len();
-        let expected = self.pyramid.expected_compile(next);
-        if self
-            .predictor
-            .should_prepare(remaining, self.decode_rate, expected, cfg.margin)
-        {
-            self.pyramid.prepare(next);
-        }
-    }
-}
-
-impl pyramid_runtime::Decoder for PyramidSession {
-    type Error = EngineError;
-
-    fn prefill_prompt(&mut self, pool: &ThreadPool, prompt: &[u32]) -> Result<Prefill> {
-        // What `prefill` keeps: the longest common prefix, leaving one token to run.
-        let n_reused = self
-            .tokens
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count()
-            .min(prompt.len().saturating_sub(1));
-        let logits = self.prefill(pool, prompt)?.to_vec();
-        Ok(Prefill {
-            logits,
-            n_reused,
-            n_computed: prompt.len() - n_reused,
-        })
-    }
-
-    fn decode_token(&mut self, pool: &ThreadPool, token: u32) -> Result<Vec<f32>> {
-        Ok(self.decode(pool, token)?.to_vec())
-    }
-
-    fn remaining_context(&self) -> usize {
-        self.pyramid
-            .config()
-            .ladder
-            .largest()
-            .saturating_sub(self.tokens.len())
-    }
-}
+pub type ArtifactPair = (Arc<dyn Executable>, Arc<dyn Executable>);

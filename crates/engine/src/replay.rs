@@ -8,16 +8,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::KvType;
-use pyramid_runtime::{argmax, Backend};
+use pyramid_runtime::Backend;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::pyramid::{Arm, PyramidConfig, PyramidSession, PyramidStats, WindowPyramid};
+use crate::engine::{Engine, EngineConfig};
+use crate::pyramid::{Arm, PyramidConfig, PyramidStats};
+use crate::request::Request;
 use crate::{EngineError, Result};
 
 /// Median tokens a step appends: a screenshot plus an action.
@@ -248,7 +250,8 @@ pub struct ReplaySetup<'a> {
     pub pool: &'a ThreadPool,
 }
 
-/// Runs `steps` under `arm`, calling `on_step` with the number of steps done after each.
+/// Runs `steps` under `arm` through the engine, one request per step (the session's
+/// whole context, greedy), calling `on_step` with the number of steps done after each.
 /// A session that fails (say, it outgrows the largest window) is recorded and stops; the
 /// others go on.
 pub fn run_arm(
@@ -257,11 +260,18 @@ pub fn run_arm(
     steps: &[ResolvedStep],
     on_step: &dyn Fn(usize),
 ) -> Result<ArmReport> {
-    let config = PyramidConfig {
-        arm,
-        ..setup.config.clone()
+    let config = EngineConfig {
+        pyramid: PyramidConfig {
+            arm,
+            ..setup.config.clone()
+        },
+        max_batch: 1,
+        kv_budget: usize::MAX,
+        max_sessions: usize::MAX,
+        // The pyramid is measured as a static device sees it, whatever the backend.
+        static_shapes: true,
     };
-    let pyramid = WindowPyramid::new(
+    let mut engine = Engine::new(
         Arc::clone(&setup.backend),
         setup.model_id,
         setup.kv_type,
@@ -269,15 +279,11 @@ pub fn run_arm(
     )?;
     rss::reset_peak();
     let start = Instant::now();
-    /// A session in flight: the generated token not yet cached is re-sent next step.
-    struct Live {
-        session: PyramidSession,
-        pending: Option<u32>,
-    }
-    let mut live: HashMap<&str, Live> = HashMap::new();
+    // Each session's context as the agent re-sends it: everything appended and generated.
+    let mut contexts: HashMap<&str, Vec<u32>> = HashMap::new();
     let mut generated: Vec<(String, Vec<u32>)> = Vec::new();
     let mut failed: Vec<FailedSession> = Vec::new();
-    let (mut ttfts, mut decode_time, mut n_decoded) = (Vec::new(), Duration::ZERO, 0usize);
+    let (mut ttfts, mut decode_ms, mut n_decoded) = (Vec::new(), 0.0, 0usize);
     let (mut kv_reserved, mut kv_used) = (0usize, 0usize);
     for (n_done, step) in steps.iter().enumerate() {
         on_step(n_done);
@@ -291,57 +297,40 @@ pub fn run_arm(
                 generated.len() - 1
             }
         };
-        let state = live.entry(&step.session).or_insert_with(|| Live {
-            session: PyramidSession::new(Arc::clone(&pyramid)),
-            pending: None,
-        });
-        let step_start = Instant::now();
-        let mut context = state.session.tokens().to_vec();
-        context.extend(state.pending.take());
+        let context = contexts.entry(&step.session).or_default();
         context.extend_from_slice(&step.tokens);
-        let out = &mut generated[out_idx].1;
-        let outcome = (|| -> Result<()> {
-            let logits = state.session.prefill(setup.pool, &context)?;
-            ttfts.push(step_start.elapsed().as_secs_f64() * 1e3);
-            if step.generate == 0 {
-                return Ok(());
+        // A step that generates nothing still samples once; that token is not kept.
+        let request = Request::greedy(n_done as u64, context.clone(), step.generate.max(1));
+        match engine.generate(setup.pool, request, &mut |_| true) {
+            Ok(done) => {
+                let t = done.timings;
+                ttfts.push(t.queue_ms + t.prefill_ms);
+                decode_ms += t.decode_ms;
+                n_decoded += t.n_decode;
+                let kept = &done.tokens[..step.generate.min(done.tokens.len())];
+                context.extend_from_slice(kept);
+                generated[out_idx].1.extend_from_slice(kept);
             }
-            let mut token = argmax(logits);
-            out.push(token);
-            for _ in 1..step.generate {
-                let t = Instant::now();
-                token = argmax(state.session.decode(setup.pool, token)?);
-                decode_time += t.elapsed();
-                n_decoded += 1;
-                out.push(token);
+            Err(e) => {
+                failed.push(FailedSession {
+                    session: step.session.clone(),
+                    step: step.step,
+                    code: e.code(),
+                    error: e.to_string(),
+                });
+                contexts.remove(step.session.as_str());
+                continue;
             }
-            state.pending = Some(token);
-            Ok(())
-        })();
-        if let Err(e) = outcome {
-            failed.push(FailedSession {
-                session: step.session.clone(),
-                step: step.step,
-                code: e.code(),
-                error: e.to_string(),
-            });
-            live.remove(step.session.as_str());
-            continue;
         }
-        state
-            .session
-            .end_step(step.tokens.len() + step.generate, step_start.elapsed());
-        let (reserved, used) = live.values().fold((0, 0), |(r, u), l| {
-            let (lr, lu) = l.session.kv_bytes();
-            (r + lr, u + lu)
-        });
-        kv_reserved = kv_reserved.max(reserved);
-        kv_used = kv_used.max(used);
+        let stats = engine.stats();
+        kv_reserved = kv_reserved.max(stats.kv_bytes_reserved);
+        kv_used = kv_used.max(stats.kv_bytes_used);
     }
     on_step(steps.len());
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
     let peak_rss_bytes = rss::peak();
-    drop(live);
+    let pyramid = Arc::clone(engine.pyramid());
+    drop(engine);
     // Compiles still in flight would otherwise run into the next arm's measurement.
     pyramid.join_background();
     let stats = pyramid.stats();
@@ -354,7 +343,7 @@ pub fn run_arm(
         decode_ms_per_token: if n_decoded == 0 {
             0.0
         } else {
-            decode_time.as_secs_f64() * 1e3 / n_decoded as f64
+            decode_ms / n_decoded as f64
         },
         stats,
         peak_rss_bytes,

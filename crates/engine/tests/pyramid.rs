@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyramid_engine::replay::{resolve, run_arm, tokens_identical, Append, ReplaySetup, TraceStep};
-use pyramid_engine::{Arm, EngineError, PyramidConfig, PyramidSession, WindowPyramid};
+use pyramid_engine::{
+    Arm, Engine, EngineConfig, EngineError, PyramidConfig, Request, WindowPyramid,
+};
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
@@ -218,15 +220,10 @@ fn a_session_beyond_the_largest_window_fails_alone() {
     let b = report.generated.iter().find(|(s, _)| s == "b").unwrap();
     assert_eq!(b.1.len(), 3 * 4);
 
-    let pyramid = WindowPyramid::new(
-        setup.backend.clone(),
-        1,
-        KvType::F32,
-        config(Arm::OnDemand, &[64], 8),
-    )
-    .unwrap();
-    let mut session = PyramidSession::new(pyramid);
-    let err = session.prefill(&pool, &[1; 65]).err().unwrap();
+    let mut engine = static_engine(setup.backend.clone(), config(Arm::OnDemand, &[64], 8));
+    let err = engine
+        .generate(&pool, Request::greedy(0, vec![1; 65], 1), &mut |_| true)
+        .unwrap_err();
     assert!(matches!(
         err,
         EngineError::Runtime(RuntimeError::BeyondLargestWindow {
@@ -234,6 +231,18 @@ fn a_session_beyond_the_largest_window_fails_alone() {
             largest: 64
         })
     ));
+}
+
+/// An engine that runs `backend` one sequence at a time on static artifacts.
+fn static_engine(backend: Arc<dyn Backend>, pyramid: PyramidConfig) -> Engine {
+    let config = EngineConfig {
+        pyramid,
+        max_batch: 1,
+        kv_budget: usize::MAX,
+        max_sessions: 8,
+        static_shapes: true,
+    };
+    Engine::new(backend, 1, KvType::F32, config).unwrap()
 }
 
 /// A backend with scripted costs: compiling takes `compile`, every run takes at least
@@ -327,7 +336,9 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     assert_eq!(predictive.stats.n_stalls, 0, "{predictive:?}");
 
     // A sudden jump past the prediction: the session waits for its compile (a measured
-    // stall) and still produces exactly the tokens of the largest window.
+    // stall; shorter than a whole compile when the predictor sees the prefill race
+    // towards the top of its window and starts it early) and still produces exactly the
+    // tokens of the largest window.
     let mut jump = steady[..3].to_vec();
     jump.push(TraceStep {
         session: "a".to_string(),
@@ -340,7 +351,7 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     let predictive = run_arm(&setup, Arm::Predictive, &steps, &|_| {}).unwrap();
     assert_eq!(tokens_identical(&[largest, predictive.clone()]), Some(true));
     assert!(
-        predictive.stats.n_stalls >= 1 && predictive.stats.stall_ms >= 30.0,
+        predictive.stats.n_stalls >= 1 && predictive.stats.stall_ms > 0.0,
         "{predictive:?}"
     );
     assert_eq!(predictive.stats.n_reprefills, 0);
@@ -431,27 +442,23 @@ fn a_crashing_compile_is_an_error_for_the_session_that_needs_it_not_a_hang() {
         bad_window: 64,
     });
     for arm in [Arm::OnDemand, Arm::Predictive] {
-        let pyramid = WindowPyramid::new(
-            backend.clone(),
-            1,
-            KvType::F32,
-            config(arm, &[32, 64, 128], 8),
-        )
-        .unwrap();
-        let mut session = PyramidSession::new(Arc::clone(&pyramid));
-        session.prefill(&pool, &[5; 20]).unwrap();
-        session.end_step(20, Duration::from_millis(1));
-        let before = session.tokens().to_vec();
-        let err = session.prefill(&pool, &[5; 40]).err().unwrap();
+        let mut engine = static_engine(backend.clone(), config(arm, &[32, 64, 128], 8));
+        let mut run = |id, prompt: Vec<u32>| {
+            engine.generate(&pool, Request::greedy(id, prompt, 1), &mut |_| true)
+        };
+        run(0, vec![5; 20]).unwrap();
+        let err = run(1, vec![5; 40]).unwrap_err();
         assert!(
             matches!(err, EngineError::Compile { .. }) && err.to_string().contains("panicked"),
             "{arm:?}: {err}"
         );
         // The session is untouched and still usable on its window.
-        assert_eq!(session.tokens(), before.as_slice());
-        assert_eq!(session.window(), Some(32));
-        session.prefill(&pool, &[5; 25]).unwrap();
-        pyramid.join_background();
+        let done = run(2, vec![5; 25]).unwrap();
+        // The failed request's chunks that fitted the window (to 28) stayed cached.
+        assert_eq!(done.usage.cached_tokens, 24, "{arm:?}");
+        engine.pyramid().join_background();
+        let windows: Vec<usize> = engine.stats().artifacts.iter().map(|a| a.0).collect();
+        assert_eq!(windows, [32], "{arm:?}");
     }
     let too_big = WindowPyramid::new(backend, 1, KvType::F32, config(Arm::OnDemand, &[32], 33));
     assert!(matches!(too_big, Err(EngineError::BadConfig(_))));

@@ -124,6 +124,13 @@ impl OvBackend {
         let (seqs, rows) = match shape {
             ArtifactShape::Prefill { chunk, .. } => (1, chunk),
             ArtifactShape::Decode { batch, .. } => (batch, 1),
+            ArtifactShape::Mixed { .. } => {
+                return Err(OvError::Compile {
+                    shape,
+                    device: self.device.clone(),
+                    message: "OpenVINO graphs have static shapes: no mixed passes".to_string(),
+                })
+            }
         };
         let window = shape.window();
         if rows == 0 || window == 0 || window > cfg.n_ctx_train || rows > cfg.n_ctx_train {

@@ -26,12 +26,23 @@ pub enum ArtifactShape {
     Prefill { chunk: usize, window: usize },
     /// Up to `batch` sequences of one token each, every cache `window` positions.
     Decode { batch: usize, window: usize },
+    /// Up to `batch` sequences of any lengths, at most `rows` tokens in all, each cache
+    /// at most `window` positions: prefill chunks and decode tokens of sequences on
+    /// different windows in one pass. Only backends whose kernels take any shape compile
+    /// it ([`Backend::runs_mixed_passes`]); a static device never sees it.
+    Mixed {
+        rows: usize,
+        batch: usize,
+        window: usize,
+    },
 }
 
 impl ArtifactShape {
     pub fn window(self) -> usize {
         match self {
-            ArtifactShape::Prefill { window, .. } | ArtifactShape::Decode { window, .. } => window,
+            ArtifactShape::Prefill { window, .. }
+            | ArtifactShape::Decode { window, .. }
+            | ArtifactShape::Mixed { window, .. } => window,
         }
     }
 
@@ -40,6 +51,15 @@ impl ArtifactShape {
         match self {
             ArtifactShape::Prefill { chunk, .. } => chunk,
             ArtifactShape::Decode { batch, .. } => batch,
+            ArtifactShape::Mixed { rows, .. } => rows,
+        }
+    }
+
+    /// Logit rows one run returns: one per sequence.
+    pub fn outputs(self) -> usize {
+        match self {
+            ArtifactShape::Prefill { .. } => 1,
+            ArtifactShape::Decode { batch, .. } | ArtifactShape::Mixed { batch, .. } => batch,
         }
     }
 }
@@ -49,6 +69,11 @@ impl std::fmt::Display for ArtifactShape {
         match self {
             ArtifactShape::Prefill { chunk, window } => write!(f, "prefill c{chunk} w{window}"),
             ArtifactShape::Decode { batch, window } => write!(f, "decode b{batch} w{window}"),
+            ArtifactShape::Mixed {
+                rows,
+                batch,
+                window,
+            } => write!(f, "mixed r{rows} b{batch} w{window}"),
         }
     }
 }
@@ -105,6 +130,12 @@ pub trait Backend: Send + Sync {
 
     /// Compiles `shape`. Slow on static devices: callers keep it off the decode path.
     fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>>;
+
+    /// Whether this backend compiles [`ArtifactShape::Mixed`]: one pass for every
+    /// sequence of a step whatever its window, with no artifact per window.
+    fn runs_mixed_passes(&self) -> bool {
+        false
+    }
 }
 
 /// An executable with what it cost to make.
@@ -168,6 +199,11 @@ impl Backend for RouteBackend {
         match shape {
             ArtifactShape::Prefill { .. } => self.prefill.compile(shape),
             ArtifactShape::Decode { .. } => self.decode.compile(shape),
+            // A mixed pass runs both stages at once: no split route can run it.
+            ArtifactShape::Mixed { .. } => Err(RuntimeError::BadShape {
+                shape,
+                reason: "a split route runs prefill and decode on different devices".to_string(),
+            }),
         }
     }
 }
@@ -224,11 +260,8 @@ impl Backend for CpuBackend {
             });
         }
         // Executables return the logits of each segment's last real token only.
-        let n_outputs = match shape {
-            ArtifactShape::Prefill { .. } => 1,
-            ArtifactShape::Decode { batch, .. } => batch,
-        };
-        let scratch = Scratch::for_shape(&self.model, rows, n_outputs, window, self.n_threads);
+        let scratch =
+            Scratch::for_shape(&self.model, rows, shape.outputs(), window, self.n_threads);
         Ok(Arc::new(CpuExecutable {
             model: Arc::clone(&self.model),
             shape,
@@ -236,6 +269,10 @@ impl Backend for CpuBackend {
             isa: isa::active().name(),
             scratch: Mutex::new(scratch),
         }))
+    }
+
+    fn runs_mixed_passes(&self) -> bool {
+        true
     }
 }
 
@@ -281,6 +318,23 @@ impl Executable for CpuExecutable {
 pub fn check_fits(shape: ArtifactShape, segments: &[Segment<'_>]) -> Result<()> {
     let bad = |reason: String| Err(RuntimeError::BadShape { shape, reason });
     let window = shape.window();
+    if let ArtifactShape::Mixed { rows, batch, .. } = shape {
+        let n_rows: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        if segments.is_empty()
+            || segments.len() > batch
+            || n_rows > rows
+            || segments.iter().any(|s| s.n_padding > 0)
+        {
+            return bad(format!(
+                "{} segments of {n_rows} tokens (padding is for static shapes)",
+                segments.len()
+            ));
+        }
+        if let Some(seg) = segments.iter().find(|s| s.kv.capacity() > window) {
+            return bad(format!("a cache of {} positions", seg.kv.capacity()));
+        }
+        return Ok(());
+    }
     if let Some(seg) = segments.iter().find(|s| s.kv.capacity() != window) {
         return bad(format!("a cache of {} positions", seg.kv.capacity()));
     }
@@ -302,6 +356,7 @@ pub fn check_fits(shape: ArtifactShape, segments: &[Segment<'_>]) -> Result<()> 
                 return bad(format!("{} segments", segments.len()));
             }
         }
+        ArtifactShape::Mixed { .. } => unreachable!("checked above"),
     }
     Ok(())
 }

@@ -93,6 +93,13 @@ impl ArtifactCache {
         Ok(executable)
     }
 
+    /// Every artifact's shape and bytes, in no particular order.
+    pub fn entries(&self) -> impl Iterator<Item = (crate::ArtifactShape, usize)> + '_ {
+        self.entries
+            .iter()
+            .map(|(k, e)| (k.shape, e.executable.bytes()))
+    }
+
     pub fn bytes(&self) -> usize {
         self.entries.values().map(|e| e.executable.bytes()).sum()
     }

@@ -12,8 +12,6 @@ pub enum RuntimeError {
         value: String,
         reason: &'static str,
     },
-    #[error("a batch must run sessions of one model")]
-    MixedModels,
     #[error("prompt is empty: at least one token is needed")]
     EmptyPrompt,
     #[error("context length exceeded: {needed} tokens needed, the model supports {n_ctx}")]

@@ -1,27 +1,21 @@
-//! Running a loaded model.
+//! Running a loaded model on a device: what the engine core (`pyramid-engine`) executes.
 //!
-//! - [`Session`]: one conversation's tokens and KV cache; [`Session::prefill`] reuses the
-//!   longest cached prefix so a chat turn or an agent step only computes its new tokens.
+//! - [`artifact`]: stages compiled by a [`Backend`] for fixed shapes (`prefill {chunk,
+//!   window}`, `decode {batch, window}`), and on backends that take any shape a `mixed`
+//!   pass (prefill chunks and decode tokens of sequences on different windows at once);
+//!   [`CpuBackend`] is the native one, [`RouteBackend`] splits the stages between two.
+//! - [`ArtifactCache`] keeps artifacts under a memory budget; [`WindowLadder`] lists the
+//!   windows they are compiled for.
 //! - [`Sampler`]: greedy, temperature, top-k, top-p, min-p and repetition penalty,
 //!   seeded and reproducible.
-//! - [`generate`]: the prefill-then-decode loop with stop conditions and timings.
-//! - [`step_batch`]: several sessions advanced in one forward pass (batched decode, or
-//!   prefill chunks mixed with decode tokens), each weight read once for the batch.
 //!
-//! - [`artifact`]: static-shape stages (`prefill {chunk, window}`, `decode {batch,
-//!   window}`) compiled by a [`Backend`]; [`CpuBackend`] is the native one.
-//!   [`ArtifactCache`] keeps them under a memory budget; [`WindowLadder`] lists the
-//!   windows they are compiled for.
-//!
-//! Invariant: a session's `tokens()` are exactly the tokens whose keys and values are in
-//! its cache, in order.
+//! Invariant: an artifact appends exactly its segments' real tokens to their caches, and
+//! a failed run leaves them as they were.
 
 pub mod artifact;
 mod artifact_cache;
 mod error;
-mod generate;
 mod sampler;
-mod session;
 mod window;
 
 pub use artifact::{
@@ -30,8 +24,6 @@ pub use artifact::{
 };
 pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
-pub use generate::{generate, Decoder, FinishReason, GenerateParams, Generation, Timings};
 pub use pyramid_model::Scratch;
 pub use sampler::{argmax, Sampler, SamplerConfig};
-pub use session::{step_batch, Prefill, Session};
 pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};

@@ -1,14 +1,16 @@
 //! `pyramid serve`: the OpenAI HTTP API over the engine.
 //!
 //! - [`api`]: request parsing and validation, every bad value a 400 naming its parameter.
-//! - [`scheduler`]: the engine loop; one thread owns the model and runs continuous
-//!   batching, chunked prefill, session reuse and window migration.
+//! - [`worker`]: the engine thread; it owns the engine core (`pyramid_engine::Engine`:
+//!   continuous batching, chunked prefill, session reuse, the window pyramid on any
+//!   device route) and turns its tokens into text: detokenisation, stop strings,
+//!   log-probabilities.
 //! - [`routes`]: axum handlers, server-sent events, authentication.
 //! - [`metrics`]: Prometheus text for `/metrics`.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
-//! window, and submits a [`scheduler::Job`] with a channel; the engine loop streams
-//! [`scheduler::Event`]s back; the handler renders them as one JSON response or as SSE
+//! window, and submits a [`worker::Job`] with a channel; the engine thread streams
+//! [`worker::Event`]s back; the handler renders them as one JSON response or as SSE
 //! chunks. A client that goes away drops the channel, and the engine cancels the sequence
 //! on its next step.
 
@@ -16,14 +18,14 @@ pub mod api;
 pub mod error;
 pub mod metrics;
 pub mod routes;
-pub mod scheduler;
+pub mod worker;
 
 use std::future::Future;
 use std::sync::Arc;
 
 pub use error::ApiError;
 pub use routes::{router, AppState};
-pub use scheduler::{Engine, EngineConfig};
+pub use worker::EngineThread;
 
 /// Request bodies beyond this are refused with 413.
 pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;

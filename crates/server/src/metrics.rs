@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::scheduler::Usage;
+use pyramid_engine::{EngineStats, Usage};
+use pyramid_runtime::executed_as_requested;
 
 /// Latency buckets in seconds: from a fast decode step to a long prefill.
 const SECONDS_BUCKETS: [f64; 14] = [
@@ -61,11 +62,11 @@ pub struct Metrics {
     pub prefilled_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub cancelled: AtomicU64,
-    pub migrations: AtomicU64,
     pub queue_depth: AtomicU64,
-    pub running: AtomicU64,
-    pub cached_sessions: AtomicU64,
-    pub kv_bytes: AtomicU64,
+    /// The engine's state after its latest step.
+    engine: Mutex<Option<EngineStats>>,
+    /// The devices asked for: (prefill, decode).
+    route: Mutex<(String, String)>,
     ttft: Mutex<Histogram>,
     inter_token: Mutex<Histogram>,
     batch: Mutex<Histogram>,
@@ -81,11 +82,9 @@ impl Default for Metrics {
             prefilled_tokens: AtomicU64::default(),
             generated_tokens: AtomicU64::default(),
             cancelled: AtomicU64::default(),
-            migrations: AtomicU64::default(),
             queue_depth: AtomicU64::default(),
-            running: AtomicU64::default(),
-            cached_sessions: AtomicU64::default(),
-            kv_bytes: AtomicU64::default(),
+            engine: Mutex::default(),
+            route: Mutex::new(("cpu".to_string(), "cpu".to_string())),
             ttft: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
             inter_token: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
             batch: Mutex::new(Histogram::new(&BATCH_BUCKETS)),
@@ -115,8 +114,32 @@ impl Metrics {
     }
 
     pub fn record_migration(&self, took: Duration) {
-        self.migrations.fetch_add(1, Ordering::Relaxed);
         lock(&self.migration_seconds).observe(took.as_secs_f64());
+    }
+
+    /// The devices the route asked for, for the audit series.
+    pub fn set_route(&self, prefill: &str, decode: &str) {
+        *lock(&self.route) = (prefill.to_string(), decode.to_string());
+    }
+
+    /// The engine's state after a step.
+    pub fn publish_engine(&self, stats: EngineStats) {
+        *lock(&self.engine) = Some(stats);
+    }
+
+    /// The route audit: per stage, the device asked for, the one that really ran (once
+    /// an artifact of the stage exists), and whether they agree.
+    pub fn route_audit(&self) -> [(&'static str, String, Option<String>, Option<bool>); 2] {
+        let (prefill, decode) = lock(&self.route).clone();
+        let engine = lock(&self.engine);
+        let executed = |e: Option<&Option<String>>| e.cloned().flatten();
+        let p = executed(engine.as_ref().map(|s| &s.pyramid.prefill_executed_on));
+        let d = executed(engine.as_ref().map(|s| &s.pyramid.decode_executed_on));
+        let agree = |r: &str, e: &Option<String>| e.as_deref().map(|e| executed_as_requested(r, e));
+        [
+            ("prefill", prefill.clone(), p.clone(), agree(&prefill, &p)),
+            ("decode", decode.clone(), d.clone(), agree(&decode, &d)),
+        ]
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -168,11 +191,6 @@ impl Metrics {
                 "Sequences cancelled because their client went away.",
                 &self.cancelled,
             ),
-            (
-                "pyramid_kv_migrations_total",
-                "KV caches moved into a larger window.",
-                &self.migrations,
-            ),
         ];
         for (name, help, value) in counters {
             let _ = writeln!(
@@ -181,47 +199,24 @@ impl Metrics {
                 value.load(Ordering::Relaxed)
             );
         }
-        // The native backend compiles nothing per window, so no migration can stall on one;
-        // the series exist so dashboards read the same on every backend.
-        for (name, help) in [
-            (
-                "pyramid_artifact_compiles_total",
-                "Window artifacts compiled (none on the native CPU backend).",
-            ),
-            (
-                "pyramid_stalls_total",
-                "Migrations that waited for an artifact compile.",
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} 0");
+        let _ = writeln!(
+            out,
+            "# HELP pyramid_queue_depth Requests waiting for a place in the batch.\n# TYPE pyramid_queue_depth gauge\npyramid_queue_depth {}",
+            self.queue_depth.load(Ordering::Relaxed)
+        );
+        if let Some(stats) = lock(&self.engine).clone() {
+            render_engine(&mut out, &stats);
         }
-        let gauges = [
-            (
-                "pyramid_queue_depth",
-                "Requests waiting for a place in the batch.",
-                &self.queue_depth,
-            ),
-            (
-                "pyramid_running_sequences",
-                "Sequences in the batch.",
-                &self.running,
-            ),
-            (
-                "pyramid_cached_sessions",
-                "Finished conversations kept for reuse.",
-                &self.cached_sessions,
-            ),
-            (
-                "pyramid_kv_bytes",
-                "KV cache bytes held by running and cached conversations.",
-                &self.kv_bytes,
-            ),
-        ];
-        for (name, help, value) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP pyramid_route_info Devices per stage: asked for, and really executing (EXECUTION_DEVICES).\n# TYPE pyramid_route_info gauge"
+        );
+        for (stage, requested, executed, agree) in self.route_audit() {
+            let executed = executed.unwrap_or_default().replace(['"', '\\', '\n'], " ");
+            let agree = agree.map_or("unknown", |a| if a { "true" } else { "false" });
             let _ = writeln!(
                 out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
-                value.load(Ordering::Relaxed)
+                "pyramid_route_info{{stage=\"{stage}\",requested=\"{requested}\",executed=\"{executed}\",as_requested=\"{agree}\"}} 1"
             );
         }
         lock(&self.ttft).render(
@@ -245,6 +240,109 @@ impl Metrics {
             "Time to move a KV cache into a larger window.",
         );
         out
+    }
+}
+
+/// The engine's counters and gauges: the pyramid's compiles, stalls and migrations, the
+/// sessions and their KV memory, and the artifacts resident by window.
+fn render_engine(out: &mut String, stats: &EngineStats) {
+    let p = &stats.pyramid;
+    let counters: [(&str, &str, f64); 8] = [
+        (
+            "pyramid_artifact_compiles_total",
+            "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
+            p.n_compiles as f64,
+        ),
+        (
+            "pyramid_artifact_compile_seconds_total",
+            "Time spent compiling artifacts.",
+            p.compile_ms / 1e3,
+        ),
+        (
+            "pyramid_stalls_total",
+            "Window crossings that waited for their artifacts.",
+            p.n_stalls as f64,
+        ),
+        (
+            "pyramid_stall_seconds_total",
+            "Time sequences waited at a crossing.",
+            p.stall_ms / 1e3,
+        ),
+        (
+            "pyramid_kv_migrations_total",
+            "KV caches moved into a larger window.",
+            p.n_migrations as f64,
+        ),
+        (
+            "pyramid_kv_migration_bytes_total",
+            "Live KV bytes copied by migrations.",
+            p.migration_bytes as f64,
+        ),
+        (
+            "pyramid_reprefills_total",
+            "Window crossings that prefilled the context again.",
+            p.n_reprefills as f64,
+        ),
+        (
+            "pyramid_artifacts_evicted_total",
+            "Artifacts dropped to stay within the artifact budget.",
+            p.n_evicted as f64,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    let gauges: [(&str, &str, usize); 6] = [
+        (
+            "pyramid_running_sequences",
+            "Sequences in the batch.",
+            stats.running,
+        ),
+        (
+            "pyramid_cached_sessions",
+            "Finished conversations kept for reuse.",
+            stats.cached_sessions,
+        ),
+        (
+            "pyramid_kv_bytes",
+            "KV cache bytes reserved by running and cached conversations (their windows).",
+            stats.kv_bytes_reserved,
+        ),
+        (
+            "pyramid_kv_used_bytes",
+            "KV cache bytes of live positions.",
+            stats.kv_bytes_used,
+        ),
+        (
+            "pyramid_artifacts_compiling",
+            "Artifact compiles in flight.",
+            stats.compiling,
+        ),
+        (
+            "pyramid_engine_waiting",
+            "Requests the engine holds but has not admitted.",
+            stats.waiting,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+        );
+    }
+    let _ = writeln!(out, "# HELP pyramid_artifacts_resident Compiled artifacts held, by window.\n# TYPE pyramid_artifacts_resident gauge");
+    for &(window, count, _) in &stats.artifacts {
+        let _ = writeln!(
+            out,
+            "pyramid_artifacts_resident{{window=\"{window}\"}} {count}"
+        );
+    }
+    let _ = writeln!(out, "# HELP pyramid_artifact_bytes Memory held by compiled artifacts, by window.\n# TYPE pyramid_artifact_bytes gauge");
+    for &(window, _, bytes) in &stats.artifacts {
+        let _ = writeln!(out, "pyramid_artifact_bytes{{window=\"{window}\"}} {bytes}");
     }
 }
 

@@ -20,11 +20,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use crate::api::{self, Endpoint, GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::scheduler::{Engine, Event, FinishReason, Job, TokenLogprob, Usage};
+use crate::worker::{EngineThread, Event, Job, TokenLogprob};
+use pyramid_engine::{FinishReason, Usage};
 
 /// What every handler shares.
 pub struct AppState {
-    pub engine: Engine,
+    pub engine: EngineThread,
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     pub model_id: String,
@@ -40,7 +41,7 @@ pub struct AppState {
 impl AppState {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        engine: Engine,
+        engine: EngineThread,
         tokenizer: Arc<Tokenizer>,
         template: Option<ChatTemplate>,
         model_id: String,
@@ -133,6 +134,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    let route: serde_json::Map<String, Value> = state
+        .metrics
+        .route_audit()
+        .into_iter()
+        .map(|(stage, requested, executed, as_requested)| {
+            let audit = json!({
+                "requested": requested,
+                "executed": executed,
+                "as_requested": as_requested,
+            });
+            (stage.to_string(), audit)
+        })
+        .collect();
     Json(json!({
         "object": "list",
         "data": [{
@@ -140,6 +154,8 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
             "object": "model",
             "created": state.started,
             "owned_by": "pyramid",
+            "max_model_len": state.max_context,
+            "route": route,
         }],
     }))
 }

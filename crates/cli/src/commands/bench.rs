@@ -3,18 +3,14 @@
 //! Prompts are random token ids (as llama-bench uses), so the figures measure the engine,
 //! not the text. Each test runs once untimed to warm caches, then `-r` timed repetitions.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
 use pyramid_bench::results::Stat;
+use pyramid_engine::{Engine, EngineConfig, Event, Request};
 use pyramid_kernels::isa;
-use pyramid_model::{KvCache, Segment};
-use pyramid_runtime::{
-    argmax, prefill_chunked, step_batch, ArtifactShape, Executable, Sampler, SamplerConfig,
-    Scratch, Session, WindowLadder,
-};
+use pyramid_runtime::WindowLadder;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
@@ -24,7 +20,7 @@ use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 /// Greedy tokens per prompt when a bench qualifies its route.
 const QUALIFY_TOKENS: usize = 16;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{Route, RouteArgs, RouteAudit};
+use crate::route::{single_user, RouteArgs, RouteAudit};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -116,159 +112,65 @@ pub(crate) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// Seconds for one run of the test: prefill `n_prompt` tokens, or decode `n_gen` tokens,
-/// in each of `batch` sequences, after `n_depth` untimed tokens each.
+/// Seconds for one run of the test through the engine: prefill `n_prompt` tokens, or
+/// decode `n_gen` tokens, in each of `batch` sequences, after `n_depth` untimed tokens
+/// each (prefilled first and reused from the prefix cache).
 fn run_once(
+    engine: &mut Engine,
     loaded: &Loaded,
     batch: usize,
-    n_depth: usize,
-    n_prompt: usize,
-    n_gen: usize,
+    (n_depth, n_prompt, n_gen): (usize, usize, usize),
     seed: u64,
 ) -> Result<f64> {
     let n_vocab = loaded.model.config.n_vocab;
-    let pool = &loaded.pool;
-    let mut sessions: Vec<Session> = (0..batch)
-        .map(|_| {
-            Session::with_kv_type(
-                loaded.model.clone(),
-                n_depth + n_prompt + n_gen + 1,
-                loaded.kv_type,
-            )
-        })
-        .collect();
-    let mut scratch = Scratch::default();
     let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
-    let mut step = |sessions: &mut [Session], tokens: &[Vec<u32>]| -> Result<Vec<Vec<f32>>> {
-        let mut refs: Vec<&mut Session> = sessions.iter_mut().collect();
-        let slices: Vec<&[u32]> = tokens.iter().map(Vec::as_slice).collect();
-        Ok(step_batch(pool, &mut refs, &slices, &mut scratch)?)
-    };
-    if n_depth > 0 {
-        let depth: Vec<Vec<u32>> = (0..batch)
-            .map(|b| random_tokens(n_depth, n_vocab, seq_seed(b, 0)))
-            .collect();
-        step(&mut sessions, &depth)?;
-    }
-    if n_prompt > 0 {
-        let prompts: Vec<Vec<u32>> = (0..batch)
-            .map(|b| random_tokens(n_prompt, n_vocab, seq_seed(b, 1)))
-            .collect();
-        let start = Instant::now();
-        step(&mut sessions, &prompts)?;
-        return Ok(start.elapsed().as_secs_f64());
-    }
-    let mut sampler = Sampler::new(SamplerConfig::greedy())?;
-    let mut tokens: Vec<Vec<u32>> = (0..batch)
-        .map(|b| random_tokens(1, n_vocab, seq_seed(b, 2)))
+    let depth: Vec<Vec<u32>> = (0..batch)
+        .map(|b| random_tokens(n_depth, n_vocab, seq_seed(b, 0)))
         .collect();
-    let start = Instant::now();
-    for _ in 0..n_gen {
-        let logits = step(&mut sessions, &tokens)?;
-        for (t, mut l) in tokens.iter_mut().zip(logits) {
-            t[0] = sampler.sample(&mut l, &[]);
-        }
+    if n_depth > 0 {
+        let requests = depth
+            .iter()
+            .enumerate()
+            .map(|(b, d)| Request::greedy(b as u64, d.clone(), 1));
+        run_all(engine, loaded, requests)?;
     }
+    let requests = depth.iter().enumerate().map(|(b, d)| {
+        let mut prompt = d.clone();
+        if n_prompt > 0 {
+            prompt.extend(random_tokens(n_prompt, n_vocab, seq_seed(b, 1)));
+            Request::greedy(b as u64, prompt, 1)
+        } else {
+            // One new token, then `n_gen - 1` decodes: `n_gen` passes, `n_gen` samples.
+            prompt.extend(random_tokens(1, n_vocab, seq_seed(b, 2)));
+            Request::greedy(b as u64, prompt, n_gen)
+        }
+    });
+    let start = Instant::now();
+    run_all(engine, loaded, requests)?;
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// A test's compiled artifacts: prefill and decode for one window.
-pub(crate) struct Artifacts {
-    pub window: usize,
-    pub prefill: Arc<dyn Executable>,
-    pub decode: Arc<dyn Executable>,
-    pub compile_ms: f64,
-}
-
-impl Artifacts {
-    pub fn compile(route: &Route, chunk: usize, batch: usize, window: usize) -> Result<Self> {
-        let start = Instant::now();
-        let prefill = route
-            .backend
-            .compile(ArtifactShape::Prefill { chunk, window })?;
-        let decode = route
-            .backend
-            .compile(ArtifactShape::Decode { batch, window })?;
-        Ok(Self {
-            window,
-            prefill,
-            decode,
-            compile_ms: start.elapsed().as_secs_f64() * 1e3,
-        })
+/// Runs `requests` together until all have finished.
+fn run_all(
+    engine: &mut Engine,
+    loaded: &Loaded,
+    requests: impl Iterator<Item = Request>,
+) -> Result<()> {
+    let mut left = 0;
+    for request in requests {
+        engine.add_request(request);
+        left += 1;
     }
-
-    /// An empty KV cache of the artifacts' window for each of `batch` sequences.
-    pub fn new_caches(&self, loaded: &Loaded, batch: usize) -> Vec<KvCache> {
-        (0..batch)
-            .map(|_| loaded.model.new_kv_cache_of(self.window, loaded.kv_type))
-            .collect()
-    }
-
-    /// `n_gen` greedy decode steps of the whole batch, each sequence starting from its
-    /// token in `tokens` (left holding its last one).
-    pub fn decode_greedy(
-        &self,
-        loaded: &Loaded,
-        caches: &mut [KvCache],
-        tokens: &mut [[u32; 1]],
-        n_gen: usize,
-        logits: &mut Vec<f32>,
-    ) -> Result<()> {
-        let n_vocab = loaded.model.config.n_vocab;
-        for _ in 0..n_gen {
-            let mut segments: Vec<Segment<'_>> = caches
-                .iter_mut()
-                .zip(tokens.iter())
-                .map(|(kv, t)| Segment::new(t, kv))
-                .collect();
-            self.decode.run(&loaded.pool, &mut segments, logits)?;
-            drop(segments);
-            for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
-                t[0] = argmax(row);
+    while left > 0 {
+        for event in engine.step(&loaded.pool) {
+            match event {
+                Event::Finished { .. } => left -= 1,
+                Event::Failed { error, .. } => return Err(error.into()),
+                Event::Started { .. } | Event::Token { .. } => {}
             }
         }
-        Ok(())
     }
-}
-
-/// As [`run_once`], on compiled artifacts: prompts are prefilled sequence by sequence in
-/// fixed-size chunks, and decode runs the batch artifact.
-fn run_once_artifacts(
-    loaded: &Loaded,
-    artifacts: &Artifacts,
-    batch: usize,
-    n_depth: usize,
-    n_prompt: usize,
-    n_gen: usize,
-    seed: u64,
-) -> Result<f64> {
-    let n_vocab = loaded.model.config.n_vocab;
-    let pool = &loaded.pool;
-    let mut caches = artifacts.new_caches(loaded, batch);
-    let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
-    let mut logits = Vec::new();
-    if n_depth > 0 {
-        for (b, kv) in caches.iter_mut().enumerate() {
-            let depth = random_tokens(n_depth, n_vocab, seq_seed(b, 0));
-            prefill_chunked(artifacts.prefill.as_ref(), pool, &depth, kv, &mut logits)?;
-        }
-    }
-    if n_prompt > 0 {
-        let prompts: Vec<Vec<u32>> = (0..batch)
-            .map(|b| random_tokens(n_prompt, n_vocab, seq_seed(b, 1)))
-            .collect();
-        let start = Instant::now();
-        for (kv, prompt) in caches.iter_mut().zip(&prompts) {
-            prefill_chunked(artifacts.prefill.as_ref(), pool, prompt, kv, &mut logits)?;
-        }
-        return Ok(start.elapsed().as_secs_f64());
-    }
-    let mut tokens: Vec<[u32; 1]> = (0..batch)
-        .map(|b| [random_tokens(1, n_vocab, seq_seed(b, 2))[0]])
-        .collect();
-    let start = Instant::now();
-    artifacts.decode_greedy(loaded, &mut caches, &mut tokens, n_gen, &mut logits)?;
-    Ok(start.elapsed().as_secs_f64())
+    Ok(())
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
@@ -324,56 +226,65 @@ pub fn run(args: BenchArgs) -> Result<()> {
             _ => bail!("test needs {n_depth} + {n_prompt} + {n_gen} positions but the model's context is {n_ctx}"),
         }
         let n_tokens = (n_prompt + n_gen) * args.batch;
-        let artifacts = if on_artifacts {
-            let needed = n_depth + n_prompt + n_gen + 1;
-            let window = match args.window {
-                Some(w) if w < needed => {
-                    bail!("test needs {needed} positions but --window is {w}")
-                }
-                Some(w) => w,
-                None => {
-                    let ladder = WindowLadder::default_for(n_ctx);
-                    ladder.windows()[ladder.rung_for(needed)?]
-                }
-            };
-            Some(Artifacts::compile(
-                &route,
-                args.prefill_chunk.min(window),
-                args.batch,
-                window,
-            )?)
-        } else {
-            None
+        let needed = n_depth + n_prompt + n_gen + 1;
+        let window = match (on_artifacts, args.window) {
+            (_, Some(w)) if w < needed => {
+                bail!("test needs {needed} positions but --window is {w}")
+            }
+            (_, Some(w)) => Some(w),
+            (true, None) => {
+                let ladder = WindowLadder::default_for(n_ctx);
+                Some(ladder.windows()[ladder.rung_for(needed)?])
+            }
+            (false, None) => None,
         };
-        let cell_qualified = match (&qualifier, &artifacts) {
-            (Some(q), Some(a)) => Some(match qualified.get(&a.window) {
+        // The artifact path runs the static artifacts of one window; the native path the
+        // engine's mixed passes on the default ladder.
+        let config = match window {
+            Some(w) => EngineConfig {
+                static_shapes: true,
+                ..single_user(
+                    WindowLadder::new(vec![w], n_ctx)?,
+                    args.prefill_chunk.min(w),
+                    args.batch,
+                )
+            },
+            None => single_user(
+                WindowLadder::default_for(n_ctx),
+                pyramid_model::MAX_PASS_TOKENS,
+                args.batch,
+            ),
+        };
+        let mut engine = route.engine(
+            &loaded,
+            EngineConfig {
+                max_sessions: 2 * args.batch,
+                ..config
+            },
+        )?;
+        let cell_qualified = match (&qualifier, window) {
+            (Some(q), Some(w)) => Some(match qualified.get(&w) {
                 Some(&v) => v,
                 None => {
-                    let v = q.check(&route, &loaded, a.window)?.valid;
-                    qualified.insert(a.window, v);
+                    let v = q.check(&route, &loaded, w)?.valid;
+                    qualified.insert(w, v);
                     v
                 }
             }),
             _ => None,
         };
-        let once = |seed: u64| match &artifacts {
-            Some(a) => run_once_artifacts(&loaded, a, args.batch, n_depth, n_prompt, n_gen, seed),
-            None => run_once(&loaded, args.batch, n_depth, n_prompt, n_gen, seed),
-        };
-        once(0)?; // warm-up
+        let test = (n_depth, n_prompt, n_gen);
+        run_once(&mut engine, &loaded, args.batch, test, 0)?; // warm-up
+                                                              // Batch sizes the warm-up asked for compile in the background: wait for them.
+        engine.pyramid().join_background();
+        let compile_ms = window.map(|_| engine.stats().pyramid.compile_ms);
         let samples_ts: Vec<f64> = (0..args.repetitions)
-            .map(|rep| once(rep as u64 + 1).map(|s| n_tokens as f64 / s))
+            .map(|rep| {
+                run_once(&mut engine, &loaded, args.batch, test, rep as u64 + 1)
+                    .map(|s| n_tokens as f64 / s)
+            })
             .collect::<Result<_>>()?;
-        let audit = match &artifacts {
-            Some(a) => route.audit(
-                Some(a.prefill.executing_device()),
-                Some(a.decode.executing_device()),
-            ),
-            None => {
-                let isa = format!("cpu ({})", isa::active().name());
-                route.audit(Some(isa.clone()), Some(isa))
-            }
-        };
+        let audit = route.audit_of(&engine);
         let Stat {
             mean: avg_ts,
             sd: stddev_ts,
@@ -399,8 +310,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             kv: loaded.kv_type.to_string(),
             isa: isa::active().name(),
             device: route.name(),
-            window: artifacts.as_ref().map(|a| a.window),
-            compile_ms: artifacts.as_ref().map(|a| a.compile_ms),
+            window,
+            compile_ms,
             route: audit,
             qualified: cell_qualified,
             synthetic: loaded.synthetic,

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -18,10 +19,10 @@ use pyramid_bench::results::{
 use pyramid_engine::replay::rss;
 use pyramid_kernels::isa;
 use pyramid_model::synthetic::SyntheticSpec;
-use pyramid_model::{KvType, Precision};
-use pyramid_runtime::{argmax, prefill_chunked};
+use pyramid_model::{KvCache, KvType, Precision, Segment};
+use pyramid_runtime::{argmax, prefill_chunked, ArtifactShape, Executable};
 
-use super::bench::{random_tokens, Artifacts};
+use super::bench::random_tokens;
 use super::qualify::Qualifier;
 use crate::loader::{Loaded, ModelArgs};
 use crate::route::{Route, RouteArgs};
@@ -572,4 +573,63 @@ fn run_sample(
         decode_tok_s: (batch * n_gen) as f64 / decode_s.max(1e-9),
         e2e_ms: (prefill_s + decode_s) * 1e3,
     })
+}
+
+/// A test's compiled artifacts: prefill and decode for one window.
+pub(crate) struct Artifacts {
+    pub window: usize,
+    pub prefill: Arc<dyn Executable>,
+    pub decode: Arc<dyn Executable>,
+    pub compile_ms: f64,
+}
+
+impl Artifacts {
+    pub fn compile(route: &Route, chunk: usize, batch: usize, window: usize) -> Result<Self> {
+        let start = Instant::now();
+        let prefill = route
+            .backend
+            .compile(ArtifactShape::Prefill { chunk, window })?;
+        let decode = route
+            .backend
+            .compile(ArtifactShape::Decode { batch, window })?;
+        Ok(Self {
+            window,
+            prefill,
+            decode,
+            compile_ms: start.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// An empty KV cache of the artifacts' window for each of `batch` sequences.
+    pub fn new_caches(&self, loaded: &Loaded, batch: usize) -> Vec<KvCache> {
+        (0..batch)
+            .map(|_| loaded.model.new_kv_cache_of(self.window, loaded.kv_type))
+            .collect()
+    }
+
+    /// `n_gen` greedy decode steps of the whole batch, each sequence starting from its
+    /// token in `tokens` (left holding its last one).
+    pub fn decode_greedy(
+        &self,
+        loaded: &Loaded,
+        caches: &mut [KvCache],
+        tokens: &mut [[u32; 1]],
+        n_gen: usize,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let n_vocab = loaded.model.config.n_vocab;
+        for _ in 0..n_gen {
+            let mut segments: Vec<Segment<'_>> = caches
+                .iter_mut()
+                .zip(tokens.iter())
+                .map(|(kv, t)| Segment::new(t, kv))
+                .collect();
+            self.decode.run(&loaded.pool, &mut segments, logits)?;
+            drop(segments);
+            for (t, row) in tokens.iter_mut().zip(logits.chunks_exact(n_vocab)) {
+                t[0] = argmax(row);
+            }
+        }
+        Ok(())
+    }
 }

@@ -1,18 +1,23 @@
 //! `pyramid chat`: a multi-turn conversation in the terminal.
 //!
-//! Each turn re-renders the whole conversation with the model's template and hands it to
-//! the same [`Session`], which finds the longest prefix already in its KV cache: only the
-//! new user message (and the template's glue) is prefilled.
+//! Each turn re-renders the whole conversation with the model's template and sends it to
+//! the engine as one request; the engine's prefix cache finds the conversation's session:
+//! only the new user message (and the template's glue) is prefilled. Any route works
+//! (`--device`, `--prefill-device`, `--decode-device`), and the conversation moves up the
+//! window ladder as it grows.
 
 use std::io::{BufRead, Write};
 
 use anyhow::Result;
 use clap::Args;
-use pyramid_runtime::{generate, FinishReason, Session};
+use pyramid_engine::FinishReason;
+use pyramid_runtime::WindowLadder;
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 
+use super::replay::DEFAULT_PREFILL_CHUNK;
 use super::run::SamplingArgs;
 use crate::loader::ModelArgs;
+use crate::route::{prefill_chunk_for, single_user, RouteArgs};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -23,6 +28,8 @@ pub struct ChatArgs {
     pub system: Option<String>,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub route: RouteArgs,
     /// Print prefill/decode statistics after each reply (on stderr).
     #[arg(long)]
     pub stats: bool,
@@ -45,13 +52,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
             args.stats,
         );
     }
-    let loaded = args.model.load()?;
+    let native = args.route.is_native()?;
+    let loaded = args.model.load_keeping_f32(!native)?;
     let template = loaded.tokenizer.chat_template()?;
-    let params = args
-        .sampling
-        .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
+    // Checked now, so a bad flag is reported before the first turn.
+    args.sampling.request(0, vec![0], &[])?;
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
+    let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
+    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1))?;
     let tokenizer = &loaded.tokenizer;
-    let mut session = Session::with_kv_type(loaded.model.clone(), 1024, loaded.kv_type);
     let mut messages: Vec<ChatMessage> = args
         .system
         .iter()
@@ -65,7 +75,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     let mut stdout = std::io::stdout();
-    loop {
+    for turn in 0.. {
         let Some(line) = next_user_turn(&mut lines)? else {
             break;
         };
@@ -75,7 +85,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
 
         let mut stream = StreamDecoder::new();
         let mut reply_tokens = Vec::new();
-        let result = generate(&mut session, &loaded.pool, &prompt, &params, &mut |token| {
+        let request = args
+            .sampling
+            .request(turn, prompt, tokenizer.end_of_generation_ids())?;
+        let result = engine.generate(&loaded.pool, request, &mut |token| {
             if tokenizer.is_end_of_generation(token) {
                 return true;
             }
@@ -99,8 +112,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         };
         writeln!(stdout, "{}", stream.finish())?;
         if generation.finish_reason == FinishReason::Length {
-            if generation.tokens.len() >= params.max_tokens {
-                eprintln!("[reply cut at {} tokens]", params.max_tokens);
+            if generation.tokens.len() >= args.sampling.max_tokens {
+                eprintln!("[reply cut at {} tokens]", args.sampling.max_tokens);
             } else {
                 eprintln!("[reply cut: the conversation fills the model's context]");
             }
@@ -109,7 +122,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             let t = generation.timings;
             eprintln!(
                 "[reused {} cached tokens, prefilled {} at {:.1} tok/s, generated {} at {:.1} tok/s]",
-                generation.n_prompt_reused,
+                generation.usage.cached_tokens,
                 t.n_prefill,
                 t.prefill_tok_s(),
                 generation.tokens.len(),

@@ -9,13 +9,14 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_bench::results::Agreement;
-use pyramid_engine::PyramidSession;
-use pyramid_runtime::{generate, GenerateParams, SamplerConfig, Session, WindowLadder};
+use pyramid_engine::{Engine, EngineConfig, Request};
+use pyramid_runtime::{CpuBackend, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
 
+use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{pyramid_for, Route, RouteArgs, RouteAudit};
+use crate::route::{single_user, Route, RouteArgs, RouteAudit};
 
 /// The public reference prompts (testdata/refs/prompts-public.json), built in.
 const PUBLIC_PROMPTS: &str = include_str!("../../../../testdata/refs/prompts-public.json");
@@ -141,15 +142,6 @@ struct Report {
     windows: Vec<WindowResult>,
 }
 
-fn greedy(max_tokens: usize) -> GenerateParams {
-    GenerateParams {
-        max_tokens,
-        sampler: SamplerConfig::greedy(),
-        stop_tokens: Vec::new(),
-        ignore_eos: true,
-    }
-}
-
 /// The reference prompts and the native f32 path's greedy tokens for each.
 pub struct Qualifier {
     prompts: Vec<Prompt>,
@@ -180,20 +172,25 @@ impl Qualifier {
         if let Some(limit) = limit {
             prompts.truncate(limit);
         }
-        let params = greedy(max_tokens);
+        let ladder = WindowLadder::default_for(reference_model.config.n_ctx_train);
+        let backend = Arc::new(CpuBackend::new(reference_model, loaded.pool.n_threads()));
+        let chunk = pyramid_model::MAX_PASS_TOKENS.min(ladder.largest());
+        let mut engine = Engine::new(
+            backend,
+            crate::loader::file_model_id(&loaded.path)?,
+            pyramid_model::KvType::F32,
+            single_user(ladder, chunk, 1),
+        )?;
         let reference = prompts
             .iter()
-            .map(|p| {
-                let needed = p.tokens.len() + max_tokens;
-                if needed > largest {
+            .enumerate()
+            .map(|(id, p)| {
+                if p.tokens.len() + max_tokens > largest {
                     return Ok(None);
                 }
-                let mut session = Session::new(Arc::clone(&reference_model), needed);
-                let generation =
-                    generate(&mut session, &loaded.pool, &p.tokens, &params, &mut |_| {
-                        true
-                    })?;
-                Ok(Some(generation.tokens))
+                let request = Request::greedy(id as u64, p.tokens.clone(), max_tokens);
+                let done = engine.generate(&loaded.pool, request, &mut |_| true)?;
+                Ok(Some(done.tokens))
             })
             .collect::<Result<_>>()?;
         Ok(Self {
@@ -206,8 +203,16 @@ impl Qualifier {
     /// Runs every prompt that fits `window` through `route` on artifacts of that window.
     pub fn check(&self, route: &Route, loaded: &Loaded, window: usize) -> Result<WindowResult> {
         let ladder = WindowLadder::new(vec![window], loaded.model.config.n_ctx_train)?;
-        let pyramid = pyramid_for(route, loaded, ladder, 0)?;
-        let params = greedy(self.max_tokens);
+        let chunk = DEFAULT_PREFILL_CHUNK.min(window);
+        // The window's own static artifacts, whatever the backend: they are what is
+        // qualified.
+        let mut engine = route.engine(
+            loaded,
+            EngineConfig {
+                static_shapes: true,
+                ..single_user(ladder, chunk, 1)
+            },
+        )?;
         let mut prompt_results = Vec::new();
         let mut error = None;
         for (p, want) in self.prompts.iter().zip(&self.reference) {
@@ -220,10 +225,12 @@ impl Qualifier {
                 });
                 continue;
             };
-            let mut session = PyramidSession::new(Arc::clone(&pyramid));
-            match generate(&mut session, &loaded.pool, &p.tokens, &params, &mut |_| {
-                true
-            }) {
+            let request = Request::greedy(
+                prompt_results.len() as u64,
+                p.tokens.clone(),
+                self.max_tokens,
+            );
+            match engine.generate(&loaded.pool, request, &mut |_| true) {
                 Ok(got) => {
                     let first_difference = got.tokens.iter().zip(want).position(|(a, b)| a != b);
                     prompt_results.push(PromptResult {
@@ -238,12 +245,11 @@ impl Qualifier {
                 }
             }
         }
-        let stats = pyramid.stats();
         let fitted: Vec<bool> = prompt_results.iter().filter_map(|r| r.matched).collect();
         Ok(WindowResult {
             window,
             valid: error.is_none() && !fitted.is_empty() && fitted.iter().all(|&m| m),
-            route: route.audit(stats.prefill_executed_on, stats.decode_executed_on),
+            route: route.audit_of(&engine),
             prompts: prompt_results,
             error,
         })

@@ -2,19 +2,17 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_engine::PyramidSession;
-use pyramid_runtime::{
-    generate, Decoder, GenerateParams, Prefill, SamplerConfig, Session, WindowLadder,
-};
+use pyramid_engine::{FinishReason, Request, RequestId};
+use pyramid_runtime::{SamplerConfig, WindowLadder};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 use serde::Serialize;
 
+use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{pyramid_for, RouteArgs, RouteAudit};
+use crate::route::{prefill_chunk_for, single_user, RouteArgs, RouteAudit};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]
@@ -71,7 +69,9 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
-    pub fn params(&self, stop_tokens: Vec<u32>) -> Result<GenerateParams> {
+    /// A request for `prompt` with these settings, ending at `stop_tokens` unless
+    /// `--ignore-eos`.
+    pub fn request(&self, id: RequestId, prompt: Vec<u32>, stop_tokens: &[u32]) -> Result<Request> {
         if self.max_tokens == 0 {
             bail!("--max-tokens must be at least 1");
         }
@@ -85,11 +85,17 @@ impl SamplingArgs {
             seed: self.seed,
         };
         sampler.validate()?;
-        Ok(GenerateParams {
+        Ok(Request {
+            id,
+            prompt,
             max_tokens: self.max_tokens,
             sampler,
-            stop_tokens,
-            ignore_eos: self.ignore_eos,
+            stop_tokens: if self.ignore_eos {
+                Vec::new()
+            } else {
+                stop_tokens.to_vec()
+            },
+            logprobs: None,
         })
     }
 }
@@ -170,34 +176,20 @@ pub fn run(args: RunArgs) -> Result<()> {
             prompt.len()
         );
     }
-    let params = args
-        .sampling
-        .params(loaded.tokenizer.end_of_generation_ids().to_vec())?;
-    // The native route runs a growing session directly; other routes run compiled
-    // artifacts on the window pyramid.
-    let mut native_session;
-    let mut pyramid_session;
-    let mut pyramid = None;
-    let session: &mut dyn Decoder<Error = anyhow::Error> = if native {
-        native_session = Erased(Session::with_kv_type(
-            loaded.model.clone(),
-            prompt.len() + params.max_tokens,
-            loaded.kv_type,
-        ));
-        &mut native_session
-    } else {
-        let ladder = WindowLadder::default_for(n_ctx);
-        let shared = pyramid_for(&route, &loaded, ladder, params.max_tokens)?;
-        pyramid_session = Erased(PyramidSession::new(Arc::clone(&shared)));
-        pyramid = Some(shared);
-        &mut pyramid_session
-    };
+    let request =
+        args.sampling
+            .request(0, prompt.clone(), loaded.tokenizer.end_of_generation_ids())?;
+    // Every route runs the engine core: natively one growing pass per step, on other
+    // devices static artifacts on the window pyramid.
+    let ladder = WindowLadder::default_for(n_ctx);
+    let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
+    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1))?;
 
     let tokenizer = &loaded.tokenizer;
     let mut stream = StreamDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let generation = generate(session, &loaded.pool, &prompt, &params, &mut |token| {
+    let generation = engine.generate(&loaded.pool, request, &mut |token| {
         if args.json || (tokenizer.is_end_of_generation(token) && !args.sampling.ignore_eos) {
             return true;
         }
@@ -229,7 +221,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 
     if args.json {
         let mut text_tokens = generation.tokens.as_slice();
-        if generation.finish_reason == pyramid_runtime::FinishReason::Stop {
+        if generation.finish_reason == FinishReason::Stop {
             text_tokens = &text_tokens[..text_tokens.len() - 1];
         }
         let t = generation.timings;
@@ -246,16 +238,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 prefill_tok_s: t.prefill_tok_s(),
                 decode_tok_s: t.decode_tok_s(),
             },
-            route: match &pyramid {
-                Some(pyramid) => {
-                    let stats = pyramid.stats();
-                    route.audit(stats.prefill_executed_on, stats.decode_executed_on)
-                }
-                None => {
-                    let isa = format!("cpu ({})", pyramid_kernels::isa::active().name());
-                    route.audit(Some(isa.clone()), Some(isa))
-                }
-            },
+            route: route.audit_of(&engine),
         };
         serde_json::to_writer(&mut stdout, &out)?;
         writeln!(stdout)?;
@@ -264,30 +247,4 @@ pub fn run(args: RunArgs) -> Result<()> {
         writeln!(stdout)?;
     }
     Ok(())
-}
-
-/// A decoder whose errors are `anyhow`'s, so native and pyramid sessions share one loop.
-struct Erased<D>(D);
-
-impl<D: Decoder> Decoder for Erased<D>
-where
-    D::Error: std::error::Error + Send + Sync + 'static,
-{
-    type Error = anyhow::Error;
-
-    fn prefill_prompt(
-        &mut self,
-        pool: &pyramid_kernels::ThreadPool,
-        prompt: &[u32],
-    ) -> Result<Prefill> {
-        Ok(self.0.prefill_prompt(pool, prompt)?)
-    }
-
-    fn decode_token(&mut self, pool: &pyramid_kernels::ThreadPool, token: u32) -> Result<Vec<f32>> {
-        Ok(self.0.decode_token(pool, token)?)
-    }
-
-    fn remaining_context(&self) -> usize {
-        self.0.remaining_context()
-    }
 }

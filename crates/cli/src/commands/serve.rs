@@ -7,12 +7,16 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pyramid_engine::{Arm, EngineConfig, PyramidConfig};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::Metrics;
-use pyramid_server::{AppState, Engine, EngineConfig, DEFAULT_BODY_LIMIT};
+use pyramid_server::{AppState, EngineThread, DEFAULT_BODY_LIMIT};
 
 use super::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::ModelArgs;
+use crate::route::{
+    RouteArgs, DEFAULT_GENERATION_RESERVE, FIRST_COMPILE_ESTIMATE, PREDICTION_MARGIN,
+};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -37,14 +41,35 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_queue: usize,
     /// KV cache memory for running and cached conversations, e.g. 2GiB, 512MiB or bytes.
+    /// A request whose window does not fit waits in the queue.
     #[arg(long, default_value = "2GiB", value_parser = parse_bytes)]
     pub kv_budget: usize,
+    /// Memory for compiled artifacts (static-shape graphs per window and batch size on
+    /// accelerator routes); the least recently used unheld ones are evicted beyond it.
+    #[arg(long, default_value = "4GiB", value_parser = parse_bytes)]
+    pub artifact_budget: usize,
     /// The window ladder, e.g. 1024,2048,4096 (default: 1K doubling up to the model's context).
     #[arg(long)]
     pub windows: Option<String>,
-    /// Prompt tokens prefilled per step, shared by all sequences.
+    /// Prompt tokens prefilled per step, shared by all sequences (on static routes also
+    /// the prefill artifacts' chunk, at most the smallest window).
     #[arg(long, default_value_t = DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
+    /// When a conversation's next window compiles: `predictive` (ahead of the predicted
+    /// crossing) or `on-demand` (when reached: a counted stall).
+    #[arg(long, default_value = "predictive", value_parser = parse_window_policy)]
+    pub window_policy: Arm,
+    #[command(flatten)]
+    pub route: RouteArgs,
+}
+
+fn parse_window_policy(s: &str) -> Result<Arm, String> {
+    match Arm::parse(s) {
+        Some(arm @ (Arm::Predictive | Arm::OnDemand)) => Ok(arm),
+        _ => Err(format!(
+            "'{s}' is not a window policy (predictive or on-demand)"
+        )),
+    }
 }
 
 fn parse_bytes(s: &str) -> Result<usize, String> {
@@ -78,30 +103,48 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("'{}' is not an IP address to listen on", args.host))?;
-    let loaded = args.model.load()?;
+    let native = args.route.is_native()?;
+    let loaded = args.model.load_keeping_f32(!native)?;
     let n_ctx = loaded.model.config.n_ctx_train;
     let ladder = match &args.windows {
         Some(text) => WindowLadder::parse(text, n_ctx)?,
         None => WindowLadder::default_for(n_ctx),
     };
     let max_context = ladder.largest();
+    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let prefill_chunk = if route.backend.runs_mixed_passes() {
+        args.prefill_chunk
+    } else {
+        args.prefill_chunk.min(ladder.windows()[0])
+    };
+    let core = route.engine(
+        &loaded,
+        EngineConfig {
+            pyramid: PyramidConfig {
+                ladder,
+                prefill_chunk,
+                arm: args.window_policy,
+                generation_reserve: DEFAULT_GENERATION_RESERVE,
+                artifact_budget: args.artifact_budget,
+                margin: PREDICTION_MARGIN,
+                first_compile_estimate: FIRST_COMPILE_ESTIMATE,
+            },
+            max_batch: args.max_batch,
+            kv_budget: args.kv_budget,
+            max_sessions: args.max_sessions,
+            static_shapes: false,
+        },
+    )?;
     let template = loaded.tokenizer.chat_template().ok();
     let model_id = model_id(&loaded.name);
     let tokenizer = Arc::new(loaded.tokenizer);
     let metrics = Arc::new(Metrics::default());
-    let engine = Engine::start(
-        Arc::clone(&loaded.model),
+    metrics.set_route(&route.prefill, &route.decode);
+    let engine = EngineThread::start(
+        core,
         Arc::clone(&tokenizer),
         loaded.pool,
-        EngineConfig {
-            max_batch: args.max_batch,
-            max_queue: args.max_queue,
-            max_sessions: args.max_sessions,
-            kv_budget: args.kv_budget,
-            prefill_chunk: args.prefill_chunk,
-            ladder,
-            kv_type: loaded.kv_type,
-        },
+        args.max_queue,
         Arc::clone(&metrics),
     )?;
     let state = Arc::new(AppState::new(
@@ -114,6 +157,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         DEFAULT_BODY_LIMIT,
         metrics,
     ));
+    let route_name = route.name();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -124,7 +168,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
         // The first line of stdout is the address, for scripts that start us on port 0.
-        println!("pyramid serve: listening on http://{local} (model '{model_id}')");
+        println!(
+            "pyramid serve: listening on http://{local} (model '{model_id}', route {route_name})"
+        );
         std::io::stdout().flush()?;
         pyramid_server::serve(listener, state, pyramid_server::shutdown_signal()).await?;
         eprintln!("pyramid serve: shut down");

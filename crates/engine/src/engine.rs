@@ -1,0 +1,485 @@
+//! The engine core every entry point drives (`run`, `chat`, `serve`, `bench`, `replay`):
+//! continuous batching on the window pyramid, on any backend route.
+//!
+//! One [`Engine::step`] is three phases with plain data between them, as in vLLM v1:
+//! - [`Engine::schedule`] admits queued requests, decides which sequences run and how
+//!   many tokens each feeds, which move to a larger window first, which wait for an
+//!   artifact, and which artifacts start compiling ([`Schedule`]);
+//! - [`Engine::execute`] places and migrates sessions and runs the passes on the
+//!   route's artifacts ([`Executed`]: logits per sequence);
+//! - [`Engine::update`] samples, applies stop tokens and limits, retires finished
+//!   sequences into the prefix cache, and returns [`Event`]s.
+//!
+//! The engine owns the sessions (running and cached), the prefix cache, the artifact
+//! cache and the growth predictor; it knows token ids only. A request's tokens do not
+//! depend on what else runs beside it: every row of a pass is computed on its own.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyramid_kernels::ThreadPool;
+use pyramid_model::KvCache;
+use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
+use serde::Serialize;
+
+use crate::executor::Executed;
+use crate::prefix_cache::PrefixCache;
+use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
+use crate::request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
+use crate::scheduler::Schedule;
+use crate::session::Session;
+use crate::{EngineError, Result};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Windows, prefill chunk, window policy, artifact budget, prediction margins.
+    pub pyramid: PyramidConfig,
+    /// Sequences advanced together in one step.
+    pub max_batch: usize,
+    /// Bytes of KV cache held by running and cached sessions together.
+    pub kv_budget: usize,
+    /// Sessions held at once, running and cached.
+    pub max_sessions: usize,
+    /// Run through per-window static artifacts even on a backend that takes mixed
+    /// passes, as a static device would (what `replay` measures).
+    pub static_shapes: bool,
+}
+
+/// A request being served.
+pub(crate) struct Sequence {
+    pub request: Request,
+    pub session: Session,
+    /// Prompt tokens in the cache so far (the first `cached_tokens` came with it).
+    pub fed: usize,
+    pub cached_tokens: usize,
+    /// The sampled token to feed next, once the prompt is in.
+    pub next_input: Option<u32>,
+    pub sampler: Sampler,
+    pub generated: usize,
+    pub submitted: Instant,
+    pub admitted: Instant,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    /// Since when it waits for an artifact or memory to move to a larger window.
+    pub stalled_since: Option<Instant>,
+}
+
+impl Sequence {
+    pub fn prefilling(&self) -> bool {
+        self.fed < self.request.prompt.len()
+    }
+}
+
+/// What the last step ran, for the driver's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct StepSummary {
+    /// Sequences that decoded one token.
+    pub n_decoded: usize,
+    /// Prompt tokens prefilled.
+    pub n_prefilled: usize,
+    /// How long each migration took.
+    pub migrations: Vec<Duration>,
+    /// Passes run (more than one when windows or stages differ on a static backend).
+    pub n_passes: usize,
+}
+
+/// The engine's state, for `/metrics` and reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStats {
+    #[serde(flatten)]
+    pub pyramid: PyramidStats,
+    pub running: usize,
+    pub waiting: usize,
+    pub cached_sessions: usize,
+    /// KV bytes of running and cached sessions: reserved (their windows) and used.
+    pub kv_bytes_reserved: usize,
+    pub kv_bytes_used: usize,
+    /// Compiled artifacts by window: `(window, count, bytes)`.
+    pub artifacts: Vec<(usize, usize, usize)>,
+    pub compiling: usize,
+}
+
+pub struct Engine {
+    pub(crate) pyramid: Arc<WindowPyramid>,
+    pub(crate) config: EngineConfig,
+    /// The one artifact of a backend that runs mixed passes; `None` on static routes.
+    pub(crate) mixed: Option<Arc<dyn Executable>>,
+    pub(crate) kv_bytes_per_position: usize,
+    pub(crate) waiting: VecDeque<(Request, Instant)>,
+    pub(crate) running: Vec<Sequence>,
+    pub(crate) cache: PrefixCache,
+    pub(crate) summary: StepSummary,
+    pub(crate) events: Vec<Event>,
+}
+
+impl Engine {
+    /// An engine over `backend`; `model_id` tells artifacts of different files apart.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        model_id: u64,
+        kv_type: pyramid_model::KvType,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        if config.max_batch == 0 || config.max_sessions == 0 {
+            return Err(EngineError::BadConfig(
+                "max_batch and max_sessions must be at least 1".to_string(),
+            ));
+        }
+        let model = Arc::clone(backend.model());
+        let pyramid = WindowPyramid::new(backend, model_id, kv_type, config.pyramid.clone())?;
+        let mixed = if pyramid.backend().runs_mixed_passes() && !config.static_shapes {
+            let shape = ArtifactShape::Mixed {
+                rows: config.pyramid.prefill_chunk + config.max_batch,
+                batch: config.max_batch,
+                window: config.pyramid.ladder.largest(),
+            };
+            Some(pyramid.acquire(shape)?.0)
+        } else {
+            None
+        };
+        let kv_bytes_per_position = KvCache::new(&model.config, 1, kv_type).bytes();
+        Ok(Self {
+            pyramid,
+            config,
+            mixed,
+            kv_bytes_per_position,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            cache: PrefixCache::default(),
+            summary: StepSummary::default(),
+            events: Vec::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn pyramid(&self) -> &Arc<WindowPyramid> {
+        &self.pyramid
+    }
+
+    /// The largest context a request can reach.
+    pub fn max_context(&self) -> usize {
+        self.config.pyramid.ladder.largest()
+    }
+
+    /// Queues `request`. It is checked when admitted: errors come back as
+    /// [`Event::Failed`].
+    pub fn add_request(&mut self, request: Request) {
+        self.waiting.push_back((request, Instant::now()));
+    }
+
+    /// Whether anything is queued or running.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    pub fn n_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Ends a request now (a client went away, a stop string matched). Its session is
+    /// kept for reuse. Returns its usage, or `None` if the engine does not hold it.
+    pub fn abort(&mut self, id: RequestId) -> Option<Usage> {
+        if let Some(i) = self.waiting.iter().position(|(r, _)| r.id == id) {
+            let (request, _) = self.waiting.remove(i)?;
+            return Some(Usage {
+                prompt_tokens: request.prompt.len(),
+                ..Usage::default()
+            });
+        }
+        let i = self.running.iter().position(|s| s.request.id == id)?;
+        let seq = self.running.swap_remove(i);
+        let usage = usage_of(&seq);
+        self.retire(seq.session);
+        Some(usage)
+    }
+
+    /// One step: schedule, execute, update. Blocks only when every runnable sequence
+    /// waits for an artifact compile, and then only until it is ready; a compile that
+    /// failed in the background is retried once in the foreground before the sequences
+    /// needing it fail.
+    pub fn step(&mut self, pool: &ThreadPool) -> Vec<Event> {
+        self.summary = StepSummary::default();
+        let mut schedule = self.schedule();
+        self.mark_stalled(&schedule);
+        let mut wait_for: Vec<usize> = schedule
+            .stalled
+            .iter()
+            .map(|&(_, w)| w)
+            .filter(|&w| self.pyramid.failure(w).is_some())
+            .collect();
+        if schedule.is_idle() {
+            wait_for.extend(schedule.stalled.first().map(|&(_, w)| w));
+        }
+        wait_for.sort_unstable();
+        wait_for.dedup();
+        if !wait_for.is_empty() {
+            for window in wait_for {
+                if let Err(e) = self.pyramid.acquire_window(window) {
+                    self.fail_stalled_on(window, &schedule, e);
+                }
+            }
+            schedule = self.schedule();
+            self.mark_stalled(&schedule);
+        }
+        if schedule.is_idle() {
+            // Still nothing runs: what waits with its artifacts ready waits for memory
+            // that no running sequence will free.
+            self.fail_over_budget(&schedule);
+        }
+        let executed = self.execute(pool, &schedule);
+        self.update(&schedule, executed);
+        std::mem::take(&mut self.events)
+    }
+
+    fn mark_stalled(&mut self, schedule: &Schedule) {
+        let now = Instant::now();
+        for &(id, _) in &schedule.stalled {
+            if let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) {
+                seq.stalled_since.get_or_insert(now);
+            }
+        }
+    }
+
+    /// Applies a step's results: samples each sequence whose prompt is in, ends those
+    /// that sampled a stop token or reached a limit, and keeps their sessions for reuse.
+    pub fn update(&mut self, schedule: &Schedule, executed: Executed) {
+        debug_assert!(executed.logits.len() <= schedule.n_scheduled());
+        for (id, error) in executed.failed {
+            if let Some(i) = self.running.iter().position(|s| s.request.id == id) {
+                // Its cache is left as before the pass, but the sequence ends here.
+                let seq = self.running.swap_remove(i);
+                self.retire(seq.session);
+            }
+            self.events.push(Event::Failed { id, error });
+        }
+        let largest = self.config.pyramid.ladder.largest();
+        let mut finished = Vec::new();
+        for (id, mut logits) in executed.logits {
+            let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) else {
+                continue;
+            };
+            if seq.prefilling() {
+                continue; // more prompt to come: these logits are not sampled
+            }
+            let raw = seq.request.logprobs.map(|_| logits.clone());
+            let token = seq.sampler.sample(&mut logits, seq.session.tokens());
+            let logprobs = raw.and_then(|raw| logprobs_for(seq, &raw, token));
+            let now = Instant::now();
+            seq.first_token.get_or_insert(now);
+            seq.last_token = Some(now);
+            seq.generated += 1;
+            self.events.push(Event::Token {
+                id,
+                token,
+                logprobs,
+            });
+            let reason = if seq.request.stop_tokens.contains(&token) {
+                Some(FinishReason::Stop)
+            } else if seq.generated >= seq.request.max_tokens || seq.session.len() + 1 > largest {
+                // The next decode would need a position beyond the largest window.
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => finished.push((id, reason)),
+                None => seq.next_input = Some(token),
+            }
+        }
+        for (id, reason) in finished {
+            let Some(i) = self.running.iter().position(|s| s.request.id == id) else {
+                continue;
+            };
+            let mut seq = self.running.swap_remove(i);
+            let usage = usage_of(&seq);
+            let timings = timings_of(&seq);
+            let grown = usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens;
+            seq.session.observe_turn(grown, seq.admitted.elapsed());
+            self.events.push(Event::Finished {
+                id,
+                reason,
+                usage,
+                timings,
+            });
+            self.retire(seq.session);
+        }
+    }
+
+    /// What the last step ran.
+    pub fn last_step(&self) -> &StepSummary {
+        &self.summary
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let (reserved, used) = self.running.iter().map(|s| s.session.kv_bytes()).fold(
+            (self.cache.bytes(), self.cache.used_bytes()),
+            |(r, u), (a, b)| (r + a, u + b),
+        );
+        EngineStats {
+            pyramid: self.pyramid.stats(),
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            cached_sessions: self.cache.len(),
+            kv_bytes_reserved: reserved,
+            kv_bytes_used: used,
+            artifacts: self.pyramid.resident(),
+            compiling: self.pyramid.n_compiling(),
+        }
+    }
+
+    /// Runs `request` alone to its end, calling `on_token` with each sampled token;
+    /// `on_token` returning `false` aborts it. For one-shot drivers (`run`, `chat`).
+    pub fn generate(
+        &mut self,
+        pool: &ThreadPool,
+        request: Request,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Completion> {
+        let id = request.id;
+        self.add_request(request);
+        let mut tokens = Vec::new();
+        loop {
+            for event in self.step(pool) {
+                match event {
+                    Event::Token { token, .. } => {
+                        tokens.push(token);
+                        if !on_token(token) {
+                            let usage = self.abort(id).unwrap_or_default();
+                            return Ok(Completion {
+                                tokens,
+                                finish_reason: FinishReason::Aborted,
+                                usage,
+                                timings: Timings::default(),
+                            });
+                        }
+                    }
+                    Event::Finished {
+                        reason,
+                        usage,
+                        timings,
+                        ..
+                    } => {
+                        return Ok(Completion {
+                            tokens,
+                            finish_reason: reason,
+                            usage,
+                            timings,
+                        })
+                    }
+                    Event::Failed { error, .. } => return Err(error),
+                    Event::Started { .. } => {}
+                }
+            }
+        }
+    }
+
+    /// KV bytes a session on `window` reserves.
+    pub(crate) fn kv_bytes_for(&self, window: usize) -> usize {
+        self.kv_bytes_per_position.saturating_mul(window)
+    }
+
+    /// KV bytes the running sessions reserve, counting those not yet placed at the
+    /// window they will get.
+    pub(crate) fn running_bytes(&self) -> usize {
+        self.running
+            .iter()
+            .map(|s| match s.session.window() {
+                Some(_) => s.session.kv_bytes().0,
+                None => self.target_window(s).map_or(0, |w| self.kv_bytes_for(w)),
+            })
+            .sum()
+    }
+
+    /// Keeps a session for reuse, then evicts what the session limit and the KV budget
+    /// no longer allow.
+    pub(crate) fn retire(&mut self, session: Session) {
+        self.cache.insert(session);
+        let max_cached = self.config.max_sessions.saturating_sub(self.running.len());
+        let room = self.config.kv_budget.saturating_sub(self.running_bytes());
+        self.cache.evict_to(max_cached, room);
+    }
+
+    /// Fails the stalled sequences whose artifacts are ready: alone, they wait for KV
+    /// memory that nothing will free.
+    fn fail_over_budget(&mut self, schedule: &Schedule) {
+        for &(id, window) in &schedule.stalled {
+            let ready = self.mixed.is_some() || self.pyramid.window_ready(window).is_some();
+            let Some(i) = self.running.iter().position(|s| s.request.id == id) else {
+                continue;
+            };
+            if ready {
+                let seq = self.running.swap_remove(i);
+                self.retire(seq.session);
+                self.events.push(Event::Failed {
+                    id,
+                    error: EngineError::OverBudget {
+                        bytes: self.kv_bytes_for(window),
+                        budget: self.config.kv_budget,
+                    },
+                });
+            }
+        }
+    }
+
+    /// Fails every sequence stalled on `window`, whose compile failed; their sessions
+    /// stay cached, untouched.
+    fn fail_stalled_on(&mut self, window: usize, schedule: &Schedule, error: EngineError) {
+        let reason = error.to_string();
+        let mut error = Some(error);
+        for &(id, w) in &schedule.stalled {
+            if w != window {
+                continue;
+            }
+            let Some(i) = self.running.iter().position(|s| s.request.id == id) else {
+                continue;
+            };
+            let seq = self.running.swap_remove(i);
+            self.retire(seq.session);
+            let error = error.take().unwrap_or_else(|| EngineError::Unavailable {
+                window,
+                reason: reason.clone(),
+            });
+            self.events.push(Event::Failed { id, error });
+        }
+    }
+}
+
+/// A request run to its end by [`Engine::generate`].
+#[derive(Debug, Clone)]
+pub struct Completion {
+    /// Sampled tokens, the stop token included when `finish_reason` is `Stop`.
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    pub timings: Timings,
+}
+
+pub(crate) fn usage_of(seq: &Sequence) -> Usage {
+    Usage {
+        prompt_tokens: seq.request.prompt.len(),
+        completion_tokens: seq.generated,
+        cached_tokens: seq.cached_tokens,
+    }
+}
+
+fn timings_of(seq: &Sequence) -> Timings {
+    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
+    let first = seq.first_token.unwrap_or(seq.admitted);
+    Timings {
+        prefill_ms: ms(seq.admitted, first),
+        n_prefill: seq.request.prompt.len() - seq.cached_tokens,
+        decode_ms: ms(first, seq.last_token.unwrap_or(first)),
+        n_decode: seq.generated.saturating_sub(1),
+        queue_ms: ms(seq.submitted, seq.admitted),
+    }
+}
+
+pub(crate) fn logprobs_for(seq: &Sequence, logits: &[f32], token: u32) -> Option<TokenLogprobs> {
+    seq.request
+        .logprobs
+        .map(|k| TokenLogprobs::of(logits, token, k))
+}

@@ -1,0 +1,91 @@
+//! Finished conversations kept for reuse. A new request takes the cached session whose
+//! tokens share the longest prefix with its prompt and prefills only the rest; the least
+//! recently used sessions go first when limits require.
+
+use std::time::Instant;
+
+use crate::session::Session;
+
+struct Entry {
+    session: Session,
+    last_used: Instant,
+}
+
+#[derive(Default)]
+pub(crate) struct PrefixCache {
+    entries: Vec<Entry>,
+}
+
+/// Leading tokens `a` and `b` have in common.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PrefixCache {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// KV bytes the cached sessions reserve.
+    pub fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.session.kv_bytes().0).sum()
+    }
+
+    /// KV bytes the cached sessions' live positions occupy.
+    pub fn used_bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.session.kv_bytes().1).sum()
+    }
+
+    /// Takes the session sharing the longest non-empty prefix with `prompt`, with the
+    /// length shared.
+    pub fn take_longest(&mut self, prompt: &[u32]) -> Option<(Session, usize)> {
+        let (i, n) = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(e.session.tokens(), prompt)))
+            .max_by_key(|&(_, n)| n)
+            .filter(|&(_, n)| n > 0)?;
+        Some((self.entries.swap_remove(i).session, n))
+    }
+
+    pub fn insert(&mut self, session: Session) {
+        if !session.is_empty() {
+            self.entries.push(Entry {
+                session,
+                last_used: Instant::now(),
+            });
+        }
+    }
+
+    /// Evicts least recently used sessions until at most `max_entries` remain and their
+    /// bytes are at most `max_bytes`; returns how many went.
+    pub fn evict_to(&mut self, max_entries: usize, max_bytes: usize) -> usize {
+        self.entries.sort_by_key(|e| std::cmp::Reverse(e.last_used));
+        let mut bytes = 0;
+        let mut keep = 0;
+        for e in &self.entries {
+            let b = e.session.kv_bytes().0;
+            if keep >= max_entries || bytes + b > max_bytes {
+                break;
+            }
+            bytes += b;
+            keep += 1;
+        }
+        let evicted = self.entries.len() - keep;
+        self.entries.truncate(keep);
+        evicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefixes() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[5], &[5, 6]), 1);
+    }
+}

@@ -1,0 +1,106 @@
+//! One conversation: its tokens, its KV cache on a window of the ladder, and what the
+//! predictor has learnt of its growth. Running or cached, a session is the same value;
+//! the engine moves it between the two.
+
+use std::time::Duration;
+
+use pyramid_model::KvCache;
+
+use crate::predictor::GrowthPredictor;
+use crate::pyramid::ArtifactPair;
+
+/// Where a session's cache lives: its window, the cache, and (on static backends) that
+/// window's artifacts, held so the artifact cache never evicts them under the session.
+pub(crate) struct Placement {
+    pub window: usize,
+    pub kv: KvCache,
+    pub artifacts: Option<ArtifactPair>,
+}
+
+#[derive(Default)]
+pub struct Session {
+    tokens: Vec<u32>,
+    placement: Option<Placement>,
+    predictor: GrowthPredictor,
+    /// Decode speed, tokens/s (moving average).
+    decode_rate: Option<f64>,
+}
+
+impl Session {
+    /// Tokens whose keys and values are cached, in order.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The current window, once the session has one.
+    pub fn window(&self) -> Option<usize> {
+        self.placement.as_ref().map(|p| p.window)
+    }
+
+    /// KV bytes reserved (the window) and used (the live positions).
+    pub fn kv_bytes(&self) -> (usize, usize) {
+        self.placement
+            .as_ref()
+            .map_or((0, 0), |p| (p.kv.bytes(), p.kv.used_bytes()))
+    }
+
+    /// Keeps the first `len` tokens and their cache.
+    pub fn truncate(&mut self, len: usize) {
+        self.tokens.truncate(len);
+        if let Some(p) = &mut self.placement {
+            p.kv.truncate(len);
+        }
+    }
+
+    pub(crate) fn placement(&self) -> Option<&Placement> {
+        self.placement.as_ref()
+    }
+
+    pub(crate) fn placement_mut(&mut self) -> Option<&mut Placement> {
+        self.placement.as_mut()
+    }
+
+    /// Puts the session on a new placement; the old one (and its artifacts) is released.
+    pub(crate) fn place(&mut self, placement: Placement) {
+        debug_assert_eq!(placement.kv.len(), self.tokens.len());
+        self.placement = Some(placement);
+    }
+
+    /// Records tokens the last pass appended to the cache.
+    pub(crate) fn extend(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        debug_assert_eq!(
+            self.placement.as_ref().map(|p| p.kv.len()),
+            Some(self.tokens.len())
+        );
+    }
+
+    pub(crate) fn observe_decode(&mut self, step: Duration) {
+        let rate = 1.0 / step.as_secs_f64().max(1e-9);
+        self.decode_rate = Some(self.decode_rate.map_or(rate, |r| 0.8 * r + 0.2 * rate));
+    }
+
+    /// A turn ended: `tokens` were added in `elapsed`.
+    pub(crate) fn observe_turn(&mut self, tokens: usize, elapsed: Duration) {
+        self.predictor.observe_step(tokens, elapsed);
+    }
+
+    /// Whether the next window should start compiling now, given what it is expected to
+    /// take (`expected_compile` plus `margin`).
+    pub(crate) fn should_prepare_next(&self, expected_compile: Duration, margin: Duration) -> bool {
+        let Some(p) = &self.placement else {
+            return false;
+        };
+        let remaining = p.window.saturating_sub(self.tokens.len());
+        self.predictor
+            .should_prepare(remaining, self.decode_rate, expected_compile, margin)
+    }
+}

@@ -1,0 +1,486 @@
+//! The engine core on a fake backend, without HTTP and without running a model: admission,
+//! the prefill chunk budget, batching by window, migration and its order, predictive
+//! compile timing, the KV budget and aborts.
+//!
+//! The fake's "model" stores each token id as its key and answers with a token derived
+//! from everything in the cache, so a token comes out right only if the cache holds
+//! exactly the sequence's history: a lost, duplicated or mis-migrated position changes
+//! every later token.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyramid_engine::{
+    Arm, Engine, EngineConfig, Event, FinishReason, Move, PyramidConfig, Request, RequestId,
+};
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::{Architecture, KvType, Model, Segment};
+use pyramid_runtime::artifact::check_fits;
+use pyramid_runtime::{ArtifactShape, Backend, Executable, WindowLadder};
+
+fn tiny() -> Arc<Model> {
+    let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
+        .unwrap()
+        .to_bytes();
+    Arc::new(Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap())
+}
+
+/// Compiles in `compile` time; counts compiles and runs per shape.
+struct Fake {
+    model: Arc<Model>,
+    compile: Duration,
+    mixed: bool,
+    compiled: Mutex<Vec<ArtifactShape>>,
+    runs: Arc<Mutex<Vec<(ArtifactShape, usize)>>>,
+}
+
+impl Fake {
+    fn new(compile: Duration, mixed: bool) -> Arc<Self> {
+        Arc::new(Self {
+            model: tiny(),
+            compile,
+            mixed,
+            compiled: Mutex::default(),
+            runs: Arc::default(),
+        })
+    }
+
+    fn runs(&self) -> Vec<(ArtifactShape, usize)> {
+        std::mem::take(&mut self.runs.lock().unwrap())
+    }
+}
+
+struct FakeExe {
+    shape: ArtifactShape,
+    n_vocab: usize,
+    head_dim: usize,
+    runs: Arc<Mutex<Vec<(ArtifactShape, usize)>>>,
+}
+
+/// The fake model's next token after a cache holding `history`.
+fn next_token(history: &[u32], n_vocab: usize) -> u32 {
+    let h = history
+        .iter()
+        .fold(17u64, |h, &t| h.wrapping_mul(31).wrapping_add(u64::from(t)));
+    (h % n_vocab as u64) as u32
+}
+
+impl Executable for FakeExe {
+    fn shape(&self) -> ArtifactShape {
+        self.shape
+    }
+    fn bytes(&self) -> usize {
+        1000
+    }
+    fn executing_device(&self) -> String {
+        "fake".to_string()
+    }
+    fn run(
+        &self,
+        _pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> pyramid_runtime::Result<()> {
+        check_fits(self.shape, segments)?;
+        self.runs.lock().unwrap().push((self.shape, segments.len()));
+        logits.clear();
+        let hd = self.head_dim;
+        for seg in segments.iter_mut() {
+            let n = seg.n_real();
+            let pos = seg.kv.len();
+            for (i, &t) in seg.tokens[..n].iter().enumerate() {
+                let row = vec![t as f32; hd];
+                seg.kv.write_head_rows(0, 0, pos + i, &row, &row).unwrap();
+            }
+            seg.kv.commit(n).unwrap();
+            let (keys, _) = seg.kv.layer_f32(0).unwrap();
+            let history: Vec<u32> = (0..seg.kv.len()).map(|p| keys[p * hd] as u32).collect();
+            let mut row = vec![0.0; self.n_vocab];
+            row[next_token(&history, self.n_vocab) as usize] = 1.0;
+            logits.extend_from_slice(&row);
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Fake {
+    fn device(&self) -> String {
+        "fake".to_string()
+    }
+    fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+    fn compile(&self, shape: ArtifactShape) -> pyramid_runtime::Result<Arc<dyn Executable>> {
+        std::thread::sleep(self.compile);
+        self.compiled.lock().unwrap().push(shape);
+        Ok(Arc::new(FakeExe {
+            shape,
+            n_vocab: self.model.config.n_vocab,
+            head_dim: self.model.config.head_dim,
+            runs: Arc::clone(&self.runs),
+        }))
+    }
+    fn runs_mixed_passes(&self) -> bool {
+        self.mixed
+    }
+}
+
+fn config(arm: Arm, windows: &[usize], chunk: usize, max_batch: usize) -> EngineConfig {
+    EngineConfig {
+        pyramid: PyramidConfig {
+            ladder: WindowLadder::new(windows.to_vec(), 256).unwrap(),
+            prefill_chunk: chunk,
+            arm,
+            generation_reserve: 0,
+            artifact_budget: usize::MAX,
+            margin: Duration::from_millis(5),
+            first_compile_estimate: Duration::from_millis(10),
+        },
+        max_batch,
+        kv_budget: usize::MAX,
+        max_sessions: 16,
+        static_shapes: false,
+    }
+}
+
+fn engine(backend: &Arc<Fake>, config: EngineConfig) -> Engine {
+    Engine::new(backend.clone(), 1, KvType::F32, config).unwrap()
+}
+
+fn prompt(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| (seed * 101 + i * 7) % 250).collect()
+}
+
+/// Steps until every request ended; each one's tokens and finish reason.
+fn drain(engine: &mut Engine, pool: &ThreadPool) -> Vec<(RequestId, Vec<u32>, FinishReason)> {
+    let mut tokens: Vec<(RequestId, Vec<u32>)> = Vec::new();
+    let mut done = Vec::new();
+    for _ in 0..10_000 {
+        if !engine.has_work() {
+            break;
+        }
+        for event in engine.step(pool) {
+            match event {
+                Event::Token { id, token, .. } => match tokens.iter_mut().find(|t| t.0 == id) {
+                    Some(t) => t.1.push(token),
+                    None => tokens.push((id, vec![token])),
+                },
+                Event::Finished { id, reason, .. } => {
+                    let t = tokens
+                        .iter()
+                        .find(|t| t.0 == id)
+                        .map(|t| t.1.clone())
+                        .unwrap_or_default();
+                    done.push((id, t, reason));
+                }
+                Event::Failed { id, error } => panic!("request {id} failed: {error}"),
+                Event::Started { .. } => {}
+            }
+        }
+    }
+    assert!(!engine.has_work(), "the engine did not finish");
+    done.sort_by_key(|d| d.0);
+    done
+}
+
+/// What the fake model generates after `prompt`, computed without the engine.
+fn expected(prompt: &[u32], n: usize, n_vocab: usize) -> Vec<u32> {
+    let mut history = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = next_token(&history, n_vocab);
+        out.push(t);
+        history.push(t);
+    }
+    out
+}
+
+#[test]
+fn admission_waits_for_room_in_the_batch_and_results_do_not_depend_on_it() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[32, 64, 128], 16, 2));
+    for id in 0..3 {
+        engine.add_request(Request::greedy(id, prompt(id as u32, 10), 6));
+    }
+    let s = engine.schedule();
+    let admitted: Vec<RequestId> = s.prefills.iter().map(|p| p.0).collect();
+    assert_eq!(admitted, [0, 1], "two fit the batch, the third waits");
+    assert_eq!(engine.n_waiting(), 1);
+    let done = drain(&mut engine, &pool);
+    for (id, tokens, reason) in &done {
+        assert_eq!(*reason, FinishReason::Length);
+        assert_eq!(
+            tokens,
+            &expected(&prompt(*id as u32, 10), 6, n_vocab),
+            "request {id}"
+        );
+    }
+    assert_eq!(done.len(), 3);
+}
+
+#[test]
+fn prompts_share_the_chunk_budget_while_others_decode() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 8, 4));
+    engine.add_request(Request::greedy(0, prompt(0, 3), 20));
+    engine.step(&pool); // 0 prefilled and sampled its first token
+    engine.add_request(Request::greedy(1, prompt(1, 20), 2));
+    engine.add_request(Request::greedy(2, prompt(2, 20), 2));
+    let s = engine.schedule();
+    assert_eq!(s.prefills, [(1, 8)], "the budget goes to the first prompt");
+    assert_eq!(s.decodes.len(), 1);
+    assert_eq!(
+        s.decodes[0].ids,
+        [0],
+        "the decoding sequence runs alongside"
+    );
+    engine.step(&pool);
+    let s = engine.schedule();
+    assert_eq!(s.prefills, [(1, 8)]);
+    engine.step(&pool);
+    let s = engine.schedule();
+    assert_eq!(s.prefills, [(1, 4), (2, 4)], "leftover budget goes on");
+}
+
+#[test]
+fn static_decode_runs_are_grouped_by_window_and_batch_sizes_compile_in_the_background() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, false);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[32, 64], 64, 4));
+    // Two short conversations on window 32, one on 64.
+    engine.add_request(Request::greedy(0, prompt(0, 5), 12));
+    engine.add_request(Request::greedy(1, prompt(1, 6), 12));
+    engine.add_request(Request::greedy(2, prompt(2, 40), 12));
+    engine.step(&pool); // 0 and 1 prefilled; 2 waits for window 64's compile
+    engine.pyramid().join_background();
+    engine.step(&pool); // 2 prefilled
+    let s = engine.schedule();
+    let mut by_window: Vec<(usize, Vec<RequestId>)> = s
+        .decodes
+        .iter()
+        .map(|d| (d.window, d.ids.clone()))
+        .collect();
+    by_window.sort();
+    // Batch 2 on window 32 is not compiled yet: two runs of one, and a compile of it.
+    assert_eq!(by_window, [(32, vec![0]), (32, vec![1]), (64, vec![2])]);
+    assert!(s.compiles.contains(&ArtifactShape::Decode {
+        batch: 2,
+        window: 32
+    }));
+    engine.step(&pool);
+    engine.pyramid().join_background();
+    fake.runs();
+    engine.step(&pool);
+    let runs = fake.runs();
+    assert!(
+        runs.contains(&(
+            ArtifactShape::Decode {
+                batch: 2,
+                window: 32
+            },
+            2
+        )),
+        "once compiled, both sequences on window 32 decode in one run: {runs:?}"
+    );
+    for (id, tokens, _) in drain(&mut engine, &pool) {
+        // The steps above took the first few tokens; the rest follow them exactly.
+        let all = expected(&prompt(id as u32, [5, 6, 40][id as usize]), 12, n_vocab);
+        assert!(!tokens.is_empty());
+        assert_eq!(tokens, all[12 - tokens.len()..], "request {id}");
+    }
+}
+
+#[test]
+fn a_crossing_migrates_before_the_run_and_waits_for_its_artifacts() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::from_millis(30), false);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
+    engine.add_request(Request::greedy(0, prompt(0, 10), 30));
+    let mut moves = Vec::new();
+    let mut stalled_windows = Vec::new();
+    let mut tokens = Vec::new();
+    while engine.has_work() {
+        let s = engine.schedule();
+        moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
+        stalled_windows.extend(s.stalled.iter().map(|st| st.1));
+        for e in engine.step(&pool) {
+            if let Event::Token { token, .. } = e {
+                tokens.push(token);
+            }
+        }
+    }
+    // On demand every window waits for its compile: the first, then each crossing
+    // (the engine waits inside the step, so the moves themselves happen there).
+    stalled_windows.dedup();
+    assert_eq!(stalled_windows, [16, 32, 64]);
+    assert!(
+        moves.is_empty(),
+        "nothing moves before its artifacts exist: {moves:?}"
+    );
+    let stats = engine.stats().pyramid;
+    assert_eq!(stats.n_migrations, 2);
+    assert!(stats.n_stalls >= 1 && stats.stall_ms > 0.0, "{stats:?}");
+    assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
+}
+
+#[test]
+fn without_artifacts_to_wait_for_a_session_moves_up_the_ladder_in_order() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
+    engine.add_request(Request::greedy(0, prompt(0, 10), 30));
+    let mut moves = Vec::new();
+    let mut tokens = Vec::new();
+    while engine.has_work() {
+        let s = engine.schedule();
+        assert!(s.stalled.is_empty());
+        moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
+        for e in engine.step(&pool) {
+            if let Event::Token { token, .. } = e {
+                tokens.push(token);
+            }
+        }
+    }
+    assert_eq!(
+        moves,
+        [(16, Move::First), (32, Move::Migrate), (64, Move::Migrate)]
+    );
+    assert_eq!(engine.stats().pyramid.n_stalls, 0);
+    assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
+}
+
+#[test]
+fn predictive_compiles_the_next_window_before_the_crossing() {
+    let pool = ThreadPool::new(1).unwrap();
+    // Each turn adds 20 tokens; a compile takes 20 ms.
+    let turns = |arm: Arm| {
+        let fake = Fake::new(Duration::from_millis(20), false);
+        let mut engine = engine(&fake, config(arm, &[32, 64, 128, 256], 64, 1));
+        let mut context = Vec::new();
+        let mut compiled_ahead = 0;
+        for turn in 0..8u32 {
+            context.extend(prompt(turn, 10));
+            let done = engine
+                .generate(
+                    &pool,
+                    Request::greedy(u64::from(turn), context.clone(), 10),
+                    &mut |_| true,
+                )
+                .unwrap();
+            context.extend(done.tokens);
+            let s = engine.schedule();
+            compiled_ahead += s.compiles.len();
+            engine.pyramid().join_background();
+        }
+        (engine.stats().pyramid, compiled_ahead)
+    };
+    let (predictive, _) = turns(Arm::Predictive);
+    let (on_demand, _) = turns(Arm::OnDemand);
+    assert!(predictive.n_migrations >= 2, "{predictive:?}");
+    assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
+    assert!(on_demand.n_stalls >= 2, "{on_demand:?}");
+    assert_eq!(predictive.n_migrations, on_demand.n_migrations);
+}
+
+#[test]
+fn the_kv_budget_holds_running_work_and_queues_what_does_not_fit() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let model = Arc::clone(&fake.model);
+    let window_bytes = model.new_kv_cache_of(64, KvType::F32).bytes();
+    let mut cfg = config(Arm::OnDemand, &[64, 128], 64, 4);
+    // Room for one 64-position session, not two.
+    cfg.kv_budget = window_bytes * 3 / 2;
+    let mut engine = engine(&fake, cfg);
+    engine.add_request(Request::greedy(0, prompt(0, 10), 4));
+    engine.add_request(Request::greedy(1, prompt(1, 10), 4));
+    let events = engine.step(&pool);
+    let started = events
+        .iter()
+        .filter(|e| matches!(e, Event::Started { .. }))
+        .count();
+    assert_eq!(started, 1, "the second waits in the queue");
+    assert!(engine.stats().kv_bytes_reserved <= window_bytes * 3 / 2);
+    let done = drain(&mut engine, &pool);
+    assert_eq!(done.len(), 2, "it runs once the first is done");
+    assert!(engine.stats().kv_bytes_reserved <= window_bytes * 3 / 2);
+
+    // A request needing more than the whole budget fails instead of waiting forever.
+    let mut engine = {
+        let mut cfg = config(Arm::OnDemand, &[64, 128], 64, 4);
+        cfg.kv_budget = window_bytes / 2;
+        Engine::new(fake.clone(), 1, KvType::F32, cfg).unwrap()
+    };
+    engine.add_request(Request::greedy(7, prompt(0, 10), 4));
+    let events = engine.step(&pool);
+    assert!(
+        events.iter().any(
+            |e| matches!(e, Event::Failed { id: 7, error } if error.to_string().contains("budget"))
+        ),
+        "{events:?}"
+    );
+}
+
+#[test]
+fn an_aborted_request_keeps_its_session_for_the_next_one() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 64, 4));
+    let p = prompt(3, 20);
+    engine.add_request(Request::greedy(0, p.clone(), 50));
+    engine.add_request(Request::greedy(1, prompt(4, 5), 50));
+    engine.step(&pool);
+    engine.step(&pool);
+    let usage = engine.abort(0).unwrap();
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (20, 2));
+    assert!(engine.abort(0).is_none(), "aborted once");
+    // Aborting a queued request removes it.
+    engine.add_request(Request::greedy(2, prompt(5, 5), 5));
+    assert!(engine.abort(2).is_some());
+    assert_eq!(engine.n_waiting(), 0);
+    engine.abort(1);
+    // The aborted conversation's prefix is reused.
+    let mut longer = p.clone();
+    longer.extend([1, 2, 3]);
+    let done = engine
+        .generate(&pool, Request::greedy(3, longer, 1), &mut |_| true)
+        .unwrap();
+    assert_eq!(done.usage.cached_tokens, 20);
+}
+
+#[test]
+fn stop_tokens_end_a_request_and_are_its_last_token() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let n_vocab = fake.model.config.n_vocab;
+    let p = prompt(9, 8);
+    let tokens = expected(&p, 5, n_vocab);
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[64], 64, 1));
+    let mut request = Request::greedy(0, p, 100);
+    request.stop_tokens = vec![tokens[3]];
+    let done = engine.generate(&pool, request, &mut |_| true).unwrap();
+    let stop_at = tokens.iter().position(|&t| t == tokens[3]).unwrap();
+    assert_eq!(done.finish_reason, FinishReason::Stop);
+    assert_eq!(done.tokens, tokens[..=stop_at]);
+}
+
+#[test]
+fn a_full_largest_window_ends_generation_with_length() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, false);
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32], 8, 1));
+    let done = engine
+        .generate(&pool, Request::greedy(0, prompt(0, 20), 100), &mut |_| true)
+        .unwrap();
+    assert_eq!(done.finish_reason, FinishReason::Length);
+    // 20 prompt tokens and 12 decoded fill 32 positions; the 13th token is sampled last.
+    assert_eq!(done.tokens.len(), 13);
+}

@@ -1,0 +1,473 @@
+//! The engine thread: it owns the engine core and the thread pool, feeds the core the
+//! requests handlers submit, steps it, and turns its token events into text.
+//!
+//! The core ([`pyramid_engine::Engine`]) does tokens: continuous batching, chunked
+//! prefill, conversation reuse, the window pyramid on the route's artifacts. This thread
+//! does what is about text: streaming detokenisation, stop strings (matched across token
+//! boundaries; the request is aborted in the core when one matches), log-probabilities
+//! as token strings, and the metrics. A request whose client went away (its channel
+//! closed) is aborted on the next step.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use pyramid_engine::{
+    Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId,
+    TokenLogprobs, Usage,
+};
+use pyramid_kernels::ThreadPool;
+use pyramid_runtime::SamplerConfig;
+use pyramid_tokenizer::{StreamDecoder, Tokenizer};
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// A tokenised request, ready for the engine.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub max_tokens: Option<usize>,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    pub events: UnboundedSender<Event>,
+    pub submitted: Instant,
+}
+
+/// What the engine thread tells a request's handler.
+#[derive(Debug)]
+pub enum Event {
+    /// New text (possibly empty when only logprobs are new).
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish_reason: FinishReason,
+        usage: Usage,
+    },
+    Failed(ApiError),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// The handle request handlers submit jobs through.
+pub struct EngineThread {
+    jobs: Option<Sender<Job>>,
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineThread {
+    /// Starts the thread that drives `core` on `pool`; at most `max_queue` requests wait.
+    pub fn start(
+        core: Core,
+        tokenizer: Arc<Tokenizer>,
+        pool: ThreadPool,
+        max_queue: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
+        let (jobs, rx) = std::sync::mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let worker = Worker {
+            stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
+            core,
+            tokenizer,
+            pool,
+            metrics,
+            queued: Arc::clone(&queued),
+            live: HashMap::new(),
+            next_id: 0,
+        };
+        let thread = std::thread::Builder::new()
+            .name("pyramid-engine".into())
+            .spawn(move || worker.run(rx))?;
+        Ok(Self {
+            jobs: Some(jobs),
+            queued,
+            max_queue,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues a job, or refuses it when the queue is full (429) or the engine is gone.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let Some(jobs) = &self.jobs else {
+            return Err(ApiError::shutting_down());
+        };
+        if self
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < self.max_queue).then_some(q + 1)
+            })
+            .is_err()
+        {
+            return Err(ApiError::queue_full(1));
+        }
+        jobs.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            ApiError::shutting_down()
+        })
+    }
+
+    /// Stops taking jobs and waits for the running ones to finish.
+    pub fn shutdown(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for EngineThread {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A request's text side.
+struct Live {
+    job: Job,
+    /// Still counted in the queue (not admitted by the core yet).
+    queued: bool,
+    generated: usize,
+    decoder: StreamDecoder,
+    /// All text decoded so far, and how much of it has been sent.
+    text: String,
+    sent: usize,
+    last_token_at: Option<Instant>,
+}
+
+struct Worker {
+    core: Core,
+    tokenizer: Arc<Tokenizer>,
+    stop_tokens: Vec<u32>,
+    pool: ThreadPool,
+    metrics: Arc<Metrics>,
+    queued: Arc<AtomicUsize>,
+    live: HashMap<RequestId, Live>,
+    next_id: RequestId,
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if !self.core.has_work() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => self.add(job),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(job) => self.add(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.abort_cancelled();
+            let events = self.core.step(&self.pool);
+            self.record_step();
+            for event in events {
+                self.handle(event);
+            }
+            self.metrics.publish_engine(self.core.stats());
+        }
+    }
+
+    fn add(&mut self, job: Job) {
+        let id = self.next_id;
+        self.next_id += 1;
+        // Without a limit, generation ends when the largest window is full.
+        let max_tokens = job.max_tokens.unwrap_or(usize::MAX);
+        self.core.add_request(Request {
+            id,
+            prompt: job.prompt.clone(),
+            max_tokens,
+            sampler: job.sampler.clone(),
+            stop_tokens: self.stop_tokens.clone(),
+            logprobs: job.logprobs,
+        });
+        self.live.insert(
+            id,
+            Live {
+                job,
+                queued: true,
+                generated: 0,
+                decoder: StreamDecoder::new(),
+                text: String::new(),
+                sent: 0,
+                last_token_at: None,
+            },
+        );
+    }
+
+    fn abort_cancelled(&mut self) {
+        let gone: Vec<RequestId> = self
+            .live
+            .iter()
+            .filter(|(_, l)| l.job.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            self.core.abort(id);
+            if let Some(live) = self.remove(id) {
+                if !live.queued {
+                    self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Forgets a request, leaving the queue count right.
+    fn remove(&mut self, id: RequestId) -> Option<Live> {
+        let live = self.live.remove(&id)?;
+        if live.queued {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(live)
+    }
+
+    fn record_step(&self) {
+        let step = self.core.last_step();
+        self.metrics
+            .prefilled_tokens
+            .fetch_add(step.n_prefilled as u64, Ordering::Relaxed);
+        if step.n_decoded > 0 {
+            self.metrics.observe_batch(step.n_decoded);
+        }
+        for &took in &step.migrations {
+            self.metrics.record_migration(took);
+        }
+    }
+
+    fn handle(&mut self, event: CoreEvent) {
+        match event {
+            CoreEvent::Started { id, .. } => {
+                if let Some(live) = self.live.get_mut(&id) {
+                    if std::mem::take(&mut live.queued) {
+                        self.queued.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+            CoreEvent::Token {
+                id,
+                token,
+                logprobs,
+            } => self.token(id, token, logprobs),
+            CoreEvent::Finished {
+                id, reason, usage, ..
+            } => {
+                if let Some(live) = self.remove(id) {
+                    self.finish(live, reason, usage);
+                }
+            }
+            CoreEvent::Failed { id, error } => {
+                if let Some(live) = self.remove(id) {
+                    let _ = live.job.events.send(Event::Failed(api_error(&error)));
+                }
+            }
+        }
+    }
+
+    /// A sampled token: its text, held back while it could still become a stop string.
+    fn token(&mut self, id: RequestId, token: u32, logprobs: Option<TokenLogprobs>) {
+        let tokenizer = Arc::clone(&self.tokenizer);
+        let Some(live) = self.live.get_mut(&id) else {
+            return;
+        };
+        live.generated += 1;
+        self.metrics
+            .generated_tokens
+            .fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        match live.last_token_at {
+            None => self.metrics.observe_ttft(now - live.job.submitted),
+            Some(last) => self.metrics.observe_inter_token(now - last),
+        }
+        live.last_token_at = Some(now);
+        let logprobs: Vec<TokenLogprob> = logprobs
+            .map(|lp| token_logprob(&tokenizer, token, &lp))
+            .into_iter()
+            .collect();
+        if tokenizer.is_end_of_generation(token) {
+            // The core finishes the request with `stop`; the token has no text.
+            if !logprobs.is_empty() {
+                let _ = live.job.events.send(Event::Delta {
+                    text: String::new(),
+                    logprobs,
+                });
+            }
+            return;
+        }
+        let piece = live.decoder.push(&tokenizer, token).unwrap_or_default();
+        live.text.push_str(&piece);
+        let stopped = release_text(&live.text, live.sent, &live.job.stop);
+        let text = live.text[live.sent..stopped.send_to].to_string();
+        live.sent = stopped.send_to;
+        if !text.is_empty() || !logprobs.is_empty() {
+            let _ = live.job.events.send(Event::Delta { text, logprobs });
+        }
+        if stopped.hit {
+            // The stop string and anything after it are never sent.
+            live.text.truncate(stopped.send_to);
+            live.decoder = StreamDecoder::new();
+            let usage = self.core.abort(id).unwrap_or_default();
+            if let Some(live) = self.remove(id) {
+                self.finish(live, FinishReason::Stop, usage);
+            }
+        }
+    }
+
+    fn finish(&self, mut live: Live, reason: FinishReason, usage: Usage) {
+        // Whatever text was held back for a stop string that never came is sent now.
+        let mut tail = live.text[live.sent..].to_string();
+        tail.push_str(&live.decoder.finish());
+        if !tail.is_empty() {
+            let _ = live.job.events.send(Event::Delta {
+                text: tail,
+                logprobs: Vec::new(),
+            });
+        }
+        self.metrics.record_finished(&usage);
+        let _ = live.job.events.send(Event::Done {
+            finish_reason: reason,
+            usage,
+        });
+    }
+}
+
+/// The engine's refusal of a request as the API answers it.
+fn api_error(error: &EngineError) -> ApiError {
+    match error {
+        EngineError::Runtime(pyramid_runtime::RuntimeError::BadSamplingParameter { .. })
+        | EngineError::BadRequest(_)
+        | EngineError::EmptyPrompt => ApiError::invalid_request(error.to_string()),
+        EngineError::Runtime(pyramid_runtime::RuntimeError::BeyondLargestWindow {
+            needed,
+            largest,
+        }) => ApiError::context_length_exceeded(*needed, *largest),
+        _ => ApiError::internal(error.to_string()),
+    }
+}
+
+/// A sampled token's log-probabilities with their tokens as text and bytes.
+fn token_logprob(tokenizer: &Tokenizer, token: u32, lp: &TokenLogprobs) -> TokenLogprob {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = tokenizer.token_bytes(id).unwrap_or_default().to_vec();
+        TopLogprob {
+            token: String::from_utf8_lossy(&bytes).into_owned(),
+            logprob,
+            bytes,
+        }
+    };
+    let TopLogprob {
+        token,
+        logprob,
+        bytes,
+    } = entry(token, lp.logprob);
+    TokenLogprob {
+        token,
+        logprob,
+        bytes,
+        top_logprobs: lp.top.iter().map(|&(id, l)| entry(id, l)).collect(),
+    }
+}
+
+/// How far decoded text may be sent, given stop strings.
+struct Release {
+    send_to: usize,
+    hit: bool,
+}
+
+/// Text up to the first stop string (which ends generation and is never sent), or else up
+/// to the longest tail that could still grow into a stop string, which is held back.
+fn release_text(text: &str, sent: usize, stops: &[String]) -> Release {
+    // A stop can start before `sent` only if the held-back tail was shorter than it, which
+    // the hold-back rule excludes; so searching from `sent` finds every complete one.
+    let first_hit = stops
+        .iter()
+        .filter_map(|s| text[sent..].find(s.as_str()).map(|p| sent + p))
+        .min();
+    if let Some(at) = first_hit {
+        return Release {
+            send_to: at,
+            hit: true,
+        };
+    }
+    let hold = stops
+        .iter()
+        .map(|s| {
+            (1..s.len().min(text.len() - sent + 1))
+                .rev()
+                .find(|&l| {
+                    s.is_char_boundary(l)
+                        && text.is_char_boundary(text.len() - l)
+                        && text.ends_with(&s[..l])
+                })
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    Release {
+        send_to: text.len() - hold,
+        hit: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release(text: &str, sent: usize, stops: &[&str]) -> (usize, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let r = release_text(text, sent, &stops);
+        (r.send_to, r.hit)
+    }
+
+    #[test]
+    fn stop_strings_are_found_across_pieces_and_never_sent() {
+        assert_eq!(
+            release("Hello wor", 0, &["world!"]),
+            (6, false),
+            "'wor' may become 'world!'"
+        );
+        assert_eq!(release("Hello world!", 6, &["world!"]), (6, true));
+        assert_eq!(release("abc", 0, &[]), (3, false));
+        assert_eq!(
+            release("a\nb", 0, &["\n", "b"]),
+            (1, true),
+            "the first stop wins"
+        );
+        assert_eq!(release("xEN", 1, &["END", "ENX"]), (1, false));
+        // Held-back tails end on character boundaries.
+        assert_eq!(release("caf\u{e9}", 0, &["\u{e9}t\u{e9}"]), (3, false));
+        assert_eq!(release("x\u{e9}", 0, &["\u{e9}"]), (1, true));
+    }
+}
