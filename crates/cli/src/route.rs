@@ -188,11 +188,11 @@ impl RouteArgs {
 }
 
 /// Prompt tokens per step on a route: a native pass takes the model's whole pass
-/// ([`pyramid_model::MAX_PASS_TOKENS`]); static artifacts take `static_chunk`, at most the
-/// smallest window.
+/// ([`pyramid_model::MAX_PASS_TOKENS`], at most the largest window); static artifacts
+/// take `static_chunk`, at most the smallest window.
 pub fn prefill_chunk_for(route: &Route, ladder: &WindowLadder, static_chunk: usize) -> usize {
     if route.backend.runs_mixed_passes() {
-        pyramid_model::MAX_PASS_TOKENS
+        pyramid_model::MAX_PASS_TOKENS.min(ladder.largest())
     } else {
         static_chunk.min(ladder.windows()[0])
     }

@@ -253,7 +253,12 @@ impl Backend for CpuBackend {
     fn compile(&self, shape: ArtifactShape) -> Result<Arc<dyn Executable>> {
         let n_ctx = self.model.config.n_ctx_train;
         let (rows, window) = (shape.rows(), shape.window());
-        if rows == 0 || rows > n_ctx || window == 0 || window > n_ctx {
+        // A mixed pass holds many sequences' rows; any other shape is one sequence's.
+        let max_rows = match shape {
+            ArtifactShape::Mixed { .. } => usize::MAX,
+            _ => n_ctx,
+        };
+        if rows == 0 || rows > max_rows || window == 0 || window > n_ctx {
             return Err(RuntimeError::BadShape {
                 shape,
                 reason: format!("rows and window must be in 1..={n_ctx}"),

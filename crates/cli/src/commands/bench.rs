@@ -251,7 +251,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             },
             None => single_user(
                 WindowLadder::default_for(n_ctx),
-                pyramid_model::MAX_PASS_TOKENS,
+                pyramid_model::MAX_PASS_TOKENS.min(n_ctx),
                 args.batch,
             ),
         };

@@ -113,7 +113,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let max_context = ladder.largest();
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let prefill_chunk = if route.backend.runs_mixed_passes() {
-        args.prefill_chunk
+        args.prefill_chunk.min(ladder.largest())
     } else {
         args.prefill_chunk.min(ladder.windows()[0])
     };
