@@ -126,6 +126,46 @@ fn agent_conversation_reuses_its_cache_across_windows() {
     server.run_script("test_agent.py", &[("PYRAMID_FRESH_BASE_URL", &fresh.url)]);
 }
 
+/// The route every ov:CPU test serves: OpenVINO's CPU plugin at f32, whose greedy tokens
+/// equal the native f32 path's (OpenVINO comes from scripts/setup-openvino.sh, which
+/// scripts/test.sh runs).
+const OV_CPU: [&str; 6] = ["--device", "ov:CPU", "--precision", "f32", "--kv", "f32"];
+
+#[test]
+fn openai_client_api_on_ov_cpu() {
+    let server = Server::start(&OV_CPU);
+    server.run_script("test_api.py", &[]);
+}
+
+#[test]
+fn agent_conversation_on_ov_cpu_crosses_windows_without_stalls_when_predicted() {
+    let (server, fresh) = (Server::start(&OV_CPU), Server::start(&OV_CPU));
+    server.run_script(
+        "test_agent.py",
+        &[
+            ("PYRAMID_FRESH_BASE_URL", &fresh.url),
+            ("PYRAMID_EXPECT_STALLS", "none"),
+            // A 2-core machine compiles a window's two artifacts in seconds; agents
+            // leave that much time between turns while their tools run.
+            ("PYRAMID_AGENT_PAUSE_S", "3"),
+        ],
+    );
+}
+
+#[test]
+fn agent_conversation_on_ov_cpu_stalls_when_compiles_are_on_demand() {
+    let mut args = OV_CPU.to_vec();
+    args.extend(["--window-policy", "on-demand"]);
+    let (server, fresh) = (Server::start(&args), Server::start(&OV_CPU));
+    server.run_script(
+        "test_agent.py",
+        &[
+            ("PYRAMID_FRESH_BASE_URL", &fresh.url),
+            ("PYRAMID_EXPECT_STALLS", "some"),
+        ],
+    );
+}
+
 #[test]
 fn api_key_is_required_when_set() {
     let server = Server::start(&["--api-key", "sesame"]);

@@ -299,6 +299,13 @@ impl Engine {
             let timings = timings_of(&seq);
             let grown = usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens;
             seq.session.observe_turn(grown, seq.admitted.elapsed());
+            // The next turn may cross: its window compiles while the caller thinks.
+            if let Some(window) = seq.session.window() {
+                let len = seq.session.len();
+                if let Some(next) = self.predicted_next_window(&seq.session, window, len) {
+                    self.pyramid.prepare(next);
+                }
+            }
             self.events.push(Event::Finished {
                 id,
                 reason,

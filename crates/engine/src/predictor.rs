@@ -48,6 +48,14 @@ impl GrowthPredictor {
         }
     }
 
+    /// Takes `tokens` as the expected step until a step has been seen: a new session's
+    /// first turn (its prompt and reply) is the best guess of what a turn adds.
+    pub fn assume_step(&mut self, tokens: usize) {
+        if self.tokens_per_step.0.is_none() {
+            self.tokens_per_step.push(tokens as f64);
+        }
+    }
+
     /// Tokens the next step is expected to add, once a step has been seen.
     pub fn expected_step_tokens(&self) -> Option<f64> {
         self.tokens_per_step.0

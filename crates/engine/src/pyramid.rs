@@ -113,6 +113,15 @@ pub struct WindowPyramid {
     background: Mutex<Vec<JoinHandle<()>>>,
 }
 
+impl std::fmt::Debug for WindowPyramid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowPyramid")
+            .field("device", &self.backend.device())
+            .field("ladder", &self.config.ladder)
+            .finish_non_exhaustive()
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere leaves the data consistent here (every update is one assignment).
     m.lock().unwrap_or_else(|e| e.into_inner())

@@ -259,29 +259,46 @@ impl Engine {
     }
 
     /// Under [`Arm::Predictive`], asks for each running session's next window when its
-    /// predicted crossing is nearer than that window's compile.
+    /// predicted crossing is nearer than that window's compile; a session not placed yet
+    /// is judged at the window it is about to get, holding its whole prompt.
     fn plan_predictive_compiles(&self, schedule: &mut Schedule) {
-        let cfg = &self.config.pyramid;
-        if cfg.arm != Arm::Predictive || self.mixed.is_some() {
-            return;
-        }
         for seq in &self.running {
-            let Some(window) = seq.session.window() else {
-                continue;
+            let (window, len) = match seq.session.window() {
+                Some(w) => (w, seq.session.len()),
+                None => match self.target_window(seq) {
+                    Some(w) => (w, seq.request.prompt.len()),
+                    None => continue,
+                },
             };
-            let Some(&next) = cfg.ladder.windows().iter().find(|&&w| w > window) else {
-                continue;
-            };
-            if self.pyramid.is_prepared(next) {
-                continue;
-            }
-            let expected = self.pyramid.expected_compile(next);
-            if seq.session.should_prepare_next(expected, cfg.margin) {
+            if let Some(next) = self.predicted_next_window(&seq.session, window, len) {
                 schedule
                     .compiles
                     .extend(self.pyramid.shapes(next).iter().copied());
             }
         }
+    }
+
+    /// The window after `window`, when [`Arm::Predictive`] expects `session` (holding
+    /// `len` tokens) to reach it sooner than its artifacts would compile and they are not
+    /// on their way.
+    pub(crate) fn predicted_next_window(
+        &self,
+        session: &Session,
+        window: usize,
+        len: usize,
+    ) -> Option<usize> {
+        let cfg = &self.config.pyramid;
+        if cfg.arm != Arm::Predictive || self.mixed.is_some() {
+            return None;
+        }
+        let next = *cfg.ladder.windows().iter().find(|&&w| w > window)?;
+        if self.pyramid.is_prepared(next) {
+            return None;
+        }
+        let expected = self.pyramid.expected_compile(next);
+        session
+            .should_prepare_after(window, len, expected, cfg.margin)
+            .then_some(next)
     }
 
     /// Whether running sessions reserving `running_bytes` fit the KV budget, evicting
@@ -348,6 +365,11 @@ impl Engine {
                 stalled_since: None,
             };
             seq.session.truncate(reused);
+            if seq.session.is_empty() {
+                let reply = seq.request.max_tokens.min(self.config.pyramid.generation_reserve);
+                seq.session
+                    .assume_turn(seq.request.prompt.len().saturating_add(reply));
+            }
             let window_bytes = self
                 .target_window(&seq)
                 .map_or(0, |w| self.kv_bytes_for(w))

@@ -93,14 +93,26 @@ impl Session {
         self.predictor.observe_step(tokens, elapsed);
     }
 
-    /// Whether the next window should start compiling now, given what it is expected to
-    /// take (`expected_compile` plus `margin`).
-    pub(crate) fn should_prepare_next(&self, expected_compile: Duration, margin: Duration) -> bool {
-        let Some(p) = &self.placement else {
-            return false;
-        };
-        let remaining = p.window.saturating_sub(self.tokens.len());
-        self.predictor
-            .should_prepare(remaining, self.decode_rate, expected_compile, margin)
+    /// A new conversation's first turn is expected to add `tokens`.
+    pub(crate) fn assume_turn(&mut self, tokens: usize) {
+        self.predictor.assume_step(tokens);
+    }
+
+    /// Whether the window after `window` should start compiling now, for a session that
+    /// will hold `len` tokens there, given what that compile is expected to take
+    /// (`expected_compile` plus `margin`).
+    pub(crate) fn should_prepare_after(
+        &self,
+        window: usize,
+        len: usize,
+        expected_compile: Duration,
+        margin: Duration,
+    ) -> bool {
+        self.predictor.should_prepare(
+            window.saturating_sub(len),
+            self.decode_rate,
+            expected_compile,
+            margin,
+        )
     }
 }

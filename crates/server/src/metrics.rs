@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pyramid_engine::{EngineStats, Usage};
+use pyramid_engine::{EngineStats, Usage, WindowPyramid};
 use pyramid_runtime::executed_as_requested;
 
 /// Latency buckets in seconds: from a fast decode step to a long prefill.
@@ -65,6 +65,8 @@ pub struct Metrics {
     pub queue_depth: AtomicU64,
     /// The engine's state after its latest step.
     engine: Mutex<Option<EngineStats>>,
+    /// The artifact side, read live: compiles finish while the engine waits for work.
+    pyramid: OnceLock<Arc<WindowPyramid>>,
     /// The devices asked for: (prefill, decode).
     route: Mutex<(String, String)>,
     ttft: Mutex<Histogram>,
@@ -84,6 +86,7 @@ impl Default for Metrics {
             cancelled: AtomicU64::default(),
             queue_depth: AtomicU64::default(),
             engine: Mutex::default(),
+            pyramid: OnceLock::new(),
             route: Mutex::new(("cpu".to_string(), "cpu".to_string())),
             ttft: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
             inter_token: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
@@ -127,11 +130,27 @@ impl Metrics {
         *lock(&self.engine) = Some(stats);
     }
 
+    /// Where compiles, stalls, migrations and resident artifacts are read from.
+    pub fn watch_pyramid(&self, pyramid: Arc<WindowPyramid>) {
+        let _ = self.pyramid.set(pyramid);
+    }
+
+    /// The engine's latest state with the artifact side as it is now.
+    fn engine_now(&self) -> Option<EngineStats> {
+        let mut stats = lock(&self.engine).clone()?;
+        if let Some(p) = self.pyramid.get() {
+            stats.pyramid = p.stats();
+            stats.artifacts = p.resident();
+            stats.compiling = p.n_compiling();
+        }
+        Some(stats)
+    }
+
     /// The route audit: per stage, the device asked for, the one that really ran (once
     /// an artifact of the stage exists), and whether they agree.
     pub fn route_audit(&self) -> [(&'static str, String, Option<String>, Option<bool>); 2] {
         let (prefill, decode) = lock(&self.route).clone();
-        let engine = lock(&self.engine);
+        let engine = self.engine_now();
         let executed = |e: Option<&Option<String>>| e.cloned().flatten();
         let p = executed(engine.as_ref().map(|s| &s.pyramid.prefill_executed_on));
         let d = executed(engine.as_ref().map(|s| &s.pyramid.decode_executed_on));
@@ -204,7 +223,7 @@ impl Metrics {
             "# HELP pyramid_queue_depth Requests waiting for a place in the batch.\n# TYPE pyramid_queue_depth gauge\npyramid_queue_depth {}",
             self.queue_depth.load(Ordering::Relaxed)
         );
-        if let Some(stats) = lock(&self.engine).clone() {
+        if let Some(stats) = self.engine_now() {
             render_engine(&mut out, &stats);
         }
         let _ = writeln!(

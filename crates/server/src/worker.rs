@@ -88,6 +88,8 @@ impl EngineThread {
     ) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
+        metrics.watch_pyramid(Arc::clone(core.pyramid()));
+        metrics.publish_engine(core.stats());
         let worker = Worker {
             stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
             core,

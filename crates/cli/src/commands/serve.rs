@@ -46,7 +46,9 @@ pub struct ServeArgs {
     pub kv_budget: usize,
     /// Memory for compiled artifacts (static-shape graphs per window and batch size on
     /// accelerator routes); the least recently used unheld ones are evicted beyond it.
-    #[arg(long, default_value = "4GiB", value_parser = parse_bytes)]
+    /// (OpenVINO's CPU plugin keeps a copy of the weights per artifact: about 1.2 GiB
+    /// each for SmolLM2 at f32.)
+    #[arg(long, default_value = "16GiB", value_parser = parse_bytes)]
     pub artifact_budget: usize,
     /// The window ladder, e.g. 1024,2048,4096 (default: 1K doubling up to the model's context).
     #[arg(long)]

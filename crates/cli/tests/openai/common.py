@@ -52,6 +52,9 @@ class Config:
         self.model = _required_env("PYRAMID_MODEL_ID")
         self.api_key = os.environ.get("PYRAMID_API_KEY") or None
         self.fresh_base_url = (os.environ.get("PYRAMID_FRESH_BASE_URL") or "").rstrip("/") or None
+        # On a route with compiled artifacts: "none" when every crossing must find its
+        # window compiled ahead (predictive), "some" when crossings must wait (on demand).
+        self.expect_stalls = os.environ.get("PYRAMID_EXPECT_STALLS") or None
 
 
 def _required_env(name: str) -> str:

@@ -9,14 +9,17 @@ Proves that from turn 2 on, the whole previous prompt is reused from the cache
 (cached_tokens >= the previous turn's prompt_tokens), that only the new tokens are
 prefilled (pyramid_prefilled_tokens_total grows by prompt_tokens - cached_tokens, and
 the prompt / cached counters grow by exactly what usage says), that the session
-migrated between windows (pyramid_kv_migrations_total +2 or more), and that none of
-this changes the answer: the last turn's full history sent to a freshly started server
+migrated between windows (pyramid_kv_migrations_total +2 or more) and never
+re-prefilled (pyramid_reprefills_total unchanged), and that none of this changes the
+answer: the last turn's full history sent to a freshly started server
 (nothing cached, everything prefilled) gives the same reply.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import time
 
 import common
 from common import expect, expect_eq, ok
@@ -25,6 +28,9 @@ cfg = common.config()
 MODEL = cfg.model
 TURNS = 10
 MAX_TOKENS = 24
+# Seconds between a reply and the next turn: the agent's own work (a tool call, a page
+# load) during which the server can compile the next window ahead of the crossing.
+PAUSE = float(os.environ.get("PYRAMID_AGENT_PAUSE_S") or 0)
 SYSTEM = ("You are a field research assistant. The user sends observations from a survey; "
           "after each one, reply with a one-line note on what stands out.")
 
@@ -56,6 +62,8 @@ def main():
         # 4 or 3 sentences (~45-70 tokens with SmolLM2's tokenizer): the final prompt
         # lands at ~700-910 tokens, past the 256 and 512 boundaries yet, with the
         # reply, still inside a 1024 window should the test ladder end there.
+        if turn > 1:
+            time.sleep(PAUSE)
         observation = f"Observation {turn}: " + common.paragraph(rng, 4 if turn % 2 else 3)
         history.append({"role": "user", "content": observation})
         before = common.metrics()
@@ -79,8 +87,10 @@ def main():
             expect(cached >= prev_prompt, f"{what}: cached_tokens {cached} < previous turn's prompt_tokens "
                                           f"{prev_prompt}: the conversation was not continued from its cached session")
         migrations = delta("pyramid_kv_migrations_total")
+        stalls = delta("pyramid_stalls_total")
         ok(f"{what}: prompt {prompt}, cached {cached}, prefilled {prefilled:.0f}, generated "
-           f"{usage['completion_tokens']} ({finish})" + (f", {migrations:.0f} migration(s)" if migrations else ""))
+           f"{usage['completion_tokens']} ({finish})" + (f", {migrations:.0f} migration(s)" if migrations else "")
+           + (f", {stalls:.0f} stall(s)" if stalls else ""))
         prev_prompt = prompt
         last = (content, finish, usage)
         history.append({"role": "assistant", "content": content})
@@ -92,6 +102,18 @@ def main():
     expect(migrations >= 2, f"pyramid_kv_migrations_total grew by {migrations:.0f}; expected >= 2 as the session "
                             f"grew to {prev_prompt} tokens")
     ok(f"conversation grew to {prev_prompt} prompt tokens with {migrations:.0f} window migrations")
+    reprefills = end.sum("pyramid_reprefills_total") - start.sum("pyramid_reprefills_total")
+    expect_eq(reprefills, 0, "pyramid_reprefills_total delta: a crossing re-prefilled instead of migrating")
+    compiles = end.sum("pyramid_artifact_compiles_total") - start.sum("pyramid_artifact_compiles_total")
+    stalls = end.sum("pyramid_stalls_total") - start.sum("pyramid_stalls_total")
+    stall_s = end.sum("pyramid_stall_seconds_total") - start.sum("pyramid_stall_seconds_total")
+    if cfg.expect_stalls == "none":
+        expect(compiles >= 2, f"only {compiles:.0f} artifacts compiled for {migrations:.0f} crossings")
+        expect_eq(stalls, 0, f"pyramid_stalls_total delta ({stall_s:.2f} s waited) with predicted compiles")
+    elif cfg.expect_stalls == "some":
+        expect(stalls > 0 and stall_s > 0, f"no crossing waited ({stalls:.0f} stalls) although compiles are on demand")
+    if cfg.expect_stalls:
+        ok(f"{compiles:.0f} artifacts compiled during the conversation, {stalls:.0f} stalls ({stall_s:.2f} s)")
 
     # The same final request on a server that has never seen this conversation.
     fresh_before = common.metrics(cfg.fresh_base_url)
