@@ -80,6 +80,18 @@ impl Server {
         assert!(status.success(), "{script} failed against {}", self.url);
     }
 
+    /// A POST of a JSON body: (status, parsed body).
+    fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        let body = body.to_string();
+        let (status, text) = self.raw(&format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        let value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{path} answered {status} with non-JSON ({e}): {text:?}"));
+        (status, value)
+    }
+
     /// One raw HTTP/1.1 exchange: (status, body).
     fn raw(&self, request: &str) -> (u16, String) {
         let addr = self.url.trim_start_matches("http://");
@@ -135,6 +147,50 @@ const OV_CPU: [&str; 6] = ["--device", "ov:CPU", "--precision", "f32", "--kv", "
 fn openai_client_api_on_ov_cpu() {
     let server = Server::start(&OV_CPU);
     server.run_script("test_api.py", &[]);
+}
+
+/// The public reference prompts answered greedily through ov:CPU equal the native f32
+/// path's answers (which equal Hugging Face's: the golden tests), text and finish reason.
+#[test]
+fn ov_cpu_replies_equal_the_native_f32_replies_on_the_reference_prompts() {
+    let ov = Server::start(&OV_CPU);
+    let native = Server::start(&["--precision", "f32", "--kv", "f32"]);
+    let set: serde_json::Value =
+        serde_json::from_str(include_str!("../../../testdata/refs/prompts-public.json")).unwrap();
+    let prompts = set["prompts"].as_array().unwrap();
+    assert!(prompts.len() >= 6);
+    for p in prompts {
+        let id = p["id"].as_str().unwrap();
+        let (path, mut body) = match (&p["text"], &p["messages"]) {
+            (serde_json::Value::String(text), _) => {
+                ("/v1/completions", serde_json::json!({"prompt": text}))
+            }
+            (_, messages) => (
+                "/v1/chat/completions",
+                serde_json::json!({"messages": messages}),
+            ),
+        };
+        body["model"] = MODEL.into();
+        body["max_tokens"] = p["n_new"].clone();
+        body["temperature"] = 0.into();
+        let reply = |server: &Server| {
+            let (status, v) = server.post(path, &body);
+            assert_eq!(status, 200, "{id}: {v}");
+            let choice = &v["choices"][0];
+            let text = choice["text"]
+                .as_str()
+                .or(choice["message"]["content"].as_str())
+                .unwrap()
+                .to_string();
+            (text, choice["finish_reason"].clone())
+        };
+        let (want, got) = (reply(&native), reply(&ov));
+        assert!(
+            !want.0.is_empty(),
+            "{id}: an empty native reply proves nothing"
+        );
+        assert_eq!(got, want, "{id}: ov:CPU against native f32");
+    }
 }
 
 #[test]

@@ -366,7 +366,10 @@ impl Engine {
             };
             seq.session.truncate(reused);
             if seq.session.is_empty() {
-                let reply = seq.request.max_tokens.min(self.config.pyramid.generation_reserve);
+                let reply = seq
+                    .request
+                    .max_tokens
+                    .min(self.config.pyramid.generation_reserve);
                 seq.session
                     .assume_turn(seq.request.prompt.len().saturating_add(reply));
             }

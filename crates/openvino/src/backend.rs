@@ -17,6 +17,46 @@ use crate::{OvError, Result};
 #[derive(Debug, Clone, Default)]
 pub struct OvOptions {
     pub properties: Vec<(String, String)>,
+    /// How a decode artifact lays out several sequences.
+    pub decode_layout: DecodeLayout,
+}
+
+/// The option key that picks the [`DecodeLayout`]; pyramid's own, never passed to
+/// OpenVINO.
+pub const DECODE_LAYOUT_KEY: &str = "PYRAMID_DECODE_LAYOUT";
+
+/// How a decode artifact for `batch` sequences holds them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DecodeLayout {
+    /// A batch axis: `batch` sequences of one row, each with its own `window` cache.
+    #[default]
+    Batched,
+    /// One sequence of `batch` rows over the `batch` caches side by side (`batch ×
+    /// window` positions) with a block-diagonal mask: each row sees only its own cache
+    /// and itself. For devices whose compilers reject a batch axis (NPUs); attention
+    /// costs `batch` times more.
+    Packed,
+}
+
+impl DecodeLayout {
+    /// What `device` runs best: NPUs take no batch axis.
+    fn default_for(device: &str) -> Self {
+        if device_base(device) == "NPU" {
+            DecodeLayout::Packed
+        } else {
+            DecodeLayout::Batched
+        }
+    }
+
+    fn parse(value: &str) -> Result<Self> {
+        match value.to_ascii_lowercase().as_str() {
+            "batched" => Ok(DecodeLayout::Batched),
+            "packed" => Ok(DecodeLayout::Packed),
+            _ => Err(OvError::BadOption(format!(
+                "{DECODE_LAYOUT_KEY}={value} (expected batched or packed)"
+            ))),
+        }
+    }
 }
 
 impl OvOptions {
@@ -37,16 +77,24 @@ impl OvOptions {
                 properties.push(("INFERENCE_NUM_THREADS".into(), n.to_string()));
             }
         }
+        let mut decode_layout = DecodeLayout::default_for(device);
         for kv in overrides {
             let (k, v) = kv
                 .split_once('=')
                 .filter(|(k, _)| !k.trim().is_empty())
                 .ok_or_else(|| OvError::BadOption(kv.clone()))?;
             let (k, v) = (k.trim().to_string(), v.trim().to_string());
+            if k == DECODE_LAYOUT_KEY {
+                decode_layout = DecodeLayout::parse(&v)?;
+                continue;
+            }
             properties.retain(|(key, _)| *key != k);
             properties.push((k, v));
         }
-        Ok(Self { properties })
+        Ok(Self {
+            properties,
+            decode_layout,
+        })
     }
 }
 
@@ -121,8 +169,11 @@ impl OvBackend {
 
     fn compile_shape(&self, shape: ArtifactShape) -> Result<OvExecutable> {
         let cfg = &self.model.config;
+        let packed = matches!(shape, ArtifactShape::Decode { batch, .. } if batch > 1)
+            && self.options.decode_layout == DecodeLayout::Packed;
         let (seqs, rows) = match shape {
             ArtifactShape::Prefill { chunk, .. } => (1, chunk),
+            ArtifactShape::Decode { batch, .. } if packed => (1, batch),
             ArtifactShape::Decode { batch, .. } => (batch, 1),
             ArtifactShape::Mixed { .. } => {
                 return Err(OvError::Compile {
@@ -148,8 +199,19 @@ impl OvBackend {
                 other => other.to_string(),
             },
         };
+        let layout = GraphLayout {
+            seqs,
+            rows,
+            // Packed: the sequences' caches side by side; every row keeps its logits.
+            past: if packed { rows * window } else { window },
+            outputs: if packed { rows } else { 1 },
+            packed,
+        };
         let resident_before = resident_bytes();
-        let xml = self.shared.graph.emit(seqs, rows, window);
+        let xml = self
+            .shared
+            .graph
+            .emit(seqs, rows, layout.past, layout.outputs);
         let model = self
             .shared
             .core
@@ -165,15 +227,14 @@ impl OvBackend {
             .map(|d| d.trim().to_string())
             .unwrap_or_else(|_| "unknown".to_string());
         let request = compiled.infer_request().map_err(compile_error)?;
-        let io = Io::new(cfg, seqs, rows, window);
+        let io = Io::new(cfg, &layout);
         let device_bytes = resident_bytes()
             .zip(resident_before)
             .map_or(0, |(after, before)| after.saturating_sub(before));
         Ok(OvExecutable {
             bytes: io.bytes() + device_bytes,
             shape,
-            seqs,
-            rows,
+            layout,
             window,
             executed_on,
             inv_freq: rope_inv_freq(cfg.n_rot, cfg.rope_base),
@@ -220,11 +281,12 @@ struct Io {
 }
 
 impl Io {
-    fn new(cfg: &pyramid_model::ModelConfig, seqs: usize, rows: usize, window: usize) -> Self {
+    fn new(cfg: &pyramid_model::ModelConfig, layout: &GraphLayout) -> Self {
+        let (seqs, rows) = (layout.seqs, layout.rows);
         let half = cfg.head_dim / 2;
-        let span = cfg.n_head_kv * window * cfg.head_dim;
+        let span = cfg.n_head_kv * layout.past * cfg.head_dim;
         let staged = || {
-            if seqs > 1 {
+            if seqs > 1 || layout.packed {
                 (0..cfg.n_layer).map(|_| vec![0.0; seqs * span]).collect()
             } else {
                 Vec::new()
@@ -234,8 +296,8 @@ impl Io {
             ids: vec![0; seqs * rows],
             cos: vec![1.0; seqs * rows * half],
             sin: vec![0.0; seqs * rows * half],
-            mask: vec![MASKED; seqs * rows * (window + rows)],
-            last: vec![0; seqs],
+            mask: vec![MASKED; seqs * rows * (layout.past + rows)],
+            last: vec![0; seqs * layout.outputs],
             staged_k: staged(),
             staged_v: staged(),
             tensors: Vec::new(),
@@ -262,14 +324,28 @@ struct RunState {
     bound: bool,
 }
 
+/// How an artifact's graph holds its sequences.
+struct GraphLayout {
+    /// Sequences on the batch axis, and new rows of each.
+    seqs: usize,
+    rows: usize,
+    /// Past positions each graph sequence attends to: the window, or (packed) the
+    /// windows of all its rows' sequences side by side.
+    past: usize,
+    /// Rows per graph sequence whose logits are returned.
+    outputs: usize,
+    /// Each row is its own sequence (see [`DecodeLayout::Packed`]).
+    packed: bool,
+}
+
 pub struct OvExecutable {
     shape: ArtifactShape,
     /// The host buffers plus what compiling added to this process's resident memory:
     /// plugins keep their own (repacked) copy of the constants per compiled model, which
     /// the C API does not report. Approximate when two compiles overlap.
     bytes: usize,
-    seqs: usize,
-    rows: usize,
+    layout: GraphLayout,
+    /// Positions of each sequence's cache.
     window: usize,
     executed_on: String,
     inv_freq: Vec<f32>,
@@ -284,16 +360,18 @@ impl OvExecutable {
     fn rope_shape(&self) -> Vec<usize> {
         let half = self.shared.graph.config.head_dim / 2;
         match self.shared.graph.config.arch.rope_style() {
-            pyramid_kernels::ops::RopeStyle::Neox => vec![self.seqs, self.rows, 1, half],
+            pyramid_kernels::ops::RopeStyle::Neox => {
+                vec![self.layout.seqs, self.layout.rows, 1, half]
+            }
             pyramid_kernels::ops::RopeStyle::Interleaved => {
-                vec![self.seqs, self.rows, 1, half, 1]
+                vec![self.layout.seqs, self.layout.rows, 1, half, 1]
             }
         }
     }
 
     fn bind_io(&self, state: &mut RunState) -> Result<()> {
         let cfg = &self.shared.graph.config;
-        let (s, r, w) = (self.seqs, self.rows, self.window);
+        let (s, r, w) = (self.layout.seqs, self.layout.rows, self.layout.past);
         let io = &mut state.io;
         let kv_shape = [s, cfg.n_head_kv, w, cfg.head_dim];
         // SAFETY: each buffer has exactly the tensor's element count, lives in `io` for
@@ -334,7 +412,7 @@ impl OvExecutable {
             bind(
                 "last_rows".into(),
                 Element::I64,
-                &[s, 1],
+                &[s, self.layout.outputs],
                 io.last.as_mut_ptr().cast(),
             )?;
             for layer in 0..io.staged_k.len() {
@@ -351,28 +429,72 @@ impl OvExecutable {
     /// Fills the small inputs for `segments` (sequence slots beyond them run a dummy
     /// token whose results are dropped).
     fn fill_inputs(&self, io: &mut Io, segments: &[Segment<'_>]) {
-        let (r, w) = (self.rows, self.window);
+        let GraphLayout {
+            seqs, rows, past, ..
+        } = self.layout;
         let half = self.inv_freq.len();
-        let width = w + r;
+        let width = past + rows;
         io.mask.fill(MASKED);
-        for s in 0..self.seqs {
+        let mut rope = |row: usize, pos: usize| {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let (sin, cos) = (pos as f32 * f).sin_cos();
+                io.cos[row * half + i] = cos;
+                io.sin[row * half + i] = sin;
+            }
+        };
+        if self.layout.packed {
+            // Row b is sequence b: its cache sits at positions b·window.., its own new
+            // key at column past + b; nothing else is visible to it.
+            for b in 0..rows {
+                let start = segments.get(b).map_or(0, |seg| seg.kv.len());
+                io.ids[b] = segments.get(b).map_or(0, |seg| i64::from(seg.tokens[0]));
+                rope(b, start);
+                let mask = &mut io.mask[b * width..(b + 1) * width];
+                let own = b * self.window;
+                mask[own..own + start].fill(0.0);
+                mask[past + b] = 0.0;
+                io.last[b] = b as i64;
+            }
+            return;
+        }
+        for s in 0..seqs {
             let (start, n_real) = segments
                 .get(s)
                 .map_or((0, 1), |seg| (seg.kv.len(), seg.n_real()));
-            for t in 0..r {
-                let row = s * r + t;
+            for t in 0..rows {
+                let row = s * rows + t;
                 io.ids[row] = segments.get(s).map_or(0, |seg| i64::from(seg.tokens[t]));
-                let pos = (start + t) as f32;
-                for (i, &f) in self.inv_freq.iter().enumerate() {
-                    let (sin, cos) = (pos * f).sin_cos();
-                    io.cos[row * half + i] = cos;
-                    io.sin[row * half + i] = sin;
-                }
+                rope(row, start + t);
                 let mask = &mut io.mask[row * width..(row + 1) * width];
                 mask[..start].fill(0.0);
-                mask[w..=w + t].fill(0.0);
+                mask[past..=past + t].fill(0.0);
             }
             io.last[s] = (n_real - 1) as i64;
+        }
+    }
+
+    /// Copies the segments' past keys and values into the staging buffers.
+    fn stage(&self, io: &mut Io, segments: &[Segment<'_>]) {
+        let cfg = &self.shared.graph.config;
+        let hd = cfg.head_dim;
+        let span = cfg.n_head_kv * self.layout.past * hd;
+        for (s, seg) in segments.iter().enumerate() {
+            for layer in 0..cfg.n_layer {
+                let (k, v) = seg.kv.layer_f32(layer).expect("checked f32 above");
+                if !self.layout.packed {
+                    io.staged_k[layer][s * span..(s + 1) * span].copy_from_slice(k);
+                    io.staged_v[layer][s * span..(s + 1) * span].copy_from_slice(v);
+                    continue;
+                }
+                // Only the live rows: the rest of each block is masked.
+                let live = seg.kv.len() * hd;
+                for head in 0..cfg.n_head_kv {
+                    let src = head * self.window * hd;
+                    let dst = (head * self.layout.past + s * self.window) * hd;
+                    io.staged_k[layer][dst..dst + live].copy_from_slice(&k[src..src + live]);
+                    io.staged_v[layer][dst..dst + live].copy_from_slice(&v[src..src + live]);
+                }
+            }
         }
     }
 
@@ -386,7 +508,7 @@ impl OvExecutable {
         self.fill_inputs(&mut state.io, segments);
         // One sequence binds its own cache: no copy of the window per step.
         let mut direct = Vec::new();
-        if self.seqs == 1 {
+        if state.io.staged_k.is_empty() {
             let kv_shape = [1, cfg.n_head_kv, self.window, cfg.head_dim];
             for layer in 0..cfg.n_layer {
                 let (k, v) = segments[0].kv.layer_f32(layer).expect("checked f32 above");
@@ -404,14 +526,7 @@ impl OvExecutable {
                 }
             }
         } else {
-            let span = cfg.n_head_kv * self.window * cfg.head_dim;
-            for (s, seg) in segments.iter().enumerate() {
-                for layer in 0..cfg.n_layer {
-                    let (k, v) = seg.kv.layer_f32(layer).expect("checked f32 above");
-                    state.io.staged_k[layer][s * span..(s + 1) * span].copy_from_slice(k);
-                    state.io.staged_v[layer][s * span..(s + 1) * span].copy_from_slice(v);
-                }
-            }
+            self.stage(&mut state.io, segments);
         }
         state.request.infer()?;
         drop(direct);
@@ -420,7 +535,7 @@ impl OvExecutable {
         let n_vocab = cfg.n_vocab;
         logits.clear();
         logits.extend_from_slice(&out.as_f32()?[..segments.len() * n_vocab]);
-        let (hd, r) = (cfg.head_dim, self.rows);
+        let (hd, r) = (cfg.head_dim, self.layout.rows);
         for layer in 0..cfg.n_layer {
             let k = state.request.tensor(&format!("present_k_{layer}"))?;
             let v = state.request.tensor(&format!("present_v_{layer}"))?;
@@ -428,7 +543,13 @@ impl OvExecutable {
             for (s, seg) in segments.iter_mut().enumerate() {
                 let (start, n) = (seg.kv.len(), seg.n_real());
                 for head in 0..cfg.n_head_kv {
-                    let base = ((s * cfg.n_head_kv + head) * r) * hd;
+                    // New rows are `[seqs, n_head_kv, rows, head_dim]`; packed, sequence
+                    // `s` is row `s` of the one graph sequence.
+                    let base = if self.layout.packed {
+                        (head * r + s) * hd
+                    } else {
+                        ((s * cfg.n_head_kv + head) * r) * hd
+                    };
                     let rows = base..base + n * hd;
                     seg.kv
                         .write_head_rows(layer, head, start, &k[rows.clone()], &v[rows])

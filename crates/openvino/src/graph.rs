@@ -10,8 +10,10 @@
 //!
 //! Inputs besides the caches: token ids `[seqs, rows]`; RoPE cos/sin for every row's
 //! position; an additive mask `[seqs, 1, 1, rows, window + rows]` that hides unused cache
-//! positions and future rows; and each sequence's last real row `[seqs, 1]`, the only row
-//! whose logits are computed (`logits`: `[seqs, 1, n_vocab]`).
+//! positions and future rows; and the rows whose logits are computed `[seqs, outputs]`
+//! (`logits`: `[seqs, outputs, n_vocab]`): each sequence's last real row, or, in a packed
+//! decode (one sequence whose rows are different sequences over their caches side by
+//! side, a block-diagonal mask keeping them apart), every row.
 //!
 //! Weights are constants in the compressed-weight pattern OpenVINO recognises (integer
 //! constant → Convert → Multiply by scale → MatMul), so plugins keep them compressed.
@@ -136,8 +138,10 @@ impl ModelGraph {
         })
     }
 
-    /// The IR text of the graph for `seqs` × `rows` new tokens over `window` positions.
-    pub fn emit(&self, seqs: usize, rows: usize, window: usize) -> String {
+    /// The IR text of the graph for `seqs` × `rows` new tokens over `window` past
+    /// positions, returning logits for `outputs` rows of each sequence (named by the
+    /// `last_rows` input).
+    pub fn emit(&self, seqs: usize, rows: usize, window: usize, outputs: usize) -> String {
         let cfg = &self.config;
         let mut g = Graph::new("pyramid", &self.blob);
         let (hd, kv) = (cfg.head_dim, cfg.n_head_kv);
@@ -153,7 +157,7 @@ impl ModelGraph {
             Et::F32,
             &[seqs, 1, 1, rows, window + rows],
         );
-        let last = g.parameter("last_rows", Et::I64, &[seqs, 1]);
+        let last = g.parameter("last_rows", Et::I64, &[seqs, outputs]);
 
         let table = self.weight(&mut g, "token_embd");
         let axis0 = g.constant("axis0");

@@ -21,7 +21,7 @@ pub mod ir;
 pub mod library;
 mod ov;
 
-pub use backend::{OvBackend, OvOptions};
+pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY};
 pub use error::{OvError, Result};
 pub use graph::WeightFormat;
 

@@ -11,7 +11,7 @@ use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Architecture, KvType, LogitsFor, Model, Scratch, Segment};
-use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
+use pyramid_openvino::{DecodeLayout, OvBackend, OvOptions, WeightFormat, DECODE_LAYOUT_KEY};
 use pyramid_runtime::{prefill_chunked, ArtifactShape, Backend};
 
 fn tiny(arch: Architecture, untied: bool) -> Arc<Model> {
@@ -133,6 +133,99 @@ fn batched_decode_with_empty_slots_matches_each_sequence_alone() {
         let d = max_diff(&logits[i * n_vocab..(i + 1) * n_vocab], &expected);
         assert!(d < 1e-3, "sequence {i} differs by {d}");
         assert_eq!(caches[i].len(), all.len());
+    }
+}
+
+/// A decode batch laid out on the sequence axis of one graph sequence (what NPUs take),
+/// on a batch axis, and one sequence at a time: the same greedy tokens, step after step,
+/// and logits within rounding; an empty slot changes nothing.
+#[test]
+fn packed_batched_and_single_decode_give_the_same_tokens() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Llama, true);
+    let window = 40;
+    let backend = |layout: &str| {
+        let options =
+            OvOptions::for_device("CPU", Some(2), &[format!("{DECODE_LAYOUT_KEY}={layout}")])
+                .unwrap();
+        OvBackend::new(Arc::clone(&model), "CPU", WeightFormat::F32, options).unwrap()
+    };
+    let (packed, batched) = (backend("packed"), backend("batched"));
+    assert_eq!(
+        OvOptions::for_device("NPU", None, &[])
+            .unwrap()
+            .decode_layout,
+        DecodeLayout::Packed,
+        "NPUs take no batch axis"
+    );
+    assert!(
+        OvOptions::for_device("CPU", None, &["PYRAMID_DECODE_LAYOUT=diagonal".into()]).is_err()
+    );
+    let prefill = batched
+        .compile(ArtifactShape::Prefill { chunk: 8, window })
+        .unwrap();
+    let single = batched
+        .compile(ArtifactShape::Decode { batch: 1, window })
+        .unwrap();
+    let shape = ArtifactShape::Decode { batch: 4, window };
+    let runs: Vec<(&str, Arc<dyn pyramid_runtime::Executable>)> = vec![
+        ("packed", packed.compile(shape).unwrap()),
+        ("batched", batched.compile(shape).unwrap()),
+    ];
+    let n_vocab = model.config.n_vocab;
+    // Three sequences of different lengths in four slots, five greedy steps each.
+    let prompts: Vec<Vec<u32>> = [3, 9, 17].iter().map(|&n| prompt(n, n as u32)).collect();
+    let fresh = || -> Vec<pyramid_model::KvCache> {
+        prompts
+            .iter()
+            .map(|p| {
+                let mut kv = model.new_kv_cache_of(window, KvType::F32);
+                prefill_chunked(prefill.as_ref(), &pool, p, &mut kv, &mut Vec::new()).unwrap();
+                kv
+            })
+            .collect()
+    };
+    let first: Vec<u32> = (0..3).map(|i| (i * 40 + 9) % 250).collect();
+    // One at a time: the reference tokens and logits.
+    let mut want_tokens = vec![Vec::new(); 3];
+    // [step][sequence]
+    let mut want_logits = vec![Vec::new(); 5];
+    for (i, kv) in fresh().iter_mut().enumerate() {
+        let mut token = first[i];
+        let mut logits = Vec::new();
+        for step_logits in want_logits.iter_mut() {
+            single
+                .run(&pool, &mut [Segment::new(&[token], kv)], &mut logits)
+                .unwrap();
+            step_logits.push(logits.clone());
+            token = pyramid_runtime::argmax(&logits);
+            want_tokens[i].push(token);
+        }
+    }
+    for (name, decode) in &runs {
+        let mut caches = fresh();
+        let mut tokens: Vec<[u32; 1]> = first.iter().map(|&t| [t]).collect();
+        let mut got = vec![Vec::new(); 3];
+        let mut logits = Vec::new();
+        for (step, want) in want_logits.iter().enumerate() {
+            let mut segs: Vec<Segment<'_>> = caches
+                .iter_mut()
+                .zip(&tokens)
+                .map(|(kv, t)| Segment::new(t, kv))
+                .collect();
+            decode.run(&pool, &mut segs, &mut logits).unwrap();
+            assert_eq!(logits.len(), 3 * n_vocab);
+            for (i, row) in logits.chunks_exact(n_vocab).enumerate() {
+                let d = max_diff(row, &want[i]);
+                assert!(d < 1e-3, "{name}: sequence {i} step {step} differs by {d}");
+                tokens[i][0] = pyramid_runtime::argmax(row);
+                got[i].push(tokens[i][0]);
+            }
+        }
+        assert_eq!(got, want_tokens, "{name} decode against one at a time");
+        for (kv, p) in caches.iter().zip(&prompts) {
+            assert_eq!(kv.len(), p.len() + 5);
+        }
     }
 }
 
