@@ -11,16 +11,15 @@ use pyramid_bench::results::Stat;
 use pyramid_engine::{Engine, EngineConfig, Event, Request};
 use pyramid_kernels::isa;
 use pyramid_runtime::WindowLadder;
-use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use super::bench_matrix::random_tokens;
 use crate::commands::qualify::Qualifier;
-use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 
 /// Greedy tokens per prompt when a bench qualifies its route.
 const QUALIFY_TOKENS: usize = 16;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{single_user, RouteArgs, RouteAudit};
+use crate::route::{single_user, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -103,13 +102,6 @@ struct Record {
     avg_ts: f64,
     stddev_ts: f64,
     samples_ts: Vec<f64>,
-}
-
-pub(crate) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| rng.random_range(0..n_vocab as u32))
-        .collect()
 }
 
 /// Seconds for one run of the test through the engine: prefill `n_prompt` tokens, or

@@ -22,7 +22,8 @@ use pyramid_model::synthetic::SyntheticSpec;
 use pyramid_model::{KvCache, KvType, Precision, Segment};
 use pyramid_runtime::{argmax, prefill_chunked, ArtifactShape, Executable};
 
-use super::bench::random_tokens;
+use rand::{Rng, SeedableRng};
+
 use super::qualify::Qualifier;
 use crate::loader::{Loaded, ModelArgs};
 use crate::route::{Route, RouteArgs};
@@ -388,7 +389,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
             key.batch,
         );
         if !ctx.artifacts.contains_key(&art_key) {
-            let chunk = crate::commands::replay::DEFAULT_PREFILL_CHUNK.min(key.window);
+            let chunk = crate::route::DEFAULT_PREFILL_CHUNK.min(key.window);
             let a = Artifacts::compile(route, chunk, key.batch, key.window)?;
             ctx.artifacts.insert(art_key.clone(), a);
         }
@@ -632,4 +633,12 @@ impl Artifacts {
         }
         Ok(())
     }
+}
+
+/// Random prompt ids, as llama-bench uses: the figures measure the engine, not the text.
+pub(crate) fn random_tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.random_range(0..n_vocab as u32))
+        .collect()
 }

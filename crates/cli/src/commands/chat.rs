@@ -14,10 +14,10 @@ use pyramid_engine::FinishReason;
 use pyramid_runtime::WindowLadder;
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 
-use super::replay::DEFAULT_PREFILL_CHUNK;
+use super::chat_remote::next_user_turn;
 use super::run::SamplingArgs;
 use crate::loader::ModelArgs;
-use crate::route::{prefill_chunk_for, single_user, RouteArgs};
+use crate::route::{prefill_chunk_for, single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 pub struct ChatArgs {
@@ -135,18 +135,4 @@ pub fn run(args: ChatArgs) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// Prompts for and reads the user's next message; `None` on an empty line or end of input,
-/// which end the chat.
-pub(super) fn next_user_turn(
-    lines: &mut impl Iterator<Item = std::io::Result<String>>,
-) -> Result<Option<String>> {
-    eprint!("> ");
-    std::io::stderr().flush()?;
-    let Some(line) = lines.next().transpose()? else {
-        return Ok(None);
-    };
-    let line = line.trim_end();
-    Ok((!line.is_empty()).then(|| line.to_string()))
 }

@@ -7,7 +7,6 @@ use std::io::{BufRead, BufReader, Write};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::chat::next_user_turn;
 use super::run::SamplingArgs;
 
 /// What one streamed reply brought.
@@ -146,4 +145,18 @@ fn stream_reply(base: &str, api_key: Option<&str>, body: &Value) -> Result<Reply
         }
     }
     bail!("the stream ended without [DONE]")
+}
+
+/// Prompts for and reads the user's next message; `None` on an empty line or end of input,
+/// which end the chat.
+pub(super) fn next_user_turn(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> Result<Option<String>> {
+    eprint!("> ");
+    std::io::stderr().flush()?;
+    let Some(line) = lines.next().transpose()? else {
+        return Ok(None);
+    };
+    let line = line.trim_end();
+    Ok((!line.is_empty()).then(|| line.to_string()))
 }

@@ -14,9 +14,8 @@ use pyramid_runtime::{CpuBackend, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
 
-use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{single_user, Route, RouteArgs, RouteAudit};
+use crate::route::{single_user, Route, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
 
 /// The public reference prompts (testdata/refs/prompts-public.json), built in.
 const PUBLIC_PROMPTS: &str = include_str!("../../../../testdata/refs/prompts-public.json");

@@ -18,12 +18,8 @@ use pyramid_bench::results::{Provenance, ReplayArm, ReplayRecord};
 
 use crate::commands::bench_matrix;
 use crate::loader::{file_model_id, ModelArgs};
+use crate::route::DEFAULT_PREFILL_CHUNK;
 use crate::route::{RouteArgs, RouteAudit};
-
-/// Prefill chunk when none is given: on this project's reference machine (2 Zen 4 cores,
-/// AVX2 kernels) throughput rises steeply up to 128-token chunks and is within a few
-/// percent of whole-prompt prefill beyond; see docs/PYRAMID.md for the measurement.
-pub const DEFAULT_PREFILL_CHUNK: usize = 128;
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {

@@ -10,9 +10,8 @@ use pyramid_runtime::{SamplerConfig, WindowLadder};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 use serde::Serialize;
 
-use crate::commands::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{prefill_chunk_for, single_user, RouteArgs, RouteAudit};
+use crate::route::{prefill_chunk_for, single_user, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]

@@ -12,10 +12,10 @@ use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::Metrics;
 use pyramid_server::{AppState, EngineThread, DEFAULT_BODY_LIMIT};
 
-use super::replay::DEFAULT_PREFILL_CHUNK;
 use crate::loader::ModelArgs;
 use crate::route::{
-    RouteArgs, DEFAULT_GENERATION_RESERVE, FIRST_COMPILE_ESTIMATE, PREDICTION_MARGIN,
+    RouteArgs, DEFAULT_GENERATION_RESERVE, DEFAULT_PREFILL_CHUNK, FIRST_COMPILE_ESTIMATE,
+    PREDICTION_MARGIN,
 };
 
 #[derive(Args, Debug)]
