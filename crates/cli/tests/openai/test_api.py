@@ -16,6 +16,7 @@ usage the API reported.
 from __future__ import annotations
 
 import math
+import os
 import random
 
 import common
@@ -317,9 +318,30 @@ def check_session_cache():
 
 COUNTERS = ["pyramid_requests_total", "pyramid_prompt_tokens_total", "pyramid_cached_prompt_tokens_total",
             "pyramid_prefilled_tokens_total", "pyramid_generated_tokens_total", "pyramid_kv_migrations_total",
-            "pyramid_artifact_compiles_total", "pyramid_stalls_total"]
+            "pyramid_artifact_compiles_total", "pyramid_artifact_compile_seconds_total", "pyramid_stalls_total",
+            "pyramid_stall_seconds_total", "pyramid_reprefills_total"]
 HISTOGRAMS = ["pyramid_ttft_seconds", "pyramid_inter_token_seconds", "pyramid_batch_size"]
-GAUGES = ["pyramid_queue_depth", "pyramid_running_sequences", "pyramid_cached_sessions", "pyramid_kv_bytes"]
+GAUGES = ["pyramid_queue_depth", "pyramid_running_sequences", "pyramid_cached_sessions", "pyramid_kv_bytes",
+          "pyramid_kv_used_bytes", "pyramid_artifacts_compiling", "pyramid_artifacts_resident", "pyramid_route_info"]
+# The device the server was started on (`--device`), whose audit /metrics and /v1/models report.
+DEVICE = os.environ.get("PYRAMID_EXPECT_DEVICE") or "cpu"
+
+
+def check_route_audit(m: common.Metrics):
+    """After requests ran, both stages report the device asked for and the one that ran."""
+    stages = {labels.get("stage"): labels for labels, _ in m.samples.get("pyramid_route_info", [])}
+    expect_eq(sorted(stages), ["decode", "prefill"], "pyramid_route_info stages")
+    route = common.get("/v1/models").json()["data"][0].get("route") or {}
+    for stage, labels in stages.items():
+        expect_eq(labels.get("requested"), DEVICE, f"pyramid_route_info requested device ({stage})")
+        expect(labels.get("executed"), f"pyramid_route_info names no executing device for {stage}")
+        expect_eq(labels.get("as_requested"), "true", f"pyramid_route_info as_requested ({stage})")
+        audit = route.get(stage) or {}
+        expect_eq((audit.get("requested"), audit.get("executed"), audit.get("as_requested")),
+                  (DEVICE, labels.get("executed"), True), f"/v1/models route audit ({stage})")
+    compiles = m.sum("pyramid_artifact_compiles_total")
+    expect(compiles >= 1, f"pyramid_artifact_compiles_total is {compiles}: something ran, so something compiled")
+    ok(f"route audit: {DEVICE} asked, {stages['prefill'].get('executed')} ran both stages; {compiles:.0f} compiles")
 
 
 def check_metrics(before: common.Metrics):
@@ -347,6 +369,7 @@ def check_metrics(before: common.Metrics):
     expect(all("status" in labels for labels, _ in m.samples["pyramid_requests_total"]),
            "pyramid_requests_total samples need a status label")
     ok("/metrics: text/plain 0.0.4, every metric present with the right type, histograms well-formed")
+    check_route_audit(m)
 
     for name in ["pyramid_requests_total", "pyramid_prompt_tokens_total", "pyramid_generated_tokens_total",
                  "pyramid_prefilled_tokens_total", "pyramid_cached_prompt_tokens_total", "pyramid_ttft_seconds_count",
