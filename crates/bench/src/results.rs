@@ -194,6 +194,12 @@ pub struct ReplayArm {
     pub compile_ms: f64,
     pub n_migrations: usize,
     pub migration_ms: f64,
+    /// Bytes migrations copied (0 when caches grow in place); absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_bytes: Option<usize>,
+    /// Live KV bytes of the migrated sessions; absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration_live_bytes: Option<usize>,
     pub n_reprefills: usize,
     pub reprefill_ms: f64,
     pub n_stalls: usize,

@@ -216,23 +216,36 @@ impl Engine {
         let start = Instant::now();
         let seq = &mut self.running[idx];
         let stalled = seq.stalled_since.take().map(|t| start - t);
+        let largest = self.config.pyramid.ladder.largest();
+        let binds_kv = self.pyramid.backend().binds_kv_memory();
+        // Caches reserve their largest window (address space only) unless the backend
+        // binds their memory: then a crossing grows them with no copy at all.
+        let new_cache = |window: usize| {
+            if binds_kv {
+                KvCache::new(&model.config, window, kv_type)
+            } else {
+                KvCache::with_reserve(&model.config, window, largest, kv_type)
+            }
+        };
         let kv = match how {
-            Move::First => model.new_kv_cache_of(window, kv_type),
+            Move::First => new_cache(window),
             Move::Migrate => {
-                let placement = seq.session.placement().ok_or_else(not_placed)?;
-                let kv = placement.kv.migrated(window)?;
-                let bytes = placement.kv.used_bytes();
+                let placement = seq.session.placement_mut().ok_or_else(not_placed)?;
+                let live = placement.kv.used_bytes();
+                let copied = placement.kv.grow_to(window)?;
                 let took = start.elapsed();
                 self.summary.migrations.push(took);
                 self.pyramid.record(|s| {
                     s.n_migrations += 1;
                     s.migration_ms += took.as_secs_f64() * 1e3;
-                    s.migration_bytes += bytes;
+                    s.migration_bytes += copied;
+                    s.migration_live_bytes += live;
                 });
-                kv
+                // The grown cache moves into the new placement below.
+                std::mem::replace(&mut placement.kv, KvCache::new(&model.config, 0, kv_type))
             }
             Move::Reprefill => {
-                let mut kv = model.new_kv_cache_of(window, kv_type);
+                let mut kv = new_cache(window);
                 let live = seq.session.tokens().to_vec();
                 if !live.is_empty() {
                     let mut logits = Vec::new();

@@ -78,7 +78,10 @@ pub struct PyramidStats {
     pub compile_ms: f64,
     pub n_migrations: usize,
     pub migration_ms: f64,
+    /// Bytes migrations copied: 0 for caches that reserve their largest window.
     pub migration_bytes: usize,
+    /// Live KV bytes of the sessions that migrated (what a copy would move).
+    pub migration_live_bytes: usize,
     pub n_reprefills: usize,
     pub reprefill_ms: f64,
     pub reprefill_tokens: usize,
@@ -90,6 +93,14 @@ pub struct PyramidStats {
     /// route audit).
     pub prefill_executed_on: Option<String>,
     pub decode_executed_on: Option<String>,
+}
+
+impl PyramidStats {
+    /// Effective copy speed of migrations, GB/s; `None` when they copied nothing.
+    pub fn migration_gb_per_s(&self) -> Option<f64> {
+        (self.migration_bytes > 0 && self.migration_ms > 0.0)
+            .then(|| self.migration_bytes as f64 / (self.migration_ms * 1e6))
+    }
 }
 
 struct State {

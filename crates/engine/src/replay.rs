@@ -212,6 +212,8 @@ pub struct ArmReport {
     /// Compiles, migrations, re-prefills and stalls.
     #[serde(flatten)]
     pub stats: PyramidStats,
+    /// Effective copy speed of the migrations; `null` when they copied nothing.
+    pub migration_gb_s: Option<f64>,
     /// Peak resident memory while the arm ran (Linux; `None` elsewhere).
     pub peak_rss_bytes: Option<u64>,
     /// The most KV cache memory reserved (windows) and used (live positions) at once.
@@ -345,6 +347,7 @@ pub fn run_arm(
         } else {
             decode_ms / n_decoded as f64
         },
+        migration_gb_s: stats.migration_gb_per_s(),
         stats,
         peak_rss_bytes,
         kv_bytes_reserved: kv_reserved,

@@ -14,6 +14,7 @@ use pyramid_engine::{
     Arm, Engine, EngineConfig, Event, FinishReason, Move, PyramidConfig, Request, RequestId,
 };
 use pyramid_gguf::GgufFile;
+use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Architecture, KvType, Model, Segment};
@@ -32,16 +33,23 @@ struct Fake {
     model: Arc<Model>,
     compile: Duration,
     mixed: bool,
+    /// Asks for compact caches, as a device binding their memory does.
+    binds: bool,
     compiled: Mutex<Vec<ArtifactShape>>,
     runs: Arc<Mutex<Vec<(ArtifactShape, usize)>>>,
 }
 
 impl Fake {
     fn new(compile: Duration, mixed: bool) -> Arc<Self> {
+        Self::with_binding(compile, mixed, false)
+    }
+
+    fn with_binding(compile: Duration, mixed: bool, binds: bool) -> Arc<Self> {
         Arc::new(Self {
             model: tiny(),
             compile,
             mixed,
+            binds,
             compiled: Mutex::default(),
             runs: Arc::default(),
         })
@@ -95,8 +103,10 @@ impl Executable for FakeExe {
                 seg.kv.write_head_rows(0, 0, pos + i, &row, &row).unwrap();
             }
             seg.kv.commit(n).unwrap();
-            let (keys, _) = seg.kv.layer_f32(0).unwrap();
-            let history: Vec<u32> = (0..seg.kv.len()).map(|p| keys[p * hd] as u32).collect();
+            let KvRows::F32 { keys, .. } = seg.kv.head(0, 0, seg.kv.len()) else {
+                unreachable!("the fake runs f32 caches")
+            };
+            let history: Vec<u32> = keys.chunks_exact(hd).map(|k| k[0] as u32).collect();
             let mut row = vec![0.0; self.n_vocab];
             row[next_token(&history, self.n_vocab) as usize] = 1.0;
             logits.extend_from_slice(&row);
@@ -124,6 +134,9 @@ impl Backend for Fake {
     }
     fn runs_mixed_passes(&self) -> bool {
         self.mixed
+    }
+    fn binds_kv_memory(&self) -> bool {
+        self.binds
     }
 }
 
@@ -330,31 +343,52 @@ fn a_crossing_migrates_before_the_run_and_waits_for_its_artifacts() {
     assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
 }
 
+/// Caches reserve their largest window, so moving up copies nothing; a backend that
+/// binds cache memory gets compact caches, whose moves copy the live rows. The tokens are
+/// the same either way.
 #[test]
 fn without_artifacts_to_wait_for_a_session_moves_up_the_ladder_in_order() {
     let pool = ThreadPool::new(1).unwrap();
-    let fake = Fake::new(Duration::ZERO, true);
-    let n_vocab = fake.model.config.n_vocab;
-    let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
-    engine.add_request(Request::greedy(0, prompt(0, 10), 30));
-    let mut moves = Vec::new();
-    let mut tokens = Vec::new();
-    while engine.has_work() {
-        let s = engine.schedule();
-        assert!(s.stalled.is_empty());
-        moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
-        for e in engine.step(&pool) {
-            if let Event::Token { token, .. } = e {
-                tokens.push(token);
+    for binds in [false, true] {
+        let fake = Fake::with_binding(Duration::ZERO, true, binds);
+        let n_vocab = fake.model.config.n_vocab;
+        let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
+        engine.add_request(Request::greedy(0, prompt(0, 10), 30));
+        let mut moves = Vec::new();
+        let mut tokens = Vec::new();
+        while engine.has_work() {
+            let s = engine.schedule();
+            assert!(s.stalled.is_empty());
+            moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
+            for e in engine.step(&pool) {
+                if let Event::Token { token, .. } = e {
+                    tokens.push(token);
+                }
             }
         }
+        assert_eq!(
+            moves,
+            [(16, Move::First), (32, Move::Migrate), (64, Move::Migrate)]
+        );
+        let stats = engine.stats().pyramid;
+        assert_eq!(stats.n_stalls, 0);
+        assert!(stats.migration_live_bytes > 0);
+        if binds {
+            assert_eq!(
+                stats.migration_bytes, stats.migration_live_bytes,
+                "compact caches copy"
+            );
+            assert!(stats.migration_gb_per_s().is_some());
+        } else {
+            assert_eq!(stats.migration_bytes, 0, "reserved caches grow in place");
+            assert_eq!(stats.migration_gb_per_s(), None);
+        }
+        assert_eq!(
+            tokens,
+            expected(&prompt(0, 10), 30, n_vocab),
+            "binds {binds}"
+        );
     }
-    assert_eq!(
-        moves,
-        [(16, Move::First), (32, Move::Migrate), (64, Move::Migrate)]
-    );
-    assert_eq!(engine.stats().pyramid.n_stalls, 0);
-    assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
 }
 
 #[test]

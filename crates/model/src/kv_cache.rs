@@ -1,13 +1,24 @@
 //! Keys and values of every position seen so far, per layer and KV head.
 //!
-//! Layout `[n_layer][n_head_kv][capacity][head_dim]`: attention for one head walks its
-//! positions contiguously, and moving a session into a larger cache is one copy per
-//! (layer, head) run. With [`KvType::Int8`] each stored row (one position of one head)
-//! is symmetric INT8 with its own f32 scale: a quarter of the bytes for long contexts,
-//! where decode is bound by reading the cache.
+//! Layout `[n_layer][n_head_kv][stride][head_dim]`: attention for one head walks its
+//! positions contiguously. The cache holds `capacity` positions (its window) in runs of
+//! `stride` ≥ `capacity` rows:
+//! - a *compact* cache (`stride == capacity`, [`KvCache::new`]) is what a device binding
+//!   the window's memory as a graph input needs; moving it to a larger window copies each
+//!   (layer, head) run;
+//! - a *reserved* cache ([`KvCache::with_reserve`]) allocates runs of its largest window
+//!   up front as address space only: the kernel commits a page when a position on it is
+//!   first written, so memory follows the live positions, and a larger window is the
+//!   same memory with a new bound (no copy, no page faults at the crossing, which cost
+//!   ~95 % of a copy's time here: measured in docs/BENCHMARKS.md).
+//!
+//! With [`KvType::Int8`] each stored row (one position of one head) is symmetric INT8
+//! with its own f32 scale: a quarter of the bytes for long contexts, where decode is bound
+//! by reading the cache.
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::vec::HalfBitsVecExt;
 use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::int8::quantize_row;
 
@@ -57,23 +68,28 @@ enum Store {
     },
 }
 
+/// Bytes one stored row (one position of one head) takes.
+fn row_bytes(kind: KvType, head_dim: usize) -> usize {
+    match kind {
+        KvType::F32 => head_dim * 4,
+        KvType::F16 => head_dim * 2,
+        KvType::Int8 => head_dim + 4,
+    }
+}
+
 impl Store {
+    /// Zeroed storage for `n_rows` rows. Every type is allocated zeroed by the allocator
+    /// (`vec![0; n]` of a primitive asks for zeroed pages instead of writing zeros), so
+    /// nothing is touched until written.
     fn new(kind: KvType, n_rows: usize, head_dim: usize) -> Self {
         match kind {
             KvType::F32 => Store::F32(vec![0.0; n_rows * head_dim]),
-            KvType::F16 => Store::F16(vec![f16::ZERO; n_rows * head_dim]),
+            // `f16` is not a primitive: zeroed `u16`s reinterpreted (the same bits).
+            KvType::F16 => Store::F16(vec![0u16; n_rows * head_dim].reinterpret_into()),
             KvType::Int8 => Store::Int8 {
                 q: vec![0; n_rows * head_dim],
                 scales: vec![0.0; n_rows],
             },
-        }
-    }
-
-    fn bytes(&self) -> usize {
-        match self {
-            Store::F32(d) => d.len() * 4,
-            Store::F16(d) => d.len() * 2,
-            Store::Int8 { q, scales } => q.len() + scales.len() * 4,
         }
     }
 
@@ -130,6 +146,9 @@ pub struct KvCache {
     n_head_kv: usize,
     head_dim: usize,
     capacity: usize,
+    /// Rows allocated per (layer, head) run: `capacity` when compact, the reserve when
+    /// reserved.
+    stride: usize,
     /// The model's context: growth stops here.
     max_capacity: usize,
     len: usize,
@@ -138,15 +157,25 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// A compact cache of `capacity` positions.
     pub fn new(cfg: &ModelConfig, capacity: usize, kind: KvType) -> Self {
-        let n_rows = cfg.n_layer * cfg.n_head_kv * capacity;
+        Self::with_reserve(cfg, capacity, capacity, kind)
+    }
+
+    /// A cache of `capacity` positions with room reserved for `reserve` (at most the
+    /// model's context): growing to any window up to it copies nothing.
+    pub fn with_reserve(cfg: &ModelConfig, capacity: usize, reserve: usize, kind: KvType) -> Self {
+        let max_capacity = cfg.n_ctx_train.max(capacity);
+        let stride = reserve.clamp(capacity, max_capacity);
+        let n_rows = cfg.n_layer * cfg.n_head_kv * stride;
         Self {
             kind,
             n_layer: cfg.n_layer,
             n_head_kv: cfg.n_head_kv,
             head_dim: cfg.head_dim,
             capacity,
-            max_capacity: cfg.n_ctx_train.max(capacity),
+            stride,
+            max_capacity,
             len: 0,
             k: Store::new(kind, n_rows, cfg.head_dim),
             v: Store::new(kind, n_rows, cfg.head_dim),
@@ -170,8 +199,16 @@ impl KvCache {
         self.capacity
     }
 
+    /// Bytes of the window (`capacity` positions of keys and values): what a budget
+    /// counts. A reserved cache's memory is at most this, committed as positions fill.
     pub fn bytes(&self) -> usize {
-        self.k.bytes() + self.v.bytes()
+        2 * self.n_layer * self.n_head_kv * self.capacity * row_bytes(self.kind, self.head_dim)
+    }
+
+    /// Whether each (layer, head) run is exactly the window, as a device binding the
+    /// cache's memory needs.
+    pub fn is_compact(&self) -> bool {
+        self.stride == self.capacity
     }
 
     /// Forgets positions from `len` on (e.g. a chat turn that diverged from the cache).
@@ -179,9 +216,9 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
-    /// Makes room for `needed` positions, copying the live ones into a larger buffer.
-    /// Doubling stops at the model's context; `needed` beyond it is left for the forward
-    /// pass to reject.
+    /// Makes room for `needed` positions: within the reserve by moving the bound, beyond
+    /// it by copying the live positions into a larger buffer. Doubling stops at the
+    /// model's context; `needed` beyond it is left for the forward pass to reject.
     pub fn reserve(&mut self, needed: usize) {
         let needed = needed.min(self.max_capacity);
         if needed <= self.capacity {
@@ -190,17 +227,19 @@ impl KvCache {
         let new_capacity = needed
             .max(self.capacity.saturating_mul(2))
             .min(self.max_capacity);
-        let n_runs = self.n_layer * self.n_head_kv;
-        for store in [&mut self.k, &mut self.v] {
-            *store = store.regrow(n_runs, self.capacity, new_capacity, self.len, self.head_dim);
-        }
-        self.capacity = new_capacity;
+        self.set_window(new_capacity);
     }
 
-    /// The live positions copied into a cache of exactly `capacity` positions: moving a
-    /// session to another window without recomputing anything. Keys and values are
-    /// copied as stored (INT8 rows keep their scales), so the result is bit-identical.
-    pub fn migrated(&self, capacity: usize) -> Result<KvCache> {
+    /// Moves the cache to a window of exactly `capacity` positions, keeping the live
+    /// positions bit for bit: a reserved cache within its reserve only changes its bound;
+    /// otherwise the live positions are copied into new compact runs. Returns the bytes
+    /// copied (0 without a copy). On error the cache is unchanged.
+    pub fn grow_to(&mut self, capacity: usize) -> Result<usize> {
+        self.check_window(capacity)?;
+        Ok(self.set_window(capacity))
+    }
+
+    fn check_window(&self, capacity: usize) -> Result<()> {
         if capacity < self.len || capacity > self.max_capacity {
             return Err(ModelError::ContextLengthExceeded {
                 needed: self.len.max(capacity),
@@ -211,22 +250,50 @@ impl KvCache {
                 },
             });
         }
+        Ok(())
+    }
+
+    /// `capacity` is valid: within a reserve it is a new bound; otherwise (or to keep a
+    /// compact cache compact) a copy.
+    fn set_window(&mut self, capacity: usize) -> usize {
+        let in_place = if self.is_compact() {
+            capacity == self.capacity
+        } else {
+            capacity <= self.stride
+        };
+        if in_place {
+            self.capacity = capacity;
+            return 0;
+        }
+        let copied = self.used_bytes();
         let n_runs = self.n_layer * self.n_head_kv;
-        let (old, hd) = (self.capacity, self.head_dim);
+        for store in [&mut self.k, &mut self.v] {
+            *store = store.regrow(n_runs, self.stride, capacity, self.len, self.head_dim);
+        }
+        self.capacity = capacity;
+        self.stride = capacity;
+        copied
+    }
+
+    /// The live positions copied into a compact cache of exactly `capacity` positions:
+    /// moving a session to another window without recomputing anything. Keys and values
+    /// are copied as stored (INT8 rows keep their scales), so the result is bit-identical.
+    pub fn migrated(&self, capacity: usize) -> Result<KvCache> {
+        self.check_window(capacity)?;
+        let n_runs = self.n_layer * self.n_head_kv;
+        let hd = self.head_dim;
         Ok(KvCache {
             capacity,
-            k: self.k.regrow(n_runs, old, capacity, self.len, hd),
-            v: self.v.regrow(n_runs, old, capacity, self.len, hd),
+            stride: capacity,
+            k: self.k.regrow(n_runs, self.stride, capacity, self.len, hd),
+            v: self.v.regrow(n_runs, self.stride, capacity, self.len, hd),
             ..*self
         })
     }
 
-    /// Bytes the live positions occupy (what a migration copies).
+    /// Bytes the live positions occupy (what a copy to another window moves).
     pub fn used_bytes(&self) -> usize {
-        if self.capacity == 0 {
-            return 0;
-        }
-        self.bytes() / self.capacity * self.len
+        2 * self.n_layer * self.n_head_kv * self.len * row_bytes(self.kind, self.head_dim)
     }
 
     /// Checks that `n_new` more positions fit.
@@ -247,7 +314,7 @@ impl KvCache {
 
     /// Index of the row holding `pos` of `kv_head` in `layer`.
     fn row(&self, layer: usize, kv_head: usize, pos: usize) -> usize {
-        (layer * self.n_head_kv + kv_head) * self.capacity + pos
+        (layer * self.n_head_kv + kv_head) * self.stride + pos
     }
 
     /// One head's positions `0..n_pos`.
@@ -276,9 +343,12 @@ impl KvCache {
     }
 
     /// One layer's keys and values for every head and position, `[n_head_kv, capacity,
-    /// head_dim]` each, when stored in f32: what a backend keeping the cache in host
-    /// memory binds as its input without copying.
+    /// head_dim]` each, when stored in f32 and compact: what a backend keeping the cache
+    /// in host memory binds as its input without copying.
     pub fn layer_f32(&self, layer: usize) -> Option<(&[f32], &[f32])> {
+        if !self.is_compact() {
+            return None;
+        }
         let span = self.n_head_kv * self.capacity * self.head_dim;
         let range = layer * span..(layer + 1) * span;
         match (&self.k, &self.v) {

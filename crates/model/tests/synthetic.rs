@@ -660,3 +660,68 @@ fn integer_models_keep_no_f32_vocabulary() {
         }
     }
 }
+
+/// A reserved cache grown across three windows copies nothing and gives, bit for bit, the
+/// logits of a compact cache started on the largest window; a compact cache grown the same
+/// way copies its live positions and agrees too. For every KV type.
+#[test]
+fn reserved_caches_grow_across_windows_without_a_copy() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = build(&SyntheticSpec::tiny(Architecture::Llama));
+    let tokens: Vec<u32> = (0..120).map(|i| (i * 37 + 11) % 250).collect();
+    let pieces = [(0, 20), (20, 33), (33, 70), (70, 120)];
+    let windows = [32, 64, 128];
+    for kind in KvType::ALL {
+        let mut scratch = Scratch::default();
+        let mut run = |kv: &mut pyramid_model::KvCache, from: usize, to: usize| {
+            model
+                .forward(&pool, &tokens[from..to], kv, &mut scratch, LogitsFor::All)
+                .unwrap()
+        };
+        let mut large = model.new_kv_cache_of(128, kind);
+        let want: Vec<Vec<f32>> = pieces.iter().map(|&(a, b)| run(&mut large, a, b)).collect();
+        let cfg = &model.config;
+        let mut reserved = pyramid_model::KvCache::with_reserve(cfg, 32, 128, kind);
+        let mut compact = pyramid_model::KvCache::new(cfg, 32, kind);
+        assert!(!reserved.is_compact() && compact.is_compact());
+        assert_eq!(
+            reserved.bytes(),
+            compact.bytes(),
+            "budgets count the window"
+        );
+        let (mut copied_reserved, mut copied_compact) = (0, 0);
+        for (i, &(a, b)) in pieces.iter().enumerate() {
+            // Move up to the smallest window holding this piece, as the engine does.
+            let window = *windows.iter().find(|&&w| w >= b).unwrap();
+            if window > reserved.capacity() {
+                copied_reserved += reserved.grow_to(window).unwrap();
+                copied_compact += compact.grow_to(window).unwrap();
+            }
+            assert_eq!(reserved.capacity(), window);
+            // Below its reserve a reserved cache's runs are longer than its window.
+            assert_eq!(
+                reserved.layer_f32(0).is_some(),
+                kind == KvType::F32 && window == 128
+            );
+            assert_eq!(
+                run(&mut reserved, a, b),
+                want[i],
+                "{kind}: reserved, piece {i}"
+            );
+            assert_eq!(
+                run(&mut compact, a, b),
+                want[i],
+                "{kind}: compact, piece {i}"
+            );
+        }
+        assert_eq!(copied_reserved, 0, "{kind}: a reserved cache never copies");
+        assert!(
+            copied_compact > 0,
+            "{kind}: a compact cache copies its live rows"
+        );
+        // Beyond the reserve (or the context) is an error that changes nothing.
+        assert!(reserved.grow_to(100).is_err(), "below the live positions");
+        assert!(reserved.grow_to(cfg.n_ctx_train + 1).is_err());
+        assert_eq!(reserved.capacity(), 128);
+    }
+}

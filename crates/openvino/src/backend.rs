@@ -264,6 +264,11 @@ impl Backend for OvBackend {
             Err(e) => Err(RuntimeError::Device(e.to_string())),
         }
     }
+
+    /// Past keys and values are bound (or staged) as `[n_head_kv, window, head_dim]`.
+    fn binds_kv_memory(&self) -> bool {
+        true
+    }
 }
 
 /// Host buffers behind the graph's small inputs, bound once.
@@ -593,6 +598,15 @@ impl Executable for OvExecutable {
                 reason: format!(
                     "the OpenVINO backend binds f32 caches, not {} (use --kv f32)",
                     seg.kv.kind()
+                ),
+            });
+        }
+        if let Some(seg) = segments.iter().find(|s| !s.kv.is_compact()) {
+            return Err(RuntimeError::BadShape {
+                shape: self.shape,
+                reason: format!(
+                    "the OpenVINO backend binds compact caches, not one reserving more than its {} positions",
+                    seg.kv.capacity()
                 ),
             });
         }

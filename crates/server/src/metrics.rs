@@ -266,7 +266,7 @@ impl Metrics {
 /// sessions and their KV memory, and the artifacts resident by window.
 fn render_engine(out: &mut String, stats: &EngineStats) {
     let p = &stats.pyramid;
-    let counters: [(&str, &str, f64); 8] = [
+    let counters: [(&str, &str, f64); 10] = [
         (
             "pyramid_artifact_compiles_total",
             "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
@@ -294,8 +294,18 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
         ),
         (
             "pyramid_kv_migration_bytes_total",
-            "Live KV bytes copied by migrations.",
+            "KV bytes migrations copied (none for caches that grow in place).",
             p.migration_bytes as f64,
+        ),
+        (
+            "pyramid_kv_migration_live_bytes_total",
+            "Live KV bytes of the sessions that migrated.",
+            p.migration_live_bytes as f64,
+        ),
+        (
+            "pyramid_kv_migration_seconds_total",
+            "Time spent migrating KV caches.",
+            p.migration_ms / 1e3,
         ),
         (
             "pyramid_reprefills_total",
@@ -312,6 +322,13 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    if let Some(gb_s) = p.migration_gb_per_s() {
+        let name = "pyramid_kv_migration_copy_gigabytes_per_second";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
     let gauges: [(&str, &str, usize); 6] = [

@@ -268,6 +268,8 @@ fn record_of(r: &Report<'_>, provenance: Provenance) -> ReplayRecord {
                 compile_ms: a.stats.compile_ms,
                 n_migrations: a.stats.n_migrations,
                 migration_ms: a.stats.migration_ms,
+                migration_bytes: Some(a.stats.migration_bytes),
+                migration_live_bytes: Some(a.stats.migration_live_bytes),
                 n_reprefills: a.stats.n_reprefills,
                 reprefill_ms: a.stats.reprefill_ms,
                 n_stalls: a.stats.n_stalls,
@@ -291,12 +293,12 @@ fn print_table(r: &Report<'_>) {
         r.trace.source, r.trace.sessions, r.trace.steps, r.trace.appended_tokens, r.trace.generate_tokens
     );
     println!(
-        "| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | migration ms (n) | re-prefill ms (n) | stall ms (n) | peak RSS MiB | KV reserved MiB | KV used MiB | failed sessions |"
+        "| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | migration ms (n) | migrated MiB live / copied | copy GB/s | re-prefill ms (n) | stall ms (n) | peak RSS MiB | KV reserved MiB | KV used MiB | failed sessions |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for a in r.arms {
         println!(
-            "| {} | {:.0} | {:.1} | {:.2} | {:.1} ({}) | {:.2} ({}) | {:.1} ({}) | {:.1} ({}) | {} | {:.1} | {:.1} | {} |",
+            "| {} | {:.0} | {:.1} | {:.2} | {:.1} ({}) | {:.2} ({}) | {:.1} / {:.1} | {} | {:.1} ({}) | {:.1} ({}) | {} | {:.1} | {:.1} | {} |",
             a.arm.name(),
             a.total_ms,
             a.ttft_ms_p50,
@@ -305,6 +307,11 @@ fn print_table(r: &Report<'_>) {
             a.stats.n_compiles,
             a.stats.migration_ms,
             a.stats.n_migrations,
+            mib(a.stats.migration_live_bytes),
+            mib(a.stats.migration_bytes),
+            a.stats
+                .migration_gb_per_s()
+                .map_or("-".to_string(), |g| format!("{g:.1}")),
             a.stats.reprefill_ms,
             a.stats.n_reprefills,
             a.stats.stall_ms,
