@@ -168,6 +168,8 @@ fn replay(route: &str, tokens_identical: bool) -> ReplayRecord {
         compile_ms: 10.0,
         n_migrations: 0,
         migration_ms: 0.0,
+        migration_bytes: Some(0),
+        migration_live_bytes: Some(0),
         n_reprefills: usize::from(reprefill_ms > 0.0),
         reprefill_ms,
         n_stalls: 0,
