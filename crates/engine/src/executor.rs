@@ -1,6 +1,7 @@
 //! Running a [`Schedule`] on the route's artifacts.
 //!
-//! Sessions are placed or moved first (a migration copies the live KV cache; a
+//! Sessions are placed or moved first (a migration grows the KV cache to the new window:
+//! in place natively, a copy of the live rows on backends that bind cache memory; a
 //! re-prefill runs every cached token again), then the passes run: one mixed pass for
 //! everyone on a backend that takes any shape, otherwise each prompt chunk through its
 //! window's prefill artifact and each decode run through the decode artifact of its
@@ -99,23 +100,28 @@ impl Engine {
             if feeds.is_empty() {
                 continue;
             }
-            let exe = if batch == 1 {
-                self.running[feeds[0].idx]
+            let batched = (batch > 1)
+                .then(|| {
+                    self.pyramid
+                        .get_ready(ArtifactShape::Decode { batch, window })
+                })
+                .flatten();
+            if let Some(exe) = batched {
+                self.run_pass(pool, exe.as_ref(), feeds, &mut out);
+                continue;
+            }
+            // One at a time through each session's own decode artifact (also when the
+            // batch artifact was evicted since the schedule was made).
+            for feed in feeds {
+                let seq = &self.running[feed.idx];
+                let decode = seq
                     .session
                     .placement()
                     .and_then(|p| p.artifacts.as_ref())
-                    .map(|a| Arc::clone(&a.1))
-            } else {
-                self.pyramid
-                    .get_ready(ArtifactShape::Decode { batch, window })
-            };
-            match exe {
-                Some(exe) => self.run_pass(pool, exe.as_ref(), feeds, &mut out),
-                None => {
-                    for f in feeds {
-                        out.failed
-                            .push((self.running[f.idx].request.id, not_placed()));
-                    }
+                    .map(|a| Arc::clone(&a.1));
+                match decode {
+                    Some(exe) => self.run_pass(pool, exe.as_ref(), vec![feed], &mut out),
+                    None => out.failed.push((seq.request.id, not_placed())),
                 }
             }
         }

@@ -105,8 +105,17 @@ impl Store {
         }
     }
 
+    fn kind(&self) -> KvType {
+        match self {
+            Store::F32(_) => KvType::F32,
+            Store::F16(_) => KvType::F16,
+            Store::Int8 { .. } => KvType::Int8,
+        }
+    }
+
     /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
-    /// into runs of `new_run` rows.
+    /// into runs of `new_run` rows of fresh zeroed storage (only the copied rows' pages
+    /// are touched).
     fn regrow(
         &self,
         n_runs: usize,
@@ -115,27 +124,30 @@ impl Store {
         live: usize,
         hd: usize,
     ) -> Self {
-        fn copy<T: Copy + Default>(
+        fn copy<T: Copy>(
             src: &[T],
+            out: &mut [T],
             n_runs: usize,
             old: usize,
             new: usize,
             live: usize,
-        ) -> Vec<T> {
-            let mut out = vec![T::default(); n_runs * new];
+        ) {
             for r in 0..n_runs {
                 out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
             }
-            out
         }
-        match self {
-            Store::F32(d) => Store::F32(copy(d, n_runs, old_run * hd, new_run * hd, live * hd)),
-            Store::F16(d) => Store::F16(copy(d, n_runs, old_run * hd, new_run * hd, live * hd)),
-            Store::Int8 { q, scales } => Store::Int8 {
-                q: copy(q, n_runs, old_run * hd, new_run * hd, live * hd),
-                scales: copy(scales, n_runs, old_run, new_run, live),
-            },
+        let mut out = Store::new(self.kind(), n_runs * new_run, hd);
+        let (old, new, rows) = (old_run * hd, new_run * hd, live * hd);
+        match (self, &mut out) {
+            (Store::F32(d), Store::F32(o)) => copy(d, o, n_runs, old, new, rows),
+            (Store::F16(d), Store::F16(o)) => copy(d, o, n_runs, old, new, rows),
+            (Store::Int8 { q, scales }, Store::Int8 { q: oq, scales: os }) => {
+                copy(q, oq, n_runs, old, new, rows);
+                copy(scales, os, n_runs, old_run, new_run, live);
+            }
+            _ => unreachable!("a store regrows into its own type"),
         }
+        out
     }
 }
 
