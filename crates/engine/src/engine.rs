@@ -338,8 +338,9 @@ impl Engine {
         }
     }
 
-    /// Runs `request` alone to its end, calling `on_token` with each sampled token;
-    /// `on_token` returning `false` aborts it. For one-shot drivers (`run`, `chat`).
+    /// Runs `request` to its end, calling `on_token` with each sampled token;
+    /// `on_token` returning `false` aborts it. For drivers with one request at a time
+    /// (`run`, `chat`, `replay`); other requests' events are not reported.
     pub fn generate(
         &mut self,
         pool: &ThreadPool,
@@ -350,7 +351,7 @@ impl Engine {
         self.add_request(request);
         let mut tokens = Vec::new();
         loop {
-            for event in self.step(pool) {
+            for event in self.step(pool).into_iter().filter(|e| e.id() == id) {
                 match event {
                     Event::Token { token, .. } => {
                         tokens.push(token);
@@ -380,6 +381,12 @@ impl Engine {
                     Event::Failed { error, .. } => return Err(error),
                     Event::Started { .. } => {}
                 }
+            }
+            if !self.has_work() {
+                // Every path ends a request with an event; this guards against a loop.
+                return Err(EngineError::Pass(format!(
+                    "request {id} left the engine without finishing"
+                )));
             }
         }
     }
