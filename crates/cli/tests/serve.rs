@@ -203,7 +203,7 @@ fn agent_conversation_on_ov_cpu_crosses_windows_without_stalls_when_predicted() 
             ("PYRAMID_EXPECT_STALLS", "none"),
             // A 2-core machine compiles a window's two artifacts in seconds; agents
             // leave that much time between turns while their tools run.
-            ("PYRAMID_AGENT_PAUSE_S", "3"),
+            ("PYRAMID_AGENT_PAUSE_S", "5"),
         ],
     );
 }
