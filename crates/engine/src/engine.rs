@@ -24,6 +24,7 @@ use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
 use serde::Serialize;
 
 use crate::executor::Executed;
+use crate::kv_pool::KvPool;
 use crate::prefix_cache::PrefixCache;
 use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
 use crate::request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
@@ -95,6 +96,8 @@ pub struct EngineStats {
     /// KV bytes of running and cached sessions: reserved (their windows) and used.
     pub kv_bytes_reserved: usize,
     pub kv_bytes_used: usize,
+    /// Bytes of pre-faulted caches kept for sessions' next windows (compact routes).
+    pub kv_pool_bytes: usize,
     /// Compiled artifacts by window: `(window, count, bytes)`.
     pub artifacts: Vec<(usize, usize, usize)>,
     pub compiling: usize,
@@ -106,6 +109,8 @@ pub struct Engine {
     /// The one artifact of a backend that runs mixed passes; `None` on static routes.
     pub(crate) mixed: Option<Arc<dyn Executable>>,
     pub(crate) kv_bytes_per_position: usize,
+    /// Pre-faulted compact caches, on backends that bind cache memory.
+    pub(crate) kv_pool: Option<Arc<KvPool>>,
     pub(crate) waiting: VecDeque<(Request, Instant)>,
     pub(crate) running: Vec<Sequence>,
     pub(crate) cache: PrefixCache,
@@ -139,11 +144,20 @@ impl Engine {
             None
         };
         let kv_bytes_per_position = KvCache::new(&model.config, 1, kv_type).bytes();
+        let kv_pool = pyramid.backend().binds_kv_memory().then(|| {
+            let largest = config.pyramid.ladder.largest();
+            KvPool::new(
+                model.config.clone(),
+                kv_type,
+                2 * kv_bytes_per_position * largest,
+            )
+        });
         Ok(Self {
             pyramid,
             config,
             mixed,
             kv_bytes_per_position,
+            kv_pool,
             waiting: VecDeque::new(),
             running: Vec::new(),
             cache: PrefixCache::default(),
@@ -299,11 +313,15 @@ impl Engine {
             let timings = timings_of(&seq);
             let grown = usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens;
             seq.session.observe_turn(grown, seq.admitted.elapsed());
-            // The next turn may cross: its window compiles while the caller thinks.
+            // The next turn may cross: its window compiles (and its cache is faulted in)
+            // while the caller thinks.
             if let Some(window) = seq.session.window() {
                 let len = seq.session.len();
                 if let Some(next) = self.predicted_next_window(&seq.session, window, len) {
                     self.pyramid.prepare(next);
+                    if let Some(pool) = self.kv_pool.as_ref().filter(|p| !p.has(next)) {
+                        pool.prefault(next, window);
+                    }
                 }
             }
             self.events.push(Event::Finished {
@@ -333,6 +351,7 @@ impl Engine {
             cached_sessions: self.cache.len(),
             kv_bytes_reserved: reserved,
             kv_bytes_used: used,
+            kv_pool_bytes: self.pool_bytes(),
             artifacts: self.pyramid.resident(),
             compiling: self.pyramid.n_compiling(),
         }
@@ -409,12 +428,20 @@ impl Engine {
     }
 
     /// Keeps a session for reuse, then evicts what the session limit and the KV budget
-    /// no longer allow.
+    /// no longer allow (pooled caches first).
     pub(crate) fn retire(&mut self, session: Session) {
         self.cache.insert(session);
         let max_cached = self.config.max_sessions.saturating_sub(self.running.len());
         let room = self.config.kv_budget.saturating_sub(self.running_bytes());
-        self.cache.evict_to(max_cached, room);
+        if let Some(pool) = &self.kv_pool {
+            pool.shrink_to(room.saturating_sub(self.cache.bytes()));
+        }
+        self.cache
+            .evict_to(max_cached, room.saturating_sub(self.pool_bytes()));
+    }
+
+    pub(crate) fn pool_bytes(&self) -> usize {
+        self.kv_pool.as_ref().map_or(0, |p| p.bytes())
     }
 
     /// Fails the stalled sequences whose artifacts are ready: alone, they wait for KV

@@ -42,6 +42,11 @@ impl Engine {
     pub fn execute(&mut self, pool: &ThreadPool, schedule: &Schedule) -> Executed {
         let mut out = Executed::default();
         self.pyramid.prepare_shapes(&schedule.compiles);
+        if let Some(pool) = &self.kv_pool {
+            for &(window, positions) in &schedule.prefaults {
+                pool.prefault(window, positions);
+            }
+        }
         for &(id, window, how) in &schedule.moves {
             if let Err(e) = self.move_session(pool, id, window, how) {
                 out.failed.push((id, e));
@@ -223,26 +228,36 @@ impl Engine {
         let seq = &mut self.running[idx];
         let stalled = seq.stalled_since.take().map(|t| start - t);
         let largest = self.config.pyramid.ladder.largest();
-        let binds_kv = self.pyramid.backend().binds_kv_memory();
+        let kv_pool = self.kv_pool.clone();
         // Caches reserve their largest window (address space only) unless the backend
-        // binds their memory: then a crossing grows them with no copy at all.
-        let new_cache = |window: usize| {
-            if binds_kv {
-                KvCache::new(&model.config, window, kv_type)
-            } else {
-                KvCache::with_reserve(&model.config, window, largest, kv_type)
-            }
+        // binds their memory: then a crossing grows them with no copy at all. Compact
+        // caches come from the pool, faulted in ahead when the crossing was predicted.
+        let new_cache = |window: usize| match &kv_pool {
+            Some(kv_pool) => kv_pool.take(window),
+            None => (
+                KvCache::with_reserve(&model.config, window, largest, kv_type),
+                false,
+            ),
         };
         let kv = match how {
-            Move::First => new_cache(window),
+            Move::First => new_cache(window).0,
             Move::Migrate => {
                 let placement = seq.session.placement_mut().ok_or_else(not_placed)?;
                 let live = placement.kv.used_bytes();
-                let copied = placement.kv.grow_to(window)?;
+                let (copied, prefaulted) = match &kv_pool {
+                    Some(kv_pool) => {
+                        let (mut grown, prefaulted) = kv_pool.take(window);
+                        let copied = placement.kv.copy_into(&mut grown)?;
+                        placement.kv = grown;
+                        (copied, prefaulted)
+                    }
+                    None => (placement.kv.grow_to(window)?, false),
+                };
                 let took = start.elapsed();
                 self.summary.migrations.push(took);
                 self.pyramid.record(|s| {
                     s.n_migrations += 1;
+                    s.n_migrations_prefaulted += usize::from(prefaulted);
                     s.migration_ms += took.as_secs_f64() * 1e3;
                     s.migration_bytes += copied;
                     s.migration_live_bytes += live;
@@ -251,7 +266,7 @@ impl Engine {
                 std::mem::replace(&mut placement.kv, KvCache::new(&model.config, 0, kv_type))
             }
             Move::Reprefill => {
-                let mut kv = new_cache(window);
+                let mut kv = new_cache(window).0;
                 let live = seq.session.tokens().to_vec();
                 if !live.is_empty() {
                     let mut logits = Vec::new();

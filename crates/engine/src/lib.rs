@@ -18,6 +18,7 @@
 mod engine;
 mod error;
 mod executor;
+mod kv_pool;
 mod predictor;
 mod prefix_cache;
 mod pyramid;

@@ -59,6 +59,10 @@ pub struct Schedule {
     pub stalled: Vec<(RequestId, usize)>,
     /// Artifacts to start compiling in the background.
     pub compiles: Vec<ArtifactShape>,
+    /// Compact caches to fault in on a background thread ahead of a predicted crossing
+    /// (backends that bind cache memory): `(window, positions)`, the positions being the
+    /// window the session leaves, which its migration will copy.
+    pub prefaults: Vec<(usize, usize)>,
 }
 
 impl Schedule {
@@ -169,6 +173,8 @@ impl Engine {
         self.plan_predictive_compiles(&mut schedule);
         schedule.compiles.sort_unstable();
         schedule.compiles.dedup();
+        schedule.prefaults.sort_unstable();
+        schedule.prefaults.dedup();
         schedule
     }
 
@@ -270,17 +276,22 @@ impl Engine {
                     None => continue,
                 },
             };
-            if let Some(next) = self.predicted_next_window(&seq.session, window, len) {
+            let Some(next) = self.predicted_next_window(&seq.session, window, len) else {
+                continue;
+            };
+            if !self.pyramid.is_prepared(next) {
                 schedule
                     .compiles
                     .extend(self.pyramid.shapes(next).iter().copied());
+            }
+            if self.kv_pool.as_ref().is_some_and(|p| !p.has(next)) {
+                schedule.prefaults.push((next, window));
             }
         }
     }
 
     /// The window after `window`, when [`Arm::Predictive`] expects `session` (holding
-    /// `len` tokens) to reach it sooner than its artifacts would compile and they are not
-    /// on their way.
+    /// `len` tokens) to reach it sooner than its artifacts would compile.
     pub(crate) fn predicted_next_window(
         &self,
         session: &Session,
@@ -292,9 +303,6 @@ impl Engine {
             return None;
         }
         let next = *cfg.ladder.windows().iter().find(|&&w| w > window)?;
-        if self.pyramid.is_prepared(next) {
-            return None;
-        }
         let expected = self.pyramid.expected_compile(next);
         session
             .should_prepare_after(window, len, expected, cfg.margin)
@@ -308,8 +316,13 @@ impl Engine {
         if running_bytes > budget {
             return false;
         }
-        if running_bytes + self.cache.bytes() > budget {
-            self.cache.evict_to(usize::MAX, budget - running_bytes);
+        let room = budget - running_bytes;
+        if let Some(pool) = &self.kv_pool {
+            pool.shrink_to(room.saturating_sub(self.cache.bytes()));
+        }
+        let room = room.saturating_sub(self.pool_bytes());
+        if self.cache.bytes() > room {
+            self.cache.evict_to(usize::MAX, room);
         }
         true
     }
@@ -395,8 +408,7 @@ impl Engine {
                 self.waiting.push_front((seq.request, submitted));
                 break;
             }
-            self.cache
-                .evict_to(usize::MAX, self.config.kv_budget - running);
+            self.evict_for(running);
             self.events.push(Event::Started {
                 id,
                 cached_tokens: reused,

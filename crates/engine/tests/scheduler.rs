@@ -388,40 +388,59 @@ fn without_artifacts_to_wait_for_a_session_moves_up_the_ladder_in_order() {
             expected(&prompt(0, 10), 30, n_vocab),
             "binds {binds}"
         );
+        // A second conversation on the same engine is untouched by the first.
+        let other = prompt(7, 12);
+        let done = engine
+            .generate(&pool, Request::greedy(1, other.clone(), 30), &mut |_| true)
+            .unwrap();
+        assert_eq!(
+            done.tokens,
+            expected(&other, 30, n_vocab),
+            "binds {binds}: second"
+        );
     }
 }
 
 #[test]
 fn predictive_compiles_the_next_window_before_the_crossing() {
     let pool = ThreadPool::new(1).unwrap();
-    // Each turn adds 20 tokens; a compile takes 20 ms.
-    let turns = |arm: Arm| {
-        let fake = Fake::new(Duration::from_millis(20), false);
+    // Each turn adds 20 tokens; a compile takes 20 ms. With `binds`, caches are compact
+    // and the next window's cache is faulted in ahead too.
+    let turns = |arm: Arm, binds: bool| {
+        let fake = Fake::with_binding(Duration::from_millis(20), false, binds);
         let mut engine = engine(&fake, config(arm, &[32, 64, 128, 256], 64, 1));
         let mut context = Vec::new();
-        let mut compiled_ahead = 0;
         for turn in 0..8u32 {
             context.extend(prompt(turn, 10));
-            let done = engine
-                .generate(
-                    &pool,
-                    Request::greedy(u64::from(turn), context.clone(), 10),
-                    &mut |_| true,
-                )
-                .unwrap();
+            let request = Request::greedy(u64::from(turn), context.clone(), 10);
+            let done = engine.generate(&pool, request, &mut |_| true).unwrap();
             context.extend(done.tokens);
-            let s = engine.schedule();
-            compiled_ahead += s.compiles.len();
-            engine.pyramid().join_background();
+            // The agent's own work between turns.
+            std::thread::sleep(Duration::from_millis(30));
         }
-        (engine.stats().pyramid, compiled_ahead)
+        (engine.stats().pyramid, context)
     };
-    let (predictive, _) = turns(Arm::Predictive);
-    let (on_demand, _) = turns(Arm::OnDemand);
-    assert!(predictive.n_migrations >= 2, "{predictive:?}");
-    assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
-    assert!(on_demand.n_stalls >= 2, "{on_demand:?}");
-    assert_eq!(predictive.n_migrations, on_demand.n_migrations);
+    for binds in [false, true] {
+        let (predictive, tokens_p) = turns(Arm::Predictive, binds);
+        let (on_demand, tokens_o) = turns(Arm::OnDemand, binds);
+        assert_eq!(tokens_p, tokens_o, "binds {binds}");
+        assert!(predictive.n_migrations >= 2, "{predictive:?}");
+        assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
+        assert!(on_demand.n_stalls >= 2, "{on_demand:?}");
+        assert_eq!(predictive.n_migrations, on_demand.n_migrations);
+        if binds {
+            assert!(
+                predictive.n_migrations_prefaulted >= 1,
+                "the next window's cache was faulted in ahead: {predictive:?}"
+            );
+            assert_eq!(on_demand.n_migrations_prefaulted, 0, "{on_demand:?}");
+        } else {
+            assert_eq!(
+                predictive.n_migrations_prefaulted, 0,
+                "reserved caches need none"
+            );
+        }
+    }
 }
 
 #[test]

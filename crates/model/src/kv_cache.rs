@@ -113,17 +113,40 @@ impl Store {
         }
     }
 
+    /// Writes one element of every page, so the kernel commits the memory now rather
+    /// than at each page's first use.
+    /// Writes one element of every page holding the first `rows` rows of each of
+    /// `n_runs` runs of `run` rows, so the kernel commits that memory now.
+    fn prefault(&mut self, n_runs: usize, run: usize, rows: usize, hd: usize) {
+        fn touch<T: Copy>(d: &mut [T], n_runs: usize, run: usize, rows: usize, zero: T) {
+            let step = (4096 / std::mem::size_of::<T>()).max(1);
+            for r in 0..n_runs {
+                for x in d[r * run..r * run + rows].iter_mut().step_by(step) {
+                    *x = zero;
+                }
+            }
+        }
+        match self {
+            Store::F32(d) => touch(d, n_runs, run * hd, rows * hd, 0.0),
+            Store::F16(d) => touch(d, n_runs, run * hd, rows * hd, f16::ZERO),
+            Store::Int8 { q, scales } => {
+                touch(q, n_runs, run * hd, rows * hd, 0);
+                touch(scales, n_runs, run, rows, 0.0);
+            }
+        }
+    }
+
     /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
-    /// into runs of `new_run` rows of fresh zeroed storage (only the copied rows' pages
-    /// are touched).
-    fn regrow(
+    /// into `out`'s runs of `new_run` rows.
+    fn copy_runs_into(
         &self,
+        out: &mut Store,
         n_runs: usize,
         old_run: usize,
         new_run: usize,
         live: usize,
         hd: usize,
-    ) -> Self {
+    ) {
         fn copy<T: Copy>(
             src: &[T],
             out: &mut [T],
@@ -136,17 +159,31 @@ impl Store {
                 out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
             }
         }
-        let mut out = Store::new(self.kind(), n_runs * new_run, hd);
         let (old, new, rows) = (old_run * hd, new_run * hd, live * hd);
-        match (self, &mut out) {
+        match (self, out) {
             (Store::F32(d), Store::F32(o)) => copy(d, o, n_runs, old, new, rows),
             (Store::F16(d), Store::F16(o)) => copy(d, o, n_runs, old, new, rows),
             (Store::Int8 { q, scales }, Store::Int8 { q: oq, scales: os }) => {
                 copy(q, oq, n_runs, old, new, rows);
                 copy(scales, os, n_runs, old_run, new_run, live);
             }
-            _ => unreachable!("a store regrows into its own type"),
+            _ => unreachable!("caches of one type copy into each other"),
         }
+    }
+
+    /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
+    /// into runs of `new_run` rows of fresh zeroed storage (only the copied rows' pages
+    /// are touched).
+    fn regrow(
+        &self,
+        n_runs: usize,
+        old_run: usize,
+        new_run: usize,
+        live: usize,
+        hd: usize,
+    ) -> Self {
+        let mut out = Store::new(self.kind(), n_runs * new_run, hd);
+        self.copy_runs_into(&mut out, n_runs, old_run, new_run, live, hd);
         out
     }
 }
@@ -285,6 +322,40 @@ impl KvCache {
         self.capacity = capacity;
         self.stride = capacity;
         copied
+    }
+
+    /// Commits the memory of positions `0..positions` now rather than at their first
+    /// write (see [`KvCache::with_reserve`]): for a window a session will move into, the
+    /// rows its copy will fill, faulted in before the crossing.
+    pub fn prefault(&mut self, positions: usize) {
+        let (n_runs, hd) = (self.n_layer * self.n_head_kv, self.head_dim);
+        let rows = positions.min(self.capacity);
+        self.k.prefault(n_runs, self.stride, rows, hd);
+        self.v.prefault(n_runs, self.stride, rows, hd);
+    }
+
+    /// Copies the live positions into `dst` (which must hold as many, be compact and of
+    /// the same model and type), replacing what it held; returns the bytes copied. Rows
+    /// beyond them in `dst` are left as they were: nothing reads positions past a cache's
+    /// length.
+    pub fn copy_into(&self, dst: &mut KvCache) -> Result<usize> {
+        let same = dst.kind == self.kind
+            && (dst.n_layer, dst.n_head_kv, dst.head_dim)
+                == (self.n_layer, self.n_head_kv, self.head_dim);
+        if !same || !dst.is_compact() || dst.capacity < self.len {
+            return Err(ModelError::BadConfig(format!(
+                "a cache of {} positions ({}) cannot take the {} live positions of a {} cache",
+                dst.capacity, dst.kind, self.len, self.kind
+            )));
+        }
+        let n_runs = self.n_layer * self.n_head_kv;
+        let hd = self.head_dim;
+        self.k
+            .copy_runs_into(&mut dst.k, n_runs, self.stride, dst.stride, self.len, hd);
+        self.v
+            .copy_runs_into(&mut dst.v, n_runs, self.stride, dst.stride, self.len, hd);
+        dst.len = self.len;
+        Ok(self.used_bytes())
     }
 
     /// The live positions copied into a compact cache of exactly `capacity` positions:

@@ -229,6 +229,44 @@ fn packed_batched_and_single_decode_give_the_same_tokens() {
     }
 }
 
+/// A cache reused from another session (its old rows still in memory past its length, as
+/// the engine's pool hands them out) gives exactly a fresh cache's logits: masked
+/// positions contribute nothing, whatever they hold.
+#[test]
+fn stale_rows_past_a_caches_length_change_nothing() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Qwen2, false);
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let window = 32;
+    let prefill = ov
+        .compile(ArtifactShape::Prefill { chunk: 8, window })
+        .unwrap();
+    let decode = ov
+        .compile(ArtifactShape::Decode { batch: 1, window })
+        .unwrap();
+    let run = |kv: &mut pyramid_model::KvCache| {
+        let mut logits = Vec::new();
+        prefill_chunked(prefill.as_ref(), &pool, &prompt(7, 2), kv, &mut logits).unwrap();
+        decode
+            .run(&pool, &mut [Segment::new(&[42], kv)], &mut logits)
+            .unwrap();
+        logits
+    };
+    let fresh = run(&mut model.new_kv_cache_of(window, KvType::F32));
+    let mut reused = model.new_kv_cache_of(window, KvType::F32);
+    let mut scratch = Vec::new();
+    prefill_chunked(
+        prefill.as_ref(),
+        &pool,
+        &prompt(30, 9),
+        &mut reused,
+        &mut scratch,
+    )
+    .unwrap();
+    reused.truncate(0);
+    assert_eq!(run(&mut reused), fresh);
+}
+
 #[test]
 fn migration_between_windows_and_native_to_openvino_handoff_keep_tokens() {
     let pool = ThreadPool::new(2).unwrap();

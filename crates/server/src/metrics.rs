@@ -266,7 +266,7 @@ impl Metrics {
 /// sessions and their KV memory, and the artifacts resident by window.
 fn render_engine(out: &mut String, stats: &EngineStats) {
     let p = &stats.pyramid;
-    let counters: [(&str, &str, f64); 10] = [
+    let counters: [(&str, &str, f64); 11] = [
         (
             "pyramid_artifact_compiles_total",
             "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
@@ -308,6 +308,11 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             p.migration_ms / 1e3,
         ),
         (
+            "pyramid_kv_migrations_prefaulted_total",
+            "Migrations into a compact cache faulted in ahead of the crossing.",
+            p.n_migrations_prefaulted as f64,
+        ),
+        (
             "pyramid_reprefills_total",
             "Window crossings that prefilled the context again.",
             p.n_reprefills as f64,
@@ -331,7 +336,7 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
-    let gauges: [(&str, &str, usize); 6] = [
+    let gauges: [(&str, &str, usize); 7] = [
         (
             "pyramid_running_sequences",
             "Sequences in the batch.",
@@ -356,6 +361,11 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "pyramid_artifacts_compiling",
             "Artifact compiles in flight.",
             stats.compiling,
+        ),
+        (
+            "pyramid_kv_pool_bytes",
+            "Compact KV caches kept faulted in for sessions' next windows.",
+            stats.kv_pool_bytes,
         ),
         (
             "pyramid_engine_waiting",
