@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig};
+use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig, RouteAudit};
 use pyramid_model::{KvType, Model};
 use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
-use pyramid_runtime::{executed_as_requested, Backend, CpuBackend, RouteBackend, WindowLadder};
-use serde::Serialize;
+use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
 
 use crate::loader::Loaded;
 
@@ -51,43 +50,6 @@ fn parse_device(name: &str) -> Result<Device> {
     }
 }
 
-/// The device asked for and the one that really ran, per stage.
-#[derive(Debug, Clone, Serialize)]
-pub struct StageAudit {
-    pub requested: String,
-    pub executed: Option<String>,
-    /// False when the executing device is not the requested one (a fallback).
-    pub as_requested: Option<bool>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct RouteAudit {
-    pub prefill: StageAudit,
-    pub decode: StageAudit,
-}
-
-impl RouteAudit {
-    pub fn flagged(&self) -> bool {
-        [&self.prefill, &self.decode]
-            .iter()
-            .any(|s| s.as_requested == Some(false))
-    }
-
-    /// One line for tables: `ov:GPU (ran on GPU.0) -> ov:NPU (ran on NPU)`, with a warning
-    /// when a stage ran elsewhere.
-    pub fn describe(&self) -> String {
-        let stage = |s: &StageAudit| match &s.executed {
-            Some(e) => format!("{} (ran on {e})", s.requested),
-            None => s.requested.clone(),
-        };
-        let mut line = format!("{} -> {}", stage(&self.prefill), stage(&self.decode));
-        if self.flagged() {
-            line.push_str("  WARNING: a stage did not run on the device asked for");
-        }
-        line
-    }
-}
-
 /// The backends of a route, built from the loaded model.
 pub struct Route {
     pub backend: Arc<dyn Backend>,
@@ -101,17 +63,12 @@ impl Route {
         prefill_executed: Option<String>,
         decode_executed: Option<String>,
     ) -> RouteAudit {
-        let stage = |requested: &String, executed: Option<String>| StageAudit {
-            as_requested: executed
-                .as_deref()
-                .map(|e| executed_as_requested(requested, e)),
-            requested: requested.clone(),
-            executed,
-        };
-        RouteAudit {
-            prefill: stage(&self.prefill, prefill_executed),
-            decode: stage(&self.decode, decode_executed),
-        }
+        RouteAudit::new(
+            &self.prefill,
+            &self.decode,
+            prefill_executed,
+            decode_executed,
+        )
     }
 
     /// `cpu`, `ov:CPU`, or `ov:GPU->ov:NPU`.

@@ -81,8 +81,6 @@ pub struct StepSummary {
     pub n_prefilled: usize,
     /// How long each migration took.
     pub migrations: Vec<Duration>,
-    /// Passes run (more than one when windows or stages differ on a static backend).
-    pub n_passes: usize,
 }
 
 /// The engine's state, for `/metrics` and reports.
@@ -279,9 +277,10 @@ impl Engine {
             if seq.prefilling() {
                 continue; // more prompt to come: these logits are not sampled
             }
-            let raw = seq.request.logprobs.map(|_| logits.clone());
+            // Log-probabilities are of the model's distribution, before sampling reshapes it.
+            let raw = seq.request.logprobs.map(|k| (k, logits.clone()));
             let token = seq.sampler.sample(&mut logits, seq.session.tokens());
-            let logprobs = raw.and_then(|raw| logprobs_for(seq, &raw, token));
+            let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
             let now = Instant::now();
             seq.first_token.get_or_insert(now);
             seq.last_token = Some(now);
@@ -428,11 +427,22 @@ impl Engine {
     }
 
     /// Keeps a session for reuse, then evicts what the session limit and the KV budget
-    /// no longer allow (pooled caches first).
+    /// no longer allow.
     pub(crate) fn retire(&mut self, session: Session) {
         self.cache.insert(session);
-        let max_cached = self.config.max_sessions.saturating_sub(self.running.len());
-        let room = self.config.kv_budget.saturating_sub(self.running_bytes());
+        self.fit_budget(self.running_bytes(), self.max_cached());
+    }
+
+    /// Cached sessions allowed beside the running ones.
+    pub(crate) fn max_cached(&self) -> usize {
+        self.config.max_sessions.saturating_sub(self.running.len())
+    }
+
+    /// Makes pooled caches and cached sessions fit the KV budget beside running sessions
+    /// reserving `running_bytes`, pooled caches going first, and keeps at most
+    /// `max_cached` cached sessions (least recently used go first).
+    pub(crate) fn fit_budget(&mut self, running_bytes: usize, max_cached: usize) {
+        let room = self.config.kv_budget.saturating_sub(running_bytes);
         if let Some(pool) = &self.kv_pool {
             pool.shrink_to(room.saturating_sub(self.cache.bytes()));
         }
@@ -517,10 +527,4 @@ fn timings_of(seq: &Sequence) -> Timings {
         n_decode: seq.generated.saturating_sub(1),
         queue_ms: ms(seq.submitted, seq.admitted),
     }
-}
-
-pub(crate) fn logprobs_for(seq: &Sequence, logits: &[f32], token: u32) -> Option<TokenLogprobs> {
-    seq.request
-        .logprobs
-        .map(|k| TokenLogprobs::of(logits, token, k))
 }

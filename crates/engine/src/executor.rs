@@ -16,6 +16,7 @@ use pyramid_model::{KvCache, Segment};
 use pyramid_runtime::{prefill_chunked, ArtifactShape, Executable};
 
 use crate::engine::{Engine, Sequence};
+use crate::pyramid::ArtifactPair;
 use crate::request::RequestId;
 use crate::scheduler::{Move, Schedule};
 use crate::session::Placement;
@@ -89,18 +90,7 @@ impl Engine {
             }
             return out;
         }
-        for feed in prefill_feeds {
-            let seq = &self.running[feed.idx];
-            let prefill = seq
-                .session
-                .placement()
-                .and_then(|p| p.artifacts.as_ref())
-                .map(|a| Arc::clone(&a.0));
-            match prefill {
-                Some(exe) => self.run_pass(pool, exe.as_ref(), vec![feed], &mut out),
-                None => out.failed.push((seq.request.id, not_placed())),
-            }
-        }
+        self.run_each_alone(pool, prefill_feeds, |a| &a.0, &mut out);
         for (feeds, window, batch) in decode_runs {
             if feeds.is_empty() {
                 continue;
@@ -117,20 +107,32 @@ impl Engine {
             }
             // One at a time through each session's own decode artifact (also when the
             // batch artifact was evicted since the schedule was made).
-            for feed in feeds {
-                let seq = &self.running[feed.idx];
-                let decode = seq
-                    .session
-                    .placement()
-                    .and_then(|p| p.artifacts.as_ref())
-                    .map(|a| Arc::clone(&a.1));
-                match decode {
-                    Some(exe) => self.run_pass(pool, exe.as_ref(), vec![feed], &mut out),
-                    None => out.failed.push((seq.request.id, not_placed())),
-                }
-            }
+            self.run_each_alone(pool, feeds, |a| &a.1, &mut out);
         }
         out
+    }
+
+    /// Runs each feed alone through the artifact its session holds for its window
+    /// (`stage` picks the prefill or the decode one).
+    fn run_each_alone(
+        &mut self,
+        pool: &ThreadPool,
+        feeds: Vec<Feed>,
+        stage: fn(&ArtifactPair) -> &Arc<dyn Executable>,
+        out: &mut Executed,
+    ) {
+        for feed in feeds {
+            let seq = &self.running[feed.idx];
+            let held = seq
+                .session
+                .placement()
+                .and_then(|p| p.artifacts.as_ref())
+                .map(|a| Arc::clone(stage(a)));
+            match held {
+                Some(exe) => self.run_pass(pool, exe.as_ref(), vec![feed], out),
+                None => out.failed.push((seq.request.id, not_placed())),
+            }
+        }
     }
 
     /// Runs `feeds` through `exe` as one pass and records what it appended.
@@ -174,7 +176,6 @@ impl Engine {
                 })
             }
         };
-        self.summary.n_passes += 1;
         if let Err(e) = result {
             // The first sequence keeps the error itself (its code, e.g. a context limit).
             let message = e.to_string();

@@ -47,16 +47,12 @@ impl KvPool {
         })
     }
 
-    /// A compact cache of `window` positions, empty: from the pool when it has one
-    /// (whether it did is the second value), else newly allocated.
+    /// An empty compact cache of `window` positions: faulted in ahead when the pool has
+    /// one (whether it did is the second value), else newly allocated.
     pub fn take(&self, window: usize) -> (KvCache, bool) {
         let mut state = lock(&self.state);
         match state.free.iter().position(|kv| kv.capacity() == window) {
-            Some(i) => {
-                let mut kv = state.free.swap_remove(i);
-                kv.truncate(0);
-                (kv, true)
-            }
+            Some(i) => (state.free.swap_remove(i), true),
             None => (KvCache::new(&self.config, window, self.kind), false),
         }
     }

@@ -15,6 +15,7 @@
 //! on the batch around it, the arm, the window it runs on, or whether its prefix came
 //! from the cache.
 
+mod audit;
 mod engine;
 mod error;
 mod executor;
@@ -27,6 +28,7 @@ mod request;
 mod scheduler;
 mod session;
 
+pub use audit::{RouteAudit, StageAudit};
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary};
 pub use error::{EngineError, Result};
 pub use executor::Executed;

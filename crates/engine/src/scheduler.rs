@@ -310,20 +310,12 @@ impl Engine {
     }
 
     /// Whether running sessions reserving `running_bytes` fit the KV budget, evicting
-    /// cached sessions as needed.
+    /// pooled caches and cached sessions as needed.
     fn evict_for(&mut self, running_bytes: usize) -> bool {
-        let budget = self.config.kv_budget;
-        if running_bytes > budget {
+        if running_bytes > self.config.kv_budget {
             return false;
         }
-        let room = budget - running_bytes;
-        if let Some(pool) = &self.kv_pool {
-            pool.shrink_to(room.saturating_sub(self.cache.bytes()));
-        }
-        let room = room.saturating_sub(self.pool_bytes());
-        if self.cache.bytes() > room {
-            self.cache.evict_to(usize::MAX, room);
-        }
+        self.fit_budget(running_bytes, usize::MAX);
         true
     }
 
@@ -415,9 +407,7 @@ impl Engine {
             });
             self.running.push(seq);
         }
-        let max_cached = self.config.max_sessions.saturating_sub(self.running.len());
-        let room = self.config.kv_budget.saturating_sub(self.running_bytes());
-        self.cache.evict_to(max_cached, room);
+        self.fit_budget(self.running_bytes(), self.max_cached());
     }
 }
 

@@ -358,22 +358,6 @@ impl KvCache {
         Ok(self.used_bytes())
     }
 
-    /// The live positions copied into a compact cache of exactly `capacity` positions:
-    /// moving a session to another window without recomputing anything. Keys and values
-    /// are copied as stored (INT8 rows keep their scales), so the result is bit-identical.
-    pub fn migrated(&self, capacity: usize) -> Result<KvCache> {
-        self.check_window(capacity)?;
-        let n_runs = self.n_layer * self.n_head_kv;
-        let hd = self.head_dim;
-        Ok(KvCache {
-            capacity,
-            stride: capacity,
-            k: self.k.regrow(n_runs, self.stride, capacity, self.len, hd),
-            v: self.v.regrow(n_runs, self.stride, capacity, self.len, hd),
-            ..*self
-        })
-    }
-
     /// Bytes the live positions occupy (what a copy to another window moves).
     pub fn used_bytes(&self) -> usize {
         2 * self.n_layer * self.n_head_kv * self.len * row_bytes(self.kind, self.head_dim)

@@ -229,9 +229,9 @@ fn packed_batched_and_single_decode_give_the_same_tokens() {
     }
 }
 
-/// A cache reused from another session (its old rows still in memory past its length, as
-/// the engine's pool hands them out) gives exactly a fresh cache's logits: masked
-/// positions contribute nothing, whatever they hold.
+/// A cache holding old rows past its length (a cached conversation truncated to the
+/// prefix a new request shares) gives exactly a fresh cache's logits: masked positions
+/// contribute nothing, whatever they hold.
 #[test]
 fn stale_rows_past_a_caches_length_change_nothing() {
     let pool = ThreadPool::new(2).unwrap();
@@ -325,7 +325,7 @@ fn migration_between_windows_and_native_to_openvino_handoff_keep_tokens() {
         .unwrap();
     prefill_chunked(ov_prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
     assert_eq!(pyramid_runtime::argmax(&logits), first);
-    let mut kv = kv.migrated(64).unwrap();
+    kv.grow_to(64).unwrap();
     let ov_decode = ov
         .compile(ArtifactShape::Decode {
             batch: 1,

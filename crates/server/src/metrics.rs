@@ -6,8 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use pyramid_engine::{EngineStats, Usage, WindowPyramid};
-use pyramid_runtime::executed_as_requested;
+use pyramid_engine::{EngineStats, RouteAudit, Usage, WindowPyramid};
 
 /// Latency buckets in seconds: from a fast decode step to a long prefill.
 const SECONDS_BUCKETS: [f64; 14] = [
@@ -148,17 +147,15 @@ impl Metrics {
 
     /// The route audit: per stage, the device asked for, the one that really ran (once
     /// an artifact of the stage exists), and whether they agree.
-    pub fn route_audit(&self) -> [(&'static str, String, Option<String>, Option<bool>); 2] {
+    pub fn route_audit(&self) -> RouteAudit {
         let (prefill, decode) = lock(&self.route).clone();
-        let engine = self.engine_now();
-        let executed = |e: Option<&Option<String>>| e.cloned().flatten();
-        let p = executed(engine.as_ref().map(|s| &s.pyramid.prefill_executed_on));
-        let d = executed(engine.as_ref().map(|s| &s.pyramid.decode_executed_on));
-        let agree = |r: &str, e: &Option<String>| e.as_deref().map(|e| executed_as_requested(r, e));
-        [
-            ("prefill", prefill.clone(), p.clone(), agree(&prefill, &p)),
-            ("decode", decode.clone(), d.clone(), agree(&decode, &d)),
-        ]
+        let pyramid = self.engine_now().map(|s| s.pyramid).unwrap_or_default();
+        RouteAudit::new(
+            &prefill,
+            &decode,
+            pyramid.prefill_executed_on,
+            pyramid.decode_executed_on,
+        )
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -230,12 +227,20 @@ impl Metrics {
             out,
             "# HELP pyramid_route_info Devices per stage: asked for, and really executing (EXECUTION_DEVICES).\n# TYPE pyramid_route_info gauge"
         );
-        for (stage, requested, executed, agree) in self.route_audit() {
-            let executed = executed.unwrap_or_default().replace(['"', '\\', '\n'], " ");
-            let agree = agree.map_or("unknown", |a| if a { "true" } else { "false" });
+        let audit = self.route_audit();
+        for (stage, s) in [("prefill", &audit.prefill), ("decode", &audit.decode)] {
+            let executed = s
+                .executed
+                .clone()
+                .unwrap_or_default()
+                .replace(['"', '\\', '\n'], " ");
+            let agree = s
+                .as_requested
+                .map_or("unknown", |a| if a { "true" } else { "false" });
             let _ = writeln!(
                 out,
-                "pyramid_route_info{{stage=\"{stage}\",requested=\"{requested}\",executed=\"{executed}\",as_requested=\"{agree}\"}} 1"
+                "pyramid_route_info{{stage=\"{stage}\",requested=\"{}\",executed=\"{executed}\",as_requested=\"{agree}\"}} 1",
+                s.requested
             );
         }
         lock(&self.ttft).render(

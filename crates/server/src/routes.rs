@@ -134,19 +134,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let route: serde_json::Map<String, Value> = state
-        .metrics
-        .route_audit()
-        .into_iter()
-        .map(|(stage, requested, executed, as_requested)| {
-            let audit = json!({
-                "requested": requested,
-                "executed": executed,
-                "as_requested": as_requested,
-            });
-            (stage.to_string(), audit)
-        })
-        .collect();
+    let route = state.metrics.route_audit();
     Json(json!({
         "object": "list",
         "data": [{

@@ -203,14 +203,15 @@ impl Worker {
         }
     }
 
-    fn add(&mut self, job: Job) {
+    fn add(&mut self, mut job: Job) {
         let id = self.next_id;
         self.next_id += 1;
         // Without a limit, generation ends when the largest window is full.
         let max_tokens = job.max_tokens.unwrap_or(usize::MAX);
         self.core.add_request(Request {
             id,
-            prompt: job.prompt.clone(),
+            // The core owns the prompt from here; the text side never reads it.
+            prompt: std::mem::take(&mut job.prompt),
             max_tokens,
             sampler: job.sampler.clone(),
             stop_tokens: self.stop_tokens.clone(),

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use pyramid_bench::results::Stat;
-use pyramid_engine::{Engine, EngineConfig, Event, Request};
+use pyramid_engine::{Engine, EngineConfig, Event, Request, RouteAudit};
 use pyramid_kernels::isa;
 use pyramid_runtime::WindowLadder;
 use serde::Serialize;
@@ -19,7 +19,7 @@ use crate::commands::qualify::Qualifier;
 /// Greedy tokens per prompt when a bench qualifies its route.
 const QUALIFY_TOKENS: usize = 16;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{single_user, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
+use crate::route::{single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_bench::results::Agreement;
-use pyramid_engine::{Engine, EngineConfig, Request};
+use pyramid_engine::{Engine, EngineConfig, Request, RouteAudit};
 use pyramid_runtime::{CpuBackend, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
 
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{single_user, Route, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
+use crate::route::{single_user, Route, RouteArgs, DEFAULT_PREFILL_CHUNK};
 
 /// The public reference prompts (testdata/refs/prompts-public.json), built in.
 const PUBLIC_PROMPTS: &str = include_str!("../../../../testdata/refs/prompts-public.json");

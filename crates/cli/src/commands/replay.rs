@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use pyramid_engine::replay::{
     parse_trace, resolve, run_arm, synthetic_trace, tokens_identical, ArmReport, ReplaySetup,
 };
-use pyramid_engine::{Arm, EngineError, PyramidConfig};
+use pyramid_engine::{Arm, EngineError, PyramidConfig, RouteAudit};
 use pyramid_kernels::isa;
 use pyramid_runtime::WindowLadder;
 use serde::Serialize;
@@ -18,8 +18,8 @@ use pyramid_bench::results::{Provenance, ReplayArm, ReplayRecord};
 
 use crate::commands::bench_matrix;
 use crate::loader::{file_model_id, ModelArgs};
+use crate::route::RouteArgs;
 use crate::route::DEFAULT_PREFILL_CHUNK;
-use crate::route::{RouteArgs, RouteAudit};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_engine::{FinishReason, Request, RequestId};
+use pyramid_engine::{FinishReason, Request, RequestId, RouteAudit};
 use pyramid_runtime::{SamplerConfig, WindowLadder};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 use serde::Serialize;
 
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{prefill_chunk_for, single_user, RouteArgs, RouteAudit, DEFAULT_PREFILL_CHUNK};
+use crate::route::{prefill_chunk_for, single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]
