@@ -103,6 +103,9 @@ pub fn attend_group_with(
         out.fill(0.0);
         return;
     }
+    if n_q == 0 {
+        return;
+    }
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for both `Isa::Avx2` and
@@ -191,7 +194,7 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `head_dim` is a multiple of 8; the shapes are as
-    /// [`super::attend_group_with`] checks, with at least one position.
+    /// [`super::attend_group_with`] checks, with at least one position and one query head.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_group(
         q: &[f32],
@@ -211,7 +214,8 @@ mod x86 {
                     5 => group::<_, 5>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
                     6 => group::<_, 6>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
                     7 => group::<_, 7>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    _ => group::<_, 8>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    8 => group::<_, 8>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+                    n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
                 }
             };
         }
@@ -391,6 +395,25 @@ mod tests {
     #[test]
     fn head_dims_off_the_vector_width_take_the_scalar_path() {
         check(20, 4, 11, 7);
+    }
+
+    #[test]
+    fn an_empty_query_reads_and_writes_nothing() {
+        // The views are empty prefixes of real buffers, so a kernel that ran anyway would
+        // read the query buffer and overwrite the output's sentinels.
+        let head_dim = 8;
+        let q_buf = vec![1.0; MAX_GROUP * head_dim];
+        let (keys, values) = (random(4 * head_dim, 1), random(4 * head_dim, 2));
+        for isa in Isa::available() {
+            let mut out_buf = vec![f32::NAN; MAX_GROUP * head_dim];
+            let kv = KvRows::F32 {
+                keys: &keys,
+                values: &values,
+            };
+            let (q, out) = (&q_buf[..0], &mut out_buf[..0]);
+            attend_group_with(isa, q, head_dim, kv, 1.0, &mut Vec::new(), out);
+            assert!(out_buf.iter().all(|v| v.is_nan()), "{isa} wrote past an empty output");
+        }
     }
 
     #[test]

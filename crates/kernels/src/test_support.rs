@@ -20,3 +20,9 @@ pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 8] = [
     (1, 1000, 16),
     (7, 63, 129),
 ];
+
+/// `(m, k, n)` whose packed weights span more than one of the integer kernels' L2 chunks
+/// on one thread (4864 columns of a k ≤ 208 block walk past 512 KiB), so chunk seams are
+/// checked bit-exactly too.
+pub const L2_CROSSING_GEMM_SHAPES: [(usize, usize, usize); 3] =
+    [(5, 112, 4864), (3, 208, 4864), (1, 896, 4864)];

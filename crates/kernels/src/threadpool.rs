@@ -376,6 +376,13 @@ impl<'a, T> SharedSlice<'a, T> {
     }
 
     /// # Safety
+    /// No thread writes `range` until the next barrier.
+    pub unsafe fn range(&self, range: std::ops::Range<usize>) -> &[T] {
+        assert!(range.start <= range.end && range.end <= self.len);
+        std::slice::from_raw_parts(self.ptr.add(range.start), range.len())
+    }
+
+    /// # Safety
     /// No thread writes any element until the next barrier.
     pub unsafe fn as_slice(&self) -> &[T] {
         std::slice::from_raw_parts(self.ptr, self.len)

@@ -489,7 +489,7 @@ impl Model {
             // SwiGLU on the columns this thread just produced: no extra pass over memory.
             for r in 0..n {
                 let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
-                silu_mul_in_place(b.gate.range_mut(cols.clone()), &b.up.as_slice()[cols]);
+                silu_mul_in_place(b.gate.range_mut(cols.clone()), b.up.range(cols));
             }
         }
         team.sync();
@@ -511,7 +511,7 @@ impl Model {
             for i in my_logit_rows.clone() {
                 let r = pass.logit_rows[i];
                 let x = b.x.range_mut(r * e..(r + 1) * e);
-                add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+                add_in_place(x, b.o.range(r * e..(r + 1) * e));
                 rms_norm(
                     b.normed.range_mut(i * e..(i + 1) * e),
                     x,
@@ -519,8 +519,8 @@ impl Model {
                     cfg.rms_eps,
                 );
             }
-            w.output
-                .prepare_rows(b.normed.as_slice(), n_rows, my_logit_rows, &b.prepared);
+            let mine = b.normed.range(my_logit_rows.start * e..my_logit_rows.end * e);
+            w.output.prepare_rows(mine, my_logit_rows, &b.prepared);
         }
         team.sync();
         unsafe {
@@ -554,7 +554,7 @@ impl Model {
         for r in rows.clone() {
             let x = b.x.range_mut(r * e..(r + 1) * e);
             if add_block_output {
-                add_in_place(x, &b.o.as_slice()[r * e..(r + 1) * e]);
+                add_in_place(x, b.o.range(r * e..(r + 1) * e));
             }
             rms_norm(
                 b.h.range_mut(r * e..(r + 1) * e),
@@ -563,7 +563,8 @@ impl Model {
                 self.config.rms_eps,
             );
         }
-        first.prepare_rows(b.h.as_slice(), b.x.len() / e, rows, &b.prepared);
+        let mine = b.h.range(rows.start * e..rows.end * e);
+        first.prepare_rows(mine, rows, &b.prepared);
     }
 
     /// `out = lin(input)` as two steps: this thread's rows prepared, a barrier, its columns.
@@ -579,7 +580,10 @@ impl Model {
         // SAFETY: `input` was completed before the caller's last barrier; rows and then
         // columns are split disjointly between the threads.
         unsafe {
-            lin.prepare_rows(input.as_slice(), n, team.split(n, 1), &pass.bufs.prepared);
+            let rows = team.split(n, 1);
+            let k = lin.n_in();
+            let mine = input.range(rows.start * k..rows.end * k);
+            lin.prepare_rows(mine, rows, &pass.bufs.prepared);
             team.sync();
             project(
                 team,

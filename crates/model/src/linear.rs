@@ -216,7 +216,9 @@ impl Linear {
         pool.run_team(&|team| {
             // SAFETY: rows, then (after the barrier) columns, are split disjointly.
             unsafe {
-                self.prepare_rows(input, n, team.split(n, 1), &prepared);
+                let rows = team.split(n, 1);
+                let k = self.n_in();
+                self.prepare_rows(&input[rows.start * k..rows.end * k], rows, &prepared);
                 team.sync();
                 self.forward_cols(
                     input,
@@ -230,25 +232,25 @@ impl Linear {
         });
     }
 
-    /// Prepares rows `rows` of `input` (`[n, n_in]`) for [`Linear::forward_cols`]: integer
+    /// Prepares rows `rows` of an `[n, n_in]` input for [`Linear::forward_cols`]: integer
     /// weights need each row quantised with the outlier channels split off; float weights
     /// read the input as it is. Projections of one [`Site`] share their preparation.
+    /// `input` holds only those rows, so a thread never views rows others are writing.
     ///
     /// # Safety
     /// No other thread touches these rows of `prepared` until the next barrier.
     pub unsafe fn prepare_rows(
         &self,
         input: &[f32],
-        n: usize,
         rows: Range<usize>,
         prepared: &PreparedInput<'_>,
     ) {
         let Linear::Quant(q) = self else { return };
         let (k, k_pad) = (q.packed.k(), q.packed.k_pad());
         let (n_blocks, n_o) = (k_pad / BLOCK_K, q.outlier_channels.len());
-        assert!(input.len() >= n * k && rows.end <= n && n * k_pad <= prepared.data.len());
-        for r in rows {
-            let x = &input[r * k..(r + 1) * k];
+        assert!(input.len() == rows.len() * k && rows.end * k_pad <= prepared.data.len());
+        for (i, r) in rows.enumerate() {
+            let x = &input[i * k..(i + 1) * k];
             let q_row = prepared.data.range_mut(r * k_pad..(r + 1) * k_pad);
             let blocks = r * n_blocks..(r + 1) * n_blocks;
             quantize_blocks_excluding(

@@ -217,9 +217,17 @@ pub unsafe fn gemm_i4_cols(
         "activations carry one scale and sum per group"
     );
     assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
+    // The kernels compute whole blocks: an empty range computes none (a trailing thread's
+    // share can be `n..n` with `n` unaligned), and a range ends on a block or at `n`, so no
+    // block is shared with another thread's range.
+    if cols.is_empty() {
+        return;
+    }
     assert!(
-        (cols.is_empty() || cols.start.is_multiple_of(ROWS_PER_BLOCK)) && cols.end <= w.n,
-        "columns must start on a block"
+        cols.start.is_multiple_of(ROWS_PER_BLOCK)
+            && (cols.end.is_multiple_of(ROWS_PER_BLOCK) || cols.end == w.n)
+            && cols.end <= w.n,
+        "columns must start on a block and end on a block or at n"
     );
     isa.assert_supported();
     let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
@@ -237,7 +245,55 @@ pub unsafe fn gemm_i4_cols(
 mod tests {
     use super::*;
     use crate::int8::QuantizedRows;
-    use crate::test_support::{random, RAGGED_GEMM_SHAPES};
+    use crate::test_support::{random, L2_CROSSING_GEMM_SHAPES, RAGGED_GEMM_SHAPES};
+
+    #[test]
+    fn every_isa_matches_scalar_exactly_across_l2_chunks() {
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for (m, k, n) in L2_CROSSING_GEMM_SHAPES {
+                let w = PackedI4::quantize(&random(n * k, 7), n, k);
+                let mut a = QuantizedRows::default();
+                a.quantize(&random(m * k, 8), m, k, w.k_pad);
+                let mut expected = vec![0.0; m * n];
+                gemm_i4_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; m * n];
+                    gemm_i4_with(isa, &pool, &a.view(), &w, &mut got);
+                    assert_eq!(got, expected, "{isa} threads={threads} m={m} k={k} n={n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_empty_column_range_writes_nothing() {
+        // A trailing thread's share of n = 7 on two threads is 7..7: it owns no block.
+        let (m, k, n) = (2, 40, 7);
+        let w = PackedI4::quantize(&random(n * k, 2), n, k);
+        let mut a = QuantizedRows::default();
+        a.quantize(&random(m * k, 1), m, k, w.k_pad);
+        for isa in Isa::available() {
+            let mut out = vec![f32::NAN; m * n];
+            let shared = SharedSlice::new(&mut out);
+            // SAFETY: no other thread touches `out`.
+            unsafe { gemm_i4_cols(isa, &a.view(), &w, &shared, 7..7) };
+            assert!(out.iter().all(|v| v.is_nan()), "{isa} wrote outside its columns");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "end on a block or at n")]
+    fn a_range_ending_inside_a_block_is_refused() {
+        let (m, k, n) = (1, 32, 40);
+        let w = PackedI4::quantize(&random(n * k, 2), n, k);
+        let mut a = QuantizedRows::default();
+        a.quantize(&random(m * k, 1), m, k, w.k_pad);
+        let mut out = vec![0.0; m * n];
+        let shared = SharedSlice::new(&mut out);
+        // SAFETY: no other thread touches `out`.
+        unsafe { gemm_i4_cols(Isa::Scalar, &a.view(), &w, &shared, 0..7) };
+    }
 
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
