@@ -203,10 +203,67 @@ fn bad_input_gives_one_line_errors() {
         pyramid_gguf::GgmlType::Q8_1,
     );
     let q81 = f.write("q81.gguf", &q81);
+    // Header values a corrupt or hostile file may carry, each given alone.
+    let header_cases: Vec<(&str, pyramid_gguf::Value, &str)> = vec![
+        (
+            "llama.block_count",
+            pyramid_gguf::Value::U32(u32::MAX),
+            "block_count is 4294967295 but the file holds tensors for 2 blocks",
+        ),
+        (
+            "llama.rope.freq_base",
+            pyramid_gguf::Value::F32(f32::NAN),
+            "rope.freq_base NaN",
+        ),
+        (
+            "llama.rope.freq_base",
+            pyramid_gguf::Value::F32(0.0),
+            "rope.freq_base 0",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            pyramid_gguf::Value::F32(f32::NAN),
+            "layer_norm_rms_epsilon NaN",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            pyramid_gguf::Value::F32(-1e-5),
+            "layer_norm_rms_epsilon -0.00001",
+        ),
+        (
+            "llama.rope.dimension_count",
+            pyramid_gguf::Value::U32(0),
+            "rope.dimension_count is 0",
+        ),
+        (
+            "tokenizer.ggml.unknown_token_id",
+            pyramid_gguf::Value::U32(99_999),
+            "99999",
+        ),
+    ];
+    let header_files: Vec<(String, &str)> = header_cases
+        .into_iter()
+        .enumerate()
+        .map(|(i, (key, value, expected))| {
+            let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
+            w.add_metadata(key, value).unwrap();
+            (f.write(&format!("header{i}.gguf"), &w.to_bytes()), expected)
+        })
+        .collect();
+    let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
+    w.add_metadata(
+        "tokenizer.chat_template",
+        pyramid_gguf::Value::String(
+            "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}"
+                .into(),
+        ),
+    )
+    .unwrap();
+    let looping_template = f.write("looping.gguf", &w.to_bytes());
     let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
     let long_prompt = "x".repeat(40);
 
-    let cases: Vec<(Vec<&str>, &str)> = vec![
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
         (
             vec!["run", "-m", &missing, "--prompt", "hi"],
             "does not exist",
@@ -280,6 +337,13 @@ fn bad_input_gives_one_line_errors() {
         (vec!["inspect", &garbage], "not a GGUF file"),
         (vec!["fetch", "no-such-model"], "unknown model"),
     ];
+    cases.push((
+        vec!["run", "-m", &looping_template, "--chat", "--prompt", "hi"],
+        "template steps",
+    ));
+    for (file, expected) in &header_files {
+        cases.push((vec!["run", "-m", file, "--prompt", "hi"], expected));
+    }
     for (args, expected) in cases {
         let out = f.run(&args);
         let err = stderr(&out);

@@ -1,6 +1,6 @@
 //! Hyper-parameters read from GGUF metadata.
 
-use pyramid_gguf::Metadata;
+use pyramid_gguf::{GgufFile, Metadata};
 use pyramid_kernels::ops::RopeStyle;
 
 use crate::{ModelError, Result};
@@ -125,7 +125,20 @@ impl ModelConfig {
                 .unwrap_or(10_000.0),
             rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
         };
+        if !(cfg.rope_base.is_finite() && cfg.rope_base > 0.0) {
+            return Err(ModelError::BadConfig(format!(
+                "rope.freq_base {} must be a positive number",
+                cfg.rope_base
+            )));
+        }
+        if !(cfg.rms_eps.is_finite() && cfg.rms_eps > 0.0) {
+            return Err(ModelError::BadConfig(format!(
+                "attention.layer_norm_rms_epsilon {} must be a positive number",
+                cfg.rms_eps
+            )));
+        }
         for (what, v) in [
+            ("rope.dimension_count", cfg.n_rot),
             ("n_embd", cfg.n_embd),
             ("n_vocab", cfg.n_vocab),
             ("n_layer", cfg.n_layer),
@@ -148,6 +161,27 @@ impl ModelConfig {
             return Err(ModelError::BadConfig(format!(
                 "shapes overflow: {} layers, {} heads of {}, context {}, vocabulary {}",
                 cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_ctx_train, cfg.n_vocab
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// [`ModelConfig::from_metadata`] checked against the tensors `file` holds, before
+    /// anything is sized from it: a header claiming more blocks than the file has would
+    /// otherwise size per-layer state (calibration, caches) from a corrupt number.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let cfg = Self::from_metadata(file.metadata())?;
+        let n_blocks = file
+            .tensors()
+            .iter()
+            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok())
+            .map(|i| i + 1)
+            .max()
+            .unwrap_or(0);
+        if n_blocks != cfg.n_layer {
+            return Err(ModelError::BadConfig(format!(
+                "block_count is {} but the file holds tensors for {n_blocks} blocks",
+                cfg.n_layer
             )));
         }
         Ok(cfg)

@@ -18,7 +18,6 @@
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
-use half::vec::HalfBitsVecExt;
 use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::int8::quantize_row;
 
@@ -77,20 +76,59 @@ fn row_bytes(kind: KvType, head_dim: usize) -> usize {
     }
 }
 
+/// Element types whose all-zero bit pattern is a valid value (0.0 or 0).
+///
+/// # Safety
+/// Implementors must be plain data for which every zero byte pattern is a valid value.
+unsafe trait ZeroBits: Copy {}
+// SAFETY: zero bits are 0.0 / 0 for each of these.
+unsafe impl ZeroBits for f32 {}
+unsafe impl ZeroBits for f16 {}
+unsafe impl ZeroBits for i8 {}
+
+/// `n` zeroed elements straight from the allocator's zeroed pages (nothing is touched
+/// until written), or `None` when it refuses: a reserve larger than memory and swap is
+/// refused by the kernel's overcommit check, and must not abort the process.
+fn try_zeroed<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `[T; n]` (which is
+    // what `Vec<T>` with capacity `n` frees with), and its `n` zeroed elements are valid
+    // values by `ZeroBits`.
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 impl Store {
-    /// Zeroed storage for `n_rows` rows. Every type is allocated zeroed by the allocator
-    /// (`vec![0; n]` of a primitive asks for zeroed pages instead of writing zeros), so
-    /// nothing is touched until written.
-    fn new(kind: KvType, n_rows: usize, head_dim: usize) -> Self {
-        match kind {
-            KvType::F32 => Store::F32(vec![0.0; n_rows * head_dim]),
-            // `f16` is not a primitive: zeroed `u16`s reinterpreted (the same bits).
-            KvType::F16 => Store::F16(vec![0u16; n_rows * head_dim].reinterpret_into()),
+    /// Zeroed storage for `n_rows` rows, or `None` when the allocator refuses it.
+    fn try_new(kind: KvType, n_rows: usize, head_dim: usize) -> Option<Self> {
+        let n = n_rows.checked_mul(head_dim)?;
+        Some(match kind {
+            KvType::F32 => Store::F32(try_zeroed(n)?),
+            KvType::F16 => Store::F16(try_zeroed(n)?),
             KvType::Int8 => Store::Int8 {
-                q: vec![0; n_rows * head_dim],
-                scales: vec![0.0; n_rows],
+                q: try_zeroed(n)?,
+                scales: try_zeroed(n_rows)?,
             },
-        }
+        })
+    }
+
+    /// As [`Store::try_new`] for storage sized by a window the caller admitted; the
+    /// allocator refusing it is out of memory like any other allocation.
+    fn new(kind: KvType, n_rows: usize, head_dim: usize) -> Self {
+        Self::try_new(kind, n_rows, head_dim).unwrap_or_else(|| {
+            let bytes = n_rows.saturating_mul(row_bytes(kind, head_dim));
+            std::alloc::handle_alloc_error(
+                std::alloc::Layout::from_size_align(bytes, 8)
+                    .unwrap_or(std::alloc::Layout::new::<u8>()),
+            )
+        })
     }
 
     /// Writes row `row` (of `head_dim` values).
@@ -113,8 +151,6 @@ impl Store {
         }
     }
 
-    /// Writes one element of every page, so the kernel commits the memory now rather
-    /// than at each page's first use.
     /// Writes one element of every page holding the first `rows` rows of each of
     /// `n_runs` runs of `run` rows, so the kernel commits that memory now.
     fn prefault(&mut self, n_runs: usize, run: usize, rows: usize, hd: usize) {
@@ -212,11 +248,22 @@ impl KvCache {
     }
 
     /// A cache of `capacity` positions with room reserved for `reserve` (at most the
-    /// model's context): growing to any window up to it copies nothing.
+    /// model's context): growing to any window up to it copies nothing. Where the
+    /// allocator refuses that much address space (a long context on a small machine), the
+    /// cache is compact instead and growing it copies.
     pub fn with_reserve(cfg: &ModelConfig, capacity: usize, reserve: usize, kind: KvType) -> Self {
         let max_capacity = cfg.n_ctx_train.max(capacity);
-        let stride = reserve.clamp(capacity, max_capacity);
-        let n_rows = cfg.n_layer * cfg.n_head_kv * stride;
+        let runs = cfg.n_layer * cfg.n_head_kv;
+        let reserved = |stride: usize| {
+            let n_rows = runs.checked_mul(stride)?;
+            let k = Store::try_new(kind, n_rows, cfg.head_dim)?;
+            Some((stride, k, Store::try_new(kind, n_rows, cfg.head_dim)?))
+        };
+        let (stride, k, v) = reserved(reserve.clamp(capacity, max_capacity)).unwrap_or_else(|| {
+            let n_rows = runs * capacity;
+            let store = || Store::new(kind, n_rows, cfg.head_dim);
+            (capacity, store(), store())
+        });
         Self {
             kind,
             n_layer: cfg.n_layer,
@@ -226,8 +273,8 @@ impl KvCache {
             stride,
             max_capacity,
             len: 0,
-            k: Store::new(kind, n_rows, cfg.head_dim),
-            v: Store::new(kind, n_rows, cfg.head_dim),
+            k,
+            v,
         }
     }
 

@@ -103,7 +103,7 @@ impl Model {
         precision: Precision,
         calibration: Option<&Calibration>,
     ) -> Result<Self> {
-        let config = ModelConfig::from_metadata(file.metadata())?;
+        let config = ModelConfig::from_gguf(file)?;
         let weights = ModelWeights::load_as(file, &config, precision, calibration)?;
         Ok(Self::assemble(config, weights, precision))
     }
@@ -138,7 +138,7 @@ impl Model {
         pool: &pyramid_kernels::ThreadPool,
         tokens: &[u32],
     ) -> Result<Calibration> {
-        let config = ModelConfig::from_metadata(file.metadata())?;
+        let config = ModelConfig::from_gguf(file)?;
         let weights = ModelWeights::load_without_layers(file, &config)?;
         let model = Self::assemble(config, weights, Precision::F32);
         let load = |li| weights::load_layer(file, &model.config, li, Precision::F32, None);

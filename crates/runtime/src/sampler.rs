@@ -118,13 +118,17 @@ impl Sampler {
             return argmax(logits);
         }
 
+        // Logits are shifted to at most 0 before dividing, so a temperature small enough
+        // to overflow `l / t` gives -inf (weight 0) rather than inf - inf = NaN: the top
+        // logits keep all the weight, i.e. an underflowing temperature is greedy.
+        let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let c = &mut self.candidates;
         c.clear();
         c.extend(
             logits
                 .iter()
                 .enumerate()
-                .map(|(i, &l)| (i as u32, l / cfg.temperature)),
+                .map(|(i, &l)| (i as u32, (l - top) / cfg.temperature)),
         );
         // Highest first; ties by lowest id so results do not depend on sort stability.
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -230,6 +234,20 @@ mod tests {
         });
         for _ in 0..20 {
             assert_eq!(s.sample(&mut [0.1, 0.5, 0.4], &[]), 1);
+        }
+    }
+
+    #[test]
+    fn a_temperature_that_underflows_is_greedy() {
+        let logits = [0.5f32, 3.25, -2.0, 3.0, 0.0];
+        for t in [1e-30f32, 1e-38, 1e-40, 1e-45] {
+            let mut s = sampler(|c| {
+                c.temperature = t;
+                c.seed = 3;
+            });
+            for _ in 0..20 {
+                assert_eq!(s.sample(&mut logits.clone(), &[]), 1, "temperature {t:e}");
+            }
         }
     }
 

@@ -119,7 +119,8 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
     };
     let sampler = SamplerConfig {
         temperature: temperature as f32,
-        top_p: top_p as f32,
+        // A top_p below f32's range keeps only the top token, as the smallest f32 does.
+        top_p: (top_p as f32).max(f32::MIN_POSITIVE),
         // Without a seed every request samples differently, as clients expect.
         seed: seed.unwrap_or_else(random_seed),
         ..SamplerConfig::greedy()
@@ -436,6 +437,18 @@ mod tests {
             let err = chat(body).unwrap_err();
             assert_eq!(err.status, 400, "{body}");
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn parameters_beyond_f32_range_sample_safely() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for (top_p, temperature) in [("1e-50", "1"), ("1", "1e-40"), ("1e-300", "1e-300")] {
+            let body = format!(r#"{{"model": "m", {msgs}, "top_p": {top_p}, "temperature": {temperature}}}"#);
+            let request = chat(&body).unwrap();
+            request.sampler.validate().unwrap();
+            let mut sampler = pyramid_runtime::Sampler::new(request.sampler).unwrap();
+            assert_eq!(sampler.sample(&mut [0.0, 2.0, 1.0], &[]), 1, "{body}");
         }
     }
 

@@ -8,6 +8,14 @@ use crate::{Result, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Template instructions one render may run. Real templates take a few dozen per message
+/// (Qwen2.5's and SmolLM2's render a 1,000-message conversation within a tenth of this);
+/// a template that would loop for hours stops after about a second on one core.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Text one render may produce: beyond any context a model supports, well below memory.
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
@@ -60,6 +68,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template_owned(TEMPLATE_NAME, source.clone())?;
         Ok(ChatTemplate {
             env,
@@ -95,15 +104,49 @@ impl ChatTemplate {
             .map(|m| context! { role => m.role, content => m.content })
             .collect();
         let template = self.env.get_template(TEMPLATE_NAME)?;
-        let text = template.render(context! {
+        let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
             // transformers passes `tools=None` when no tools are given.
             tools => Value::from(()),
-        })?;
-        Ok(text)
+        };
+        let mut out = CappedText::default();
+        match template.render_to_write(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.text).map_err(|_| {
+                TokenizerError::Template("the template produced invalid UTF-8".to_string())
+            }),
+            Err(_) if out.text.len() > MAX_RENDERED_BYTES => Err(TokenizerError::Template(
+                format!("the rendered prompt exceeds {MAX_RENDERED_BYTES} bytes"),
+            )),
+            Err(err) if err.kind() == ErrorKind::OutOfFuel => Err(TokenizerError::Template(
+                format!("rendering exceeded {TEMPLATE_FUEL} template steps (does it loop?)"),
+            )),
+            Err(err) => Err(err.into()),
+        }
+    }
+}
+
+/// A render's output, refusing to grow past [`MAX_RENDERED_BYTES`].
+#[derive(Default)]
+struct CappedText {
+    text: Vec<u8>,
+}
+
+impl std::io::Write for CappedText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.text.len() + buf.len() > MAX_RENDERED_BYTES {
+            // Marks the overflow for `render`, which reports it instead of this error.
+            self.text.resize(MAX_RENDERED_BYTES + 1, 0);
+            return Err(std::io::Error::other("rendered prompt too long"));
+        }
+        self.text.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -117,6 +160,28 @@ mod tests {
     use super::*;
 
     const CHATML: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    #[test]
+    fn a_template_that_loops_too_long_runs_out_of_fuel() {
+        let looping = "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}";
+        let template = ChatTemplate::new(looping, "", "").unwrap();
+        let start = std::time::Instant::now();
+        let err = template.render(&[], true).unwrap_err().to_string();
+        assert!(err.contains("template steps"), "{err}");
+        // Not a timing assertion on speed: a hang would never get here at all.
+        println!("fuel ran out after {:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_template_producing_too_much_text_is_refused() {
+        let huge = "{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}";
+        let err = ChatTemplate::new(huge, "", "")
+            .unwrap()
+            .render(&[], true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exceeds"), "{err}");
+    }
 
     #[test]
     fn renders_chatml_with_generation_prompt() {

@@ -33,7 +33,7 @@ use bpe::ByteLevelBpe;
 use special::{AddedMatcher, Segment};
 use vocab::{
     opt_str, Vocab, KEY_ADD_BOS, KEY_ADD_EOS, KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOM, KEY_EOS,
-    KEY_EOT, KEY_MERGES, KEY_MODEL, KEY_PAD, KEY_PRE,
+    KEY_EOT, KEY_MERGES, KEY_MODEL, KEY_PAD, KEY_PRE, KEY_UNK,
 };
 
 /// Texts that end a turn in common chat formats; any of them present as an added token stops
@@ -87,6 +87,9 @@ impl Tokenizer {
         let eot_id = vocab.special_id(md, KEY_EOT)?;
         let eom_id = vocab.special_id(md, KEY_EOM)?;
         let pad_id = vocab.special_id(md, KEY_PAD)?;
+        // Byte-level BPE covers every byte and never emits an unknown token; its id is
+        // still checked, since one out of range means the header is corrupt.
+        vocab.special_id(md, KEY_UNK)?;
         let add_bos = md.opt(KEY_ADD_BOS, Metadata::get_bool)?.unwrap_or(false);
         let add_eos = md.opt(KEY_ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
         let chat_template = opt_str(md, KEY_CHAT_TEMPLATE)?.map(str::to_owned);

@@ -156,6 +156,14 @@ fn bad_metadata_is_reported_with_the_key() {
     );
 
     let mut md = toy_metadata();
+    md.insert("tokenizer.ggml.unknown_token_id", Value::U32(70000));
+    let err = Tokenizer::from_gguf(&md).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::SpecialIdOutOfRange { id: 70000, .. }),
+        "{err}"
+    );
+
+    let mut md = toy_metadata();
     md.insert("tokenizer.ggml.pad_token_id", Value::I32(-1));
     md.insert("tokenizer.ggml.padding_token_id", Value::I32(-1));
     assert_eq!(Tokenizer::from_gguf(&md).unwrap().pad_id(), None);

@@ -15,6 +15,7 @@ pub(crate) const KEY_EOS: &str = "tokenizer.ggml.eos_token_id";
 pub(crate) const KEY_EOT: &str = "tokenizer.ggml.eot_token_id";
 pub(crate) const KEY_EOM: &str = "tokenizer.ggml.eom_token_id";
 pub(crate) const KEY_PAD: &str = "tokenizer.ggml.padding_token_id";
+pub(crate) const KEY_UNK: &str = "tokenizer.ggml.unknown_token_id";
 pub(crate) const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 pub(crate) const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
 pub(crate) const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";

@@ -42,7 +42,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         "architecture:  {}",
         md.get_str("general.architecture").unwrap_or("(missing)")
     );
-    match ModelConfig::from_metadata(md) {
+    match ModelConfig::from_gguf(&file) {
         Ok(c) => {
             println!("name:          {}", c.name);
             println!(
