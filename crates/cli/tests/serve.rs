@@ -324,3 +324,151 @@ fn chat_client_streams_replies_and_the_server_reuses_the_conversation() {
     assert_eq!(reused.len(), 2, "{stderr}");
     assert!(reused[1] > 0, "the second turn reused nothing: {stderr}");
 }
+
+/// `(VmRSS, VmHWM)` of a process in KiB, from `/proc`.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[test]
+fn slow_and_idle_clients_are_closed_while_others_are_served() {
+    let server = Server::start(&[
+        "--header-timeout",
+        "2",
+        "--body-timeout",
+        "2",
+        "--max-connections",
+        "64",
+    ]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    // 50 slowloris clients, each sending a header one byte at a time, and one that sends
+    // only blank lines.
+    let started = std::time::Instant::now();
+    let slow: Vec<std::thread::JoinHandle<bool>> = (0..50)
+        .map(|i| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let mut stream = TcpStream::connect(&addr).unwrap();
+                let header = if i == 0 {
+                    "\r\n".repeat(100)
+                } else {
+                    "GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa".to_string()
+                };
+                for byte in header.bytes() {
+                    if stream.write_all(&[byte]).is_err() {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                // Still open after sending everything (25 s): never closed.
+                false
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = std::time::Instant::now();
+    let (status, body) = server.raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 200, "{body}");
+    println!("a normal request beside 50 slow clients: {:?}", t.elapsed());
+    for handle in slow {
+        assert!(handle.join().unwrap(), "a slow client was never closed");
+    }
+    println!("all slow clients closed after {:?}", started.elapsed());
+    // A body that stops arriving gets 408 once the body timeout passes.
+    let mut stream = TcpStream::connect(&addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"mod",
+        )
+        .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    assert!(response.starts_with("HTTP/1.1 408"), "{response}");
+}
+
+#[test]
+fn connections_beyond_the_limit_get_503_and_the_others_are_unaffected() {
+    let server = Server::start(&["--max-connections", "3"]);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let mut held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = server.raw("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("too many open connections"), "{body}");
+    // A held connection is served normally.
+    let stream = &mut held[0];
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+}
+
+#[test]
+fn huge_prompts_are_refused_without_tokenising_them_whole() {
+    let server = Server::start(&[]);
+    let pid = server.child.id();
+    // Warm up (first request allocations), then read the baseline.
+    let (status, _) = server.post(
+        "/v1/completions",
+        &serde_json::json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1}),
+    );
+    assert_eq!(status, 200);
+    let (rss_before, peak_before) = memory_kib(pid);
+    let prompt = "word ".repeat(3 << 20); // 15 MiB
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let url = server.url.clone();
+            let prompt = prompt.clone();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({"model": MODEL, "prompt": prompt}).to_string();
+                let addr = url.trim_start_matches("http://");
+                let mut stream = TcpStream::connect(addr).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+                write!(
+                    stream,
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                )
+                .unwrap();
+                stream.write_all(body.as_bytes()).unwrap();
+                let mut response = String::new();
+                stream.read_to_string(&mut response).unwrap();
+                response
+            })
+        })
+        .collect();
+    for handle in handles {
+        let response = handle.join().unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 400"),
+            "{}",
+            &response[..response.len().min(300)]
+        );
+        assert!(response.contains("context_length_exceeded"), "{response}");
+    }
+    let (rss_after, peak_after) = memory_kib(pid);
+    println!(
+        "RSS {rss_before} -> {rss_after} KiB, peak {peak_before} -> {peak_after} KiB over 3 x 15 MiB prompts"
+    );
+    assert!(
+        peak_after - peak_before < 200 << 10,
+        "peak RSS grew by {} KiB",
+        peak_after - peak_before
+    );
+}

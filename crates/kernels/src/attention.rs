@@ -412,7 +412,10 @@ mod tests {
             };
             let (q, out) = (&q_buf[..0], &mut out_buf[..0]);
             attend_group_with(isa, q, head_dim, kv, 1.0, &mut Vec::new(), out);
-            assert!(out_buf.iter().all(|v| v.is_nan()), "{isa} wrote past an empty output");
+            assert!(
+                out_buf.iter().all(|v| v.is_nan()),
+                "{isa} wrote past an empty output"
+            );
         }
     }
 

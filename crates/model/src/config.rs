@@ -174,7 +174,14 @@ impl ModelConfig {
         let n_blocks = file
             .tensors()
             .iter()
-            .filter_map(|t| t.name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok())
+            .filter_map(|t| {
+                t.name
+                    .strip_prefix("blk.")?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
             .map(|i| i + 1)
             .max()
             .unwrap_or(0);

@@ -519,7 +519,9 @@ impl Model {
                     cfg.rms_eps,
                 );
             }
-            let mine = b.normed.range(my_logit_rows.start * e..my_logit_rows.end * e);
+            let mine = b
+                .normed
+                .range(my_logit_rows.start * e..my_logit_rows.end * e);
             w.output.prepare_rows(mine, my_logit_rows, &b.prepared);
         }
         team.sync();

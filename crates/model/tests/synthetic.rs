@@ -730,7 +730,9 @@ fn reserved_caches_grow_across_windows_without_a_copy() {
 fn a_reserve_the_allocator_refuses_gives_a_compact_cache() {
     // A context of 2^40 positions: its reserve is beyond any address space (and memory
     // and swap), which the allocator refuses; the cache must still work.
-    let mut cfg = build(&SyntheticSpec::tiny(Architecture::Llama)).config.clone();
+    let mut cfg = build(&SyntheticSpec::tiny(Architecture::Llama))
+        .config
+        .clone();
     cfg.n_ctx_train = 1 << 40;
     for kind in KvType::ALL {
         let mut kv = pyramid_model::KvCache::with_reserve(&cfg, 32, cfg.n_ctx_train, kind);

@@ -444,7 +444,9 @@ mod tests {
     fn parameters_beyond_f32_range_sample_safely() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for (top_p, temperature) in [("1e-50", "1"), ("1", "1e-40"), ("1e-300", "1e-300")] {
-            let body = format!(r#"{{"model": "m", {msgs}, "top_p": {top_p}, "temperature": {temperature}}}"#);
+            let body = format!(
+                r#"{{"model": "m", {msgs}, "top_p": {top_p}, "temperature": {temperature}}}"#
+            );
             let request = chat(&body).unwrap();
             request.sampler.validate().unwrap();
             let mut sampler = pyramid_runtime::Sampler::new(request.sampler).unwrap();

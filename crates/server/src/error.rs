@@ -53,6 +53,19 @@ impl ApiError {
         }
     }
 
+    /// As [`ApiError::context_length_exceeded`] for a prompt whose tokenising stopped
+    /// once it passed the limit, so only a lower bound of its length is known.
+    pub fn prompt_beyond_context(limit: usize) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            param: Some("messages".into()),
+            ..Self::invalid_request(format!(
+                "the prompt is longer than the largest window ({limit} tokens, including one \
+                 generated token)"
+            ))
+        }
+    }
+
     pub fn model_not_found(model: &str, served: &str) -> Self {
         Self {
             code: Some("model_not_found"),
@@ -109,6 +122,25 @@ impl ApiError {
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
             format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    pub fn too_many_connections() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server has too many open connections: retry shortly",
+        )
+    }
+
+    pub fn body_timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ),
         )
     }
 

@@ -6,6 +6,7 @@
 //!   device route) and turns its tokens into text: detokenisation, stop strings,
 //!   log-probabilities.
 //! - [`routes`]: axum handlers, server-sent events, authentication.
+//! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
 //! - [`metrics`]: Prometheus text for `/metrics`.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
@@ -16,31 +17,15 @@
 
 pub mod api;
 pub mod error;
+pub mod listen;
 pub mod metrics;
 pub mod routes;
 pub mod worker;
 
-use std::future::Future;
-use std::sync::Arc;
-
 pub use error::ApiError;
+pub use listen::{serve, Limits};
 pub use routes::{router, AppState};
 pub use worker::EngineThread;
-
-/// Request bodies beyond this are refused with 413.
-pub const DEFAULT_BODY_LIMIT: usize = 16 << 20;
-
-/// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight responses
-/// finish and stops the engine.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    state: Arc<AppState>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-}
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
 pub async fn shutdown_signal() {

@@ -5,20 +5,21 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
-use pyramid_tokenizer::{ChatTemplate, Tokenizer};
+use pyramid_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::Semaphore;
 
 use crate::api::{self, Endpoint, GenerationRequest, Prompt};
 use crate::error::ApiError;
+use crate::listen::Limits;
 use crate::metrics::Metrics;
 use crate::worker::{EngineThread, Event, Job, TokenLogprob};
 use pyramid_engine::{FinishReason, Usage};
@@ -32,10 +33,12 @@ pub struct AppState {
     /// Positions of the largest window: prompt plus generation must fit.
     pub max_context: usize,
     pub api_key: Option<String>,
-    pub body_limit: usize,
+    pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub started: u64,
     next_id: AtomicU64,
+    /// One permit per prompt being tokenised ([`Limits::max_tokenizing`]).
+    tokenizing: Semaphore,
 }
 
 impl AppState {
@@ -47,7 +50,7 @@ impl AppState {
         model_id: String,
         max_context: usize,
         api_key: Option<String>,
-        body_limit: usize,
+        limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
         let started = unix_now();
@@ -58,7 +61,8 @@ impl AppState {
             model_id,
             max_context,
             api_key,
-            body_limit,
+            tokenizing: Semaphore::new(limits.max_tokenizing.max(1)),
+            limits,
             metrics,
             started,
             next_id: AtomicU64::new(started << 20),
@@ -74,7 +78,6 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
-        .layer(DefaultBodyLimit::max(state.body_limit))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             authenticate,
@@ -148,19 +151,13 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     generate(state, Endpoint::Chat, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
     generate(state, Endpoint::Completion, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
@@ -169,31 +166,29 @@ async fn completions(
 async fn generate(
     state: Arc<AppState>,
     endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<Response, ApiError> {
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::body_too_large(state.body_limit),
-        _ => ApiError::invalid_request(rejection.body_text()),
-    })?;
-    let request = api::parse(endpoint, &body)?;
+    let body = read_body(&state.limits, body).await?;
+    let mut request = api::parse(endpoint, &body)?;
+    drop(body);
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
     }
-    // Tokenising a long prompt is real work: keep it off the async workers.
+    // Tokenising a long prompt is real work: keep it off the async workers, a few at a
+    // time. The permit is dropped with the request if the client leaves while waiting.
     let prompt = {
+        let _permit = state
+            .tokenizing
+            .acquire()
+            .await
+            .map_err(|_| ApiError::shutting_down())?;
         let state = Arc::clone(&state);
-        let prompt = request.prompt.clone();
+        // The prompt's text is needed only to tokenise it: moved, not copied.
+        let prompt = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
         tokio::task::spawn_blocking(move || tokenize(&state, &prompt))
             .await
             .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
     };
-    // The prompt and at least one generated token must fit the largest window.
-    if prompt.len() + 1 > state.max_context {
-        return Err(ApiError::context_length_exceeded(
-            prompt.len() + 1,
-            state.max_context,
-        ));
-    }
     let (events, rx) = unbounded_channel();
     let n_prompt = prompt.len();
     state.engine.submit(Job {
@@ -226,7 +221,28 @@ async fn generate(
     }
 }
 
+/// The whole body, within the size limit and the body timeout.
+async fn read_body(limits: &Limits, body: Body) -> Result<Vec<u8>, ApiError> {
+    let read = axum::body::to_bytes(body, limits.body_limit);
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Err(_) => Err(ApiError::body_timeout(limits.body_timeout)),
+        Ok(Ok(bytes)) => Ok(bytes.into()),
+        Ok(Err(err)) => {
+            let too_large = std::error::Error::source(&err)
+                .is_some_and(|e| e.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                ApiError::body_too_large(limits.body_limit)
+            } else {
+                ApiError::invalid_request(format!("cannot read the request body: {err}"))
+            })
+        }
+    }
+}
+
+/// The prompt's ids; tokenising stops once the prompt and one generated token no longer
+/// fit the largest window, so an oversized prompt costs little.
 fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let limit = state.max_context.saturating_sub(1);
     let ids = match prompt {
         Prompt::Chat(messages) => {
             let template = state.template.as_ref().ok_or_else(|| {
@@ -239,11 +255,14 @@ fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
                 )
             })?;
             // The template carries its own BOS if it wants one; nothing is added on top.
-            state.tokenizer.encode(&text, true)
+            state.tokenizer.encode_within(&text, true, limit)
         }
-        Prompt::Text(text) => state.tokenizer.encode_prompt(text),
+        Prompt::Text(text) => state.tokenizer.encode_prompt_within(text, limit),
     }
-    .map_err(|e| ApiError::invalid_request(format!("the prompt cannot be tokenized: {e}")))?;
+    .map_err(|e| match e {
+        TokenizerError::TooManyTokens { .. } => ApiError::prompt_beyond_context(state.max_context),
+        e => ApiError::invalid_request(format!("the prompt cannot be tokenized: {e}")),
+    })?;
     if ids.is_empty() {
         let param = if matches!(prompt, Prompt::Chat(_)) {
             "messages"

@@ -113,7 +113,7 @@ impl ChatTemplate {
             tools => Value::from(()),
         };
         let mut out = CappedText::default();
-        match template.render_to_write(ctx, &mut out) {
+        match template.render_captured_to(ctx, &mut out) {
             Ok(_) => String::from_utf8(out.text).map_err(|_| {
                 TokenizerError::Template("the template produced invalid UTF-8".to_string())
             }),
@@ -163,7 +163,8 @@ mod tests {
 
     #[test]
     fn a_template_that_loops_too_long_runs_out_of_fuel() {
-        let looping = "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}";
+        let looping =
+            "{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}";
         let template = ChatTemplate::new(looping, "", "").unwrap();
         let start = std::time::Instant::now();
         let err = template.render(&[], true).unwrap_err().to_string();

@@ -37,6 +37,9 @@ pub enum TokenizerError {
     /// The `tokenizers` crate failed on an input text.
     #[error("cannot tokenize {text:?}: {message}")]
     Encode { text: String, message: String },
+    /// A text gives more tokens than the caller allows (a prompt beyond the context).
+    #[error("the text gives more than {limit} tokens")]
+    TooManyTokens { limit: usize },
     /// A token id is not in the vocabulary.
     #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]
     TokenOutOfRange { id: u32, n_vocab: usize },

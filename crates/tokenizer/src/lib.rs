@@ -15,6 +15,7 @@
 
 mod bpe;
 mod chat;
+mod chunks;
 mod error;
 mod pretokenize;
 mod special;
@@ -124,11 +125,45 @@ impl Tokenizer {
     /// in the text (`<|im_start|>`) become their single id; without, they are tokenized as
     /// ordinary text. User-defined tokens are always matched.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
+        self.encode_within(text, parse_special, usize::MAX)
+    }
+
+    /// As [`Tokenizer::encode`], but stops with [`TokenizerError::TooManyTokens`] as soon
+    /// as the text is known to give more than `limit` tokens: a prompt far beyond a
+    /// model's context costs a few chunks of work, not its whole length.
+    pub fn encode_within(&self, text: &str, parse_special: bool, limit: usize) -> Result<Vec<u32>> {
+        self.encode_in_pieces(text, parse_special, limit, chunks::CHUNK_BYTES)
+    }
+
+    fn encode_in_pieces(
+        &self,
+        text: &str,
+        parse_special: bool,
+        limit: usize,
+        piece_bytes: usize,
+    ) -> Result<Vec<u32>> {
+        let too_many = || TokenizerError::TooManyTokens { limit };
         let mut ids = Vec::new();
         for segment in self.added.split(text, parse_special) {
             match segment {
                 Segment::Added(id) => ids.push(id),
-                Segment::Text(plain) => self.bpe.encode_into(plain, &mut ids)?,
+                Segment::Text(plain) => {
+                    // No token is longer than the longest piece: beyond this, the limit
+                    // is exceeded whatever the text says.
+                    let room = limit.saturating_sub(ids.len());
+                    if plain.len() > room.saturating_mul(self.vocab.longest_token_bytes()) {
+                        return Err(too_many());
+                    }
+                    for piece in chunks::pieces(plain, piece_bytes) {
+                        self.bpe.encode_into(piece, &mut ids)?;
+                        if ids.len() > limit {
+                            return Err(too_many());
+                        }
+                    }
+                }
+            }
+            if ids.len() > limit {
+                return Err(too_many());
             }
         }
         Ok(ids)
@@ -137,14 +172,21 @@ impl Tokenizer {
     /// Tokenizes a prompt as the model expects it: special tokens parsed, then BOS/EOS added
     /// exactly as `tokenizer.ggml.add_bos_token`/`add_eos_token` ask.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let mut ids = Vec::new();
-        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
-            ids.push(bos);
-        }
-        ids.extend(self.encode(text, true)?);
-        if let (true, Some(eos)) = (self.add_eos, self.eos_id) {
-            ids.push(eos);
-        }
+        self.encode_prompt_within(text, usize::MAX)
+    }
+
+    /// As [`Tokenizer::encode_prompt`], stopping early past `limit` tokens (see
+    /// [`Tokenizer::encode_within`]).
+    pub fn encode_prompt_within(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
+        let bos = self.bos_id.filter(|_| self.add_bos);
+        let eos = self.eos_id.filter(|_| self.add_eos);
+        let added = usize::from(bos.is_some()) + usize::from(eos.is_some());
+        let inner_limit = limit
+            .checked_sub(added)
+            .ok_or(TokenizerError::TooManyTokens { limit })?;
+        let mut ids: Vec<u32> = bos.into_iter().collect();
+        ids.extend(self.encode_within(text, true, inner_limit)?);
+        ids.extend(eos);
         Ok(ids)
     }
 

@@ -176,3 +176,76 @@ fn types_are_shareable_across_threads() {
     check::<ChatTemplate>();
     check::<StreamDecoder>();
 }
+
+/// Prose, code, numbers and whitespace runs, in several scripts.
+const MIXED_TEXT: &str = "The quick brown fox jumps over the lazy dog. It's 2024-05-17, \
+    and 3.14159 is pi.\n\n  def main():\n    print(\"hello world\")  # comment\n\tTabs\tand   \
+    spaces  \r\nNaïve café résumé — Ελληνικά κείμενα, русский текст, 中文文本 and 日本語. \
+    list:\n\n1. first item\n2. second item\n<|im_start|>user\nhi there<|im_end|>\n";
+
+/// The real models' tokenizers, when their files are in `$PYRAMID_HOME/models`.
+fn real_tokenizers() -> Vec<Tokenizer> {
+    let home = std::env::var_os("PYRAMID_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/pyramid"))
+        });
+    let Some(home) = home else { return Vec::new() };
+    [
+        "smollm2-135m-instruct-q4_1.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ]
+    .iter()
+    .filter_map(|file| pyramid_gguf::GgufFile::open(home.join("models").join(file)).ok())
+    .map(|f| Tokenizer::from_gguf(f.metadata()).unwrap())
+    .collect()
+}
+
+#[test]
+fn text_tokenised_in_pieces_gives_the_whole_texts_ids() {
+    let mut tokenizers = vec![Tokenizer::from_gguf(&toy_metadata()).unwrap()];
+    tokenizers.extend(real_tokenizers());
+    println!(
+        "{} tokenizers (the toy and the real models present)",
+        tokenizers.len()
+    );
+    for tok in &tokenizers {
+        let whole = tok
+            .encode_in_pieces(MIXED_TEXT, true, usize::MAX, usize::MAX)
+            .unwrap();
+        for piece_bytes in [1, 5, 40, 300] {
+            let pieces = tok
+                .encode_in_pieces(MIXED_TEXT, true, usize::MAX, piece_bytes)
+                .unwrap();
+            assert_eq!(pieces, whole, "pieces of {piece_bytes} bytes");
+        }
+        assert_eq!(tok.encode(MIXED_TEXT, true).unwrap(), whole);
+    }
+}
+
+#[test]
+fn encoding_within_a_limit_stops_past_it() {
+    let tok = Tokenizer::from_gguf(&toy_metadata()).unwrap();
+    let text = "the theme of the thesis";
+    let n = tok.encode(text, true).unwrap().len();
+    assert_eq!(tok.encode_within(text, true, n).unwrap().len(), n);
+    for limit in [0, 1, n - 1] {
+        for piece_bytes in [1, 4, usize::MAX] {
+            let err = tok
+                .encode_in_pieces(text, true, limit, piece_bytes)
+                .unwrap_err();
+            assert!(matches!(err, TokenizerError::TooManyTokens { .. }), "{err}");
+        }
+    }
+    // Far beyond the limit, refused from its length alone.
+    let huge = "x".repeat(1 << 20);
+    let err = tok.encode_within(&huge, true, 1000).unwrap_err();
+    assert!(
+        matches!(err, TokenizerError::TooManyTokens { limit: 1000 }),
+        "{err}"
+    );
+    // BOS counts against the limit.
+    let with_bos = tok.encode_prompt(text).unwrap().len();
+    assert!(tok.encode_prompt_within(text, with_bos).is_ok());
+    assert!(tok.encode_prompt_within(text, with_bos - 1).is_err());
+}

@@ -121,6 +121,8 @@ pub(crate) struct Vocab {
     /// All tokens' bytes back to back; token `i` is `bytes[offsets[i]..offsets[i + 1]]`.
     bytes: Vec<u8>,
     offsets: Vec<usize>,
+    /// Bytes of the longest token (at least 1): no token covers more input than this.
+    longest: usize,
 }
 
 impl Vocab {
@@ -157,16 +159,27 @@ impl Vocab {
             }
             offsets.push(bytes.len());
         }
+        let longest = offsets
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+            .max(1);
         Ok(Vocab {
             pieces,
             types,
             bytes,
             offsets,
+            longest,
         })
     }
 
     pub fn n_vocab(&self) -> usize {
         self.pieces.len()
+    }
+
+    pub fn longest_token_bytes(&self) -> usize {
+        self.longest
     }
 
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {

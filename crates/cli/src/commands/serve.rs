@@ -4,13 +4,14 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_engine::{Arm, EngineConfig, PyramidConfig};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::Metrics;
-use pyramid_server::{AppState, EngineThread, DEFAULT_BODY_LIMIT};
+use pyramid_server::{AppState, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
 use crate::route::{
@@ -31,6 +32,20 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every request.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Seconds a connection may take to send a request's headers, counted from when it
+    /// connects or its last response ends (so also how long an idle keep-alive
+    /// connection stays open).
+    #[arg(long, default_value_t = 10.0, value_parser = parse_seconds)]
+    pub header_timeout: f64,
+    /// Seconds a client may take to send a request's body.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    pub body_timeout: f64,
+    /// Open connections at once; beyond it new ones get 503 and are closed.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: u64,
+    /// Prompts tokenised at once (CPU work beside the engine); the rest wait their turn.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokenizing: u64,
     /// Conversations held at once, running and cached for reuse.
     #[arg(long, default_value_t = 64)]
     pub max_sessions: usize,
@@ -156,7 +171,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_id.clone(),
         max_context,
         args.api_key,
-        DEFAULT_BODY_LIMIT,
+        Limits {
+            header_timeout: Duration::from_secs_f64(args.header_timeout),
+            body_timeout: Duration::from_secs_f64(args.body_timeout),
+            max_connections: args.max_connections as usize,
+            max_tokenizing: args.max_tokenizing as usize,
+            ..Limits::default()
+        },
         metrics,
     ));
     let route_name = route.name();
@@ -211,5 +232,13 @@ mod tests {
     fn model_ids_are_names_or_file_stems() {
         assert_eq!(model_id("smollm2-135m"), "smollm2-135m");
         assert_eq!(model_id("/models/qwen.Q4_K_M.gguf"), "qwen.Q4_K_M");
+    }
+}
+
+/// A positive, finite number of seconds.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e6 => Ok(v),
+        _ => Err(format!("'{s}' is not a number of seconds in (0, 1e6]")),
     }
 }

@@ -417,7 +417,10 @@ mod tests {
             let shared = SharedSlice::new(&mut out);
             // SAFETY: no other thread touches `out`.
             unsafe { gemm_i8_cols(isa, &a.view(), &w, &shared, 7..7) };
-            assert!(out.iter().all(|v| v.is_nan()), "{isa} wrote outside its columns");
+            assert!(
+                out.iter().all(|v| v.is_nan()),
+                "{isa} wrote outside its columns"
+            );
         }
     }
 
