@@ -29,6 +29,12 @@ pub enum PreType {
     /// Qwen2 / Qwen2.5.
     Qwen2,
     /// SmolLM and StarCoder-style vocabularies: every digit alone, then GPT-2's regex.
+    ///
+    /// The digit split comes first, as in these models' `tokenizer.json`
+    /// (`Sequence[Digits(individual_digits), ByteLevel]`) and in llama.cpp, so a whitespace
+    /// run in front of a digit ends its piece and stays one word: `"list:\n\n1."` gives
+    /// `"\n\n"` as one token. transformers' GGUF loader has no digit split for `smollm` and
+    /// cuts that run in two; it is not the reference (issue 19).
     Smollm,
 }
 

@@ -12,13 +12,19 @@ use serde_json::Value as Json;
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 pub const QWEN25: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
-/// `$PYRAMID_HOME/models/<file>`, with `PYRAMID_HOME` defaulting to `~/.cache/pyramid`.
-pub fn model_path(file: &str) -> PathBuf {
+/// `$PYRAMID_HOME/models/<file>`, with `PYRAMID_HOME` defaulting to `~/.cache/pyramid`,
+/// whether or not the file is there.
+pub fn model_location(file: &str) -> PathBuf {
     let home = std::env::var_os("PYRAMID_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/pyramid")))
         .expect("neither PYRAMID_HOME nor HOME is set");
-    let path = home.join("models").join(file);
+    home.join("models").join(file)
+}
+
+/// [`model_location`], which must hold the model.
+pub fn model_path(file: &str) -> PathBuf {
+    let path = model_location(file);
     assert!(
         path.is_file(),
         "model file {} is missing: fetch the test models into $PYRAMID_HOME/models first",
