@@ -127,9 +127,53 @@ fn compare(
     results
 }
 
-fn check(file: &str, golden: &str, precision: Precision, max_kl: f64) {
-    let results = compare(file, golden, precision, true);
-    let plain = compare(file, golden, precision, false);
+/// What the README claims for a precision, and this test holds.
+struct Claim {
+    /// Each prompt's mean next-token KL to f32 stays below this.
+    max_kl: f64,
+    /// At least this share of the prompts gives f32's greedy tokens for all 16 steps.
+    min_full_agreement: f64,
+    /// Greedy decoding gives f32's tokens for at least this many of the 16 steps, on
+    /// average over the prompts, before it first diverges.
+    min_mean_prefix: f64,
+    /// Quantised precisions must show their outlier channels lowering the mean KL.
+    outliers: bool,
+}
+
+/// INT8 (the default): f32's greedy tokens for all 16 steps on at least 3 of 4 prompts
+/// (5 and 6 of 6 measured), KL < 0.005 on each (at most 0.0021 measured).
+const INT8: Claim = Claim {
+    max_kl: 0.005,
+    min_full_agreement: 0.75,
+    min_mean_prefix: 12.0,
+    outliers: true,
+};
+
+/// INT4: f32's greedy tokens for the first 8 of 16 steps on average (10 and 11 measured),
+/// KL < 0.08 on each prompt (at most 0.057 measured).
+const INT4: Claim = Claim {
+    max_kl: 0.08,
+    min_full_agreement: 0.0,
+    min_mean_prefix: 8.0,
+    outliers: true,
+};
+
+/// bf16: f32's greedy tokens for all 16 steps on at least 3 of 4 prompts (all measured),
+/// KL < 0.001 on each (at most 0.0001 measured).
+const BF16: Claim = Claim {
+    max_kl: 0.001,
+    min_full_agreement: 0.75,
+    min_mean_prefix: 12.0,
+    outliers: false,
+};
+
+fn check(file: &str, golden: &str, precision: Precision, claim: Claim) {
+    let results = compare(file, golden, precision, claim.outliers);
+    let plain = if claim.outliers {
+        compare(file, golden, precision, false)
+    } else {
+        results.clone()
+    };
     for ((id, agree, kl), (_, agree_plain, kl_plain)) in results.iter().zip(&plain) {
         eprintln!(
             "{file} {precision} {id:<12} greedy agreement {agree:>2}/{N_STEPS} (without outliers {agree_plain:>2})  \
@@ -142,75 +186,83 @@ fn check(file: &str, golden: &str, precision: Precision, max_kl: f64) {
         |r: &[(String, usize, f64)]| r.iter().map(|(_, _, kl)| kl).sum::<f64>() / r.len() as f64;
     let (kl_mean, kl_plain_mean) = (mean(&results), mean(&plain));
     assert!(
-        kl_mean < kl_plain_mean,
+        !claim.outliers || kl_mean < kl_plain_mean,
         "{file} {precision}: outlier channels did not reduce the mean KL ({kl_mean} vs {kl_plain_mean})"
     );
     for (id, _, kl) in &results {
         assert!(
-            *kl < max_kl,
+            *kl < claim.max_kl,
             "{file} {precision} {id}: mean KL {kl} to the f32 reference is too large"
         );
     }
-    // INT8 is the default precision: its greedy tokens must be the reference's over all
-    // 16 steps on most prompts (a near-tie of the reference's own may flip one).
-    if precision == Precision::Int8 {
-        let agreeing = results
-            .iter()
-            .filter(|(_, agree, _)| *agree == N_STEPS)
-            .count();
-        assert!(
-            agreeing * 2 > results.len(),
-            "{file} int8: only {agreeing}/{} prompts agree over {N_STEPS} tokens",
-            results.len()
-        );
-    }
+    // A near-tie of the reference's own may flip one prompt's token: the claims are shares.
+    let agreeing = results
+        .iter()
+        .filter(|(_, agree, _)| *agree == N_STEPS)
+        .count();
+    eprintln!(
+        "{file} {precision}: {agreeing}/{} prompts give f32's greedy tokens for {N_STEPS} steps",
+        results.len()
+    );
+    assert!(
+        agreeing as f64 >= claim.min_full_agreement * results.len() as f64,
+        "{file} {precision}: only {agreeing}/{} prompts agree over {N_STEPS} tokens",
+        results.len()
+    );
+    let mean_prefix = results
+        .iter()
+        .map(|(_, agree, _)| *agree as f64)
+        .sum::<f64>()
+        / results.len() as f64;
+    assert!(
+        mean_prefix >= claim.min_mean_prefix,
+        "{file} {precision}: greedy decoding keeps f32's tokens for {mean_prefix:.1} of \
+         {N_STEPS} steps on average"
+    );
 }
+
+const SMOLLM2: (&str, &str) = (
+    "smollm2-135m-instruct-q4_1.gguf",
+    "golden-smollm2-135m-public.json",
+);
+const QWEN2: (&str, &str) = (
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "golden-qwen2.5-coder-0.5b-public.json",
+);
 
 #[test]
 fn smollm2_int8_agrees_with_f32() {
-    check(
-        "smollm2-135m-instruct-q4_1.gguf",
-        "golden-smollm2-135m-public.json",
-        Precision::Int8,
-        0.005,
-    );
+    check(SMOLLM2.0, SMOLLM2.1, Precision::Int8, INT8);
 }
 
 #[test]
 fn qwen2_int8_agrees_with_f32() {
-    check(
-        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        "golden-qwen2.5-coder-0.5b-public.json",
-        Precision::Int8,
-        0.005,
-    );
+    check(QWEN2.0, QWEN2.1, Precision::Int8, INT8);
 }
 
 /// Four-bit groups with a minimum re-pack the GGUF's Q4_1 blocks nearly exactly; what is
 /// lost is mostly activation quantisation, as in INT8, plus the non-Q4_1 tensors.
 #[test]
 fn smollm2_int4_stays_close_to_f32() {
-    check(
-        "smollm2-135m-instruct-q4_1.gguf",
-        "golden-smollm2-135m-public.json",
-        Precision::Int4,
-        0.06,
-    );
+    check(SMOLLM2.0, SMOLLM2.1, Precision::Int4, INT4);
+}
+
+/// Qwen2.5's Q4_K_M file mixes Q4_K with Q5_0/Q6_K/Q8_0 tensors: those lose more in the
+/// 4-bit re-pack than Q4_1 does.
+#[test]
+fn qwen2_int4_stays_close_to_f32() {
+    check(QWEN2.0, QWEN2.1, Precision::Int4, INT4);
 }
 
 /// bf16 keeps activations in f32 and rounds only the weights' mantissas.
 #[test]
 fn smollm2_bf16_is_nearly_f32() {
-    let results = compare(
-        "smollm2-135m-instruct-q4_1.gguf",
-        "golden-smollm2-135m-public.json",
-        Precision::Bf16,
-        false,
-    );
-    for (id, agree, kl) in results {
-        eprintln!("smollm2 bf16 {id:<12} greedy agreement {agree:>2}/{N_STEPS}  mean KL {kl:.5}");
-        assert!(kl < 0.005, "smollm2 bf16 {id}: mean KL {kl}");
-    }
+    check(SMOLLM2.0, SMOLLM2.1, Precision::Bf16, BF16);
+}
+
+#[test]
+fn qwen2_bf16_is_nearly_f32() {
+    check(QWEN2.0, QWEN2.1, Precision::Bf16, BF16);
 }
 
 /// The INT8 and f16 KV caches (with f32 weights) against the f32 cache, teacher-forced as
