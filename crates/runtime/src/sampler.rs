@@ -1,6 +1,6 @@
 //! Choosing the next token from logits.
 //!
-//! Order (as in Hugging Face's `generate`): repetition penalty, temperature, top-k,
+//! Order (as in Hugging Face's `generate`, after OpenAI's logit bias): repetition penalty, temperature, top-k,
 //! top-p, min-p, then a draw from the renormalised distribution. Temperature 0 is greedy:
 //! argmax with ties going to the lowest id, exactly as the references were made.
 
@@ -23,6 +23,8 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
     pub seed: u64,
+    /// Added to these tokens' logits before anything else (OpenAI's `logit_bias`).
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplerConfig {
@@ -41,6 +43,7 @@ impl SamplerConfig {
             repeat_penalty: 1.0,
             repeat_last_n: 64,
             seed: 0,
+            logit_bias: Vec::new(),
         }
     }
 
@@ -63,6 +66,9 @@ impl SamplerConfig {
         if !(0.0..=1.0).contains(&self.min_p) {
             return Err(bad("min_p", self.min_p, "must be in [0, 1]"));
         }
+        if let Some(&(_, bias)) = self.logit_bias.iter().find(|(_, b)| !b.is_finite()) {
+            return Err(bad("logit_bias", bias, "must be finite"));
+        }
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return Err(bad(
                 "repeat_penalty",
@@ -71,6 +77,24 @@ impl SamplerConfig {
             ));
         }
         Ok(())
+    }
+}
+
+impl SamplerConfig {
+    /// Checks the token ids the settings name against a vocabulary of `n_vocab` tokens.
+    pub fn check_vocab(&self, n_vocab: usize) -> Result<()> {
+        match self
+            .logit_bias
+            .iter()
+            .find(|(id, _)| *id as usize >= n_vocab)
+        {
+            Some(&(id, _)) => Err(RuntimeError::BadSamplingParameter {
+                name: "logit_bias",
+                value: id.to_string(),
+                reason: "is not a token id of this vocabulary",
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -99,6 +123,11 @@ impl Sampler {
     /// Picks the next token. `logits` is modified (penalties); `history` is every token so far.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let cfg = &self.config;
+        for &(id, bias) in &cfg.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         if cfg.repeat_penalty != 1.0 {
             let recent = &history[history.len().saturating_sub(cfg.repeat_last_n)..];
             let mut seen = std::collections::HashSet::new();
@@ -235,6 +264,20 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&mut [0.1, 0.5, 0.4], &[]), 1);
         }
+    }
+
+    #[test]
+    fn logit_bias_moves_and_bans_tokens() {
+        let logits = [0.5f32, 3.25, -2.0, 3.0];
+        let mut s = sampler(|c| c.logit_bias = vec![(2, 10.0), (9, 5.0)]);
+        assert_eq!(s.sample(&mut logits.clone(), &[]), 2);
+        let mut s = sampler(|c| c.logit_bias = vec![(1, -100.0)]);
+        assert_eq!(s.sample(&mut logits.clone(), &[]), 3);
+        let bad = SamplerConfig {
+            logit_bias: vec![(0, f32::NAN)],
+            ..SamplerConfig::greedy()
+        };
+        assert!(bad.validate().is_err());
     }
 
     #[test]

@@ -26,7 +26,64 @@ pub enum Endpoint {
 pub enum Prompt {
     Chat(Vec<ChatMessage>),
     Text(String),
+    /// `/v1/completions` with `prompt` as token ids, used as given.
+    Ids(Vec<u32>),
 }
+
+/// The fields each endpoint implements; any other field in a body is refused with a 400
+/// naming it (as OpenAI answers an unrecognised argument), never silently ignored. A field
+/// set to `null` counts as absent.
+const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "user",
+];
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+];
+
+/// Fields clients commonly send that pyramid does not implement, with what to do instead.
+fn unsupported(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call" => {
+            "tool calls are not supported yet"
+        }
+        "response_format" => "structured output (response_format) is not supported yet",
+        "echo" | "suffix" | "best_of" => "it is not supported",
+        "logprobs" => "'logprobs' is supported on /v1/chat/completions only",
+        _ => return None,
+    })
+}
+
+/// Logit biases are clamped to this, as in OpenAI's API.
+const MAX_LOGIT_BIAS: f64 = 100.0;
 
 /// A validated generation request.
 #[derive(Debug, Clone)]
@@ -50,6 +107,20 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
     let Value::Object(obj) = value else {
         return Err(ApiError::invalid_request("the body must be a JSON object"));
     };
+    let known = match endpoint {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completion => COMPLETION_FIELDS,
+    };
+    if let Some((field, _)) = obj
+        .iter()
+        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))
+    {
+        let why = unsupported(field).unwrap_or("it is not a field of this endpoint");
+        return Err(ApiError::bad_param(
+            field.clone(),
+            format!("'{field}' is not accepted: {why}"),
+        ));
+    }
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
         None | Some(Value::Null) => {
@@ -59,7 +130,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
     };
     let prompt = match endpoint {
         Endpoint::Chat => Prompt::Chat(messages(&obj)?),
-        Endpoint::Completion => Prompt::Text(completion_prompt(&obj)?),
+        Endpoint::Completion => completion_prompt(&obj)?,
     };
     let n = opt_u64(&obj, "n")?.unwrap_or(1);
     if n != 1 {
@@ -118,6 +189,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         Some(_) => return Err(ApiError::bad_param("seed", "'seed' must be an integer")),
     };
     let sampler = SamplerConfig {
+        logit_bias: logit_bias(&obj)?,
         temperature: temperature as f32,
         // A top_p below f32's range keeps only the top token, as the smallest f32 does.
         top_p: (top_p as f32).max(f32::MIN_POSITIVE),
@@ -129,6 +201,12 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
+        Some(_) if !stream => {
+            return Err(ApiError::bad_param(
+                "stream_options",
+                "'stream_options' is only allowed when 'stream' is true",
+            ))
+        }
         Some(Value::Object(o)) => opt_bool(o, "include_usage")
             .map_err(|_| {
                 ApiError::bad_param(
@@ -164,15 +242,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
             }
             wanted.then(|| top.unwrap_or(0) as usize)
         }
-        Endpoint::Completion => match obj.get("logprobs") {
-            None | Some(Value::Null) => None,
-            Some(_) => {
-                return Err(ApiError::bad_param(
-                    "logprobs",
-                    "'logprobs' is supported on /v1/chat/completions only",
-                ))
-            }
-        },
+        Endpoint::Completion => None,
     };
     Ok(GenerationRequest {
         endpoint,
@@ -280,20 +350,69 @@ fn text_parts(parts: &[Value], at: &str) -> Result<String, ApiError> {
     Ok(text)
 }
 
-fn completion_prompt(obj: &Map<String, Value>) -> Result<String, ApiError> {
-    match obj.get("prompt") {
-        Some(Value::String(p)) => Ok(p.clone()),
-        Some(Value::Array(list)) if list.len() == 1 => match &list[0] {
-            Value::String(p) => Ok(p.clone()),
-            _ => Err(ApiError::bad_param("prompt", "'prompt' must be a string")),
-        },
-        Some(Value::Array(_)) => Err(ApiError::bad_param(
+/// A string, one string in an array, token ids, or one array of token ids.
+fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
             "prompt",
-            "only one prompt per request is supported",
-        )),
+            "'prompt' must be a string or an array of token ids",
+        )
+    };
+    let ids = |list: &[Value]| -> Result<Prompt, ApiError> {
+        list.iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|id| u32::try_from(id).ok())
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<u32>, _>>()
+            .map(Prompt::Ids)
+    };
+    match obj.get("prompt") {
+        Some(Value::String(p)) => Ok(Prompt::Text(p.clone())),
+        Some(Value::Array(list)) => match list.as_slice() {
+            [Value::String(p)] => Ok(Prompt::Text(p.clone())),
+            [Value::Array(inner)] => ids(inner),
+            [Value::Number(_), ..] => ids(list),
+            [] => Err(ApiError::bad_param("prompt", "'prompt' must not be empty")),
+            _ if list.iter().all(|v| v.is_string() || v.is_array()) => Err(ApiError::bad_param(
+                "prompt",
+                "only one prompt per request is supported",
+            )),
+            _ => Err(bad()),
+        },
         None | Some(Value::Null) => Err(ApiError::bad_param("prompt", "'prompt' is required")),
-        Some(_) => Err(ApiError::bad_param("prompt", "'prompt' must be a string")),
+        Some(_) => Err(bad()),
     }
+}
+
+/// `{"token id": bias}`, each bias in [-100, 100] added to that token's logit.
+fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match obj.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "logit_bias",
+                "'logit_bias' must be an object of token ids to numbers",
+            ))
+        }
+    };
+    map.iter()
+        .map(|(id, bias)| {
+            let at = format!("logit_bias.{id}");
+            let id = id.parse::<u32>().map_err(|_| {
+                ApiError::bad_param(at.clone(), format!("'{id}' is not a token id"))
+            })?;
+            match bias.as_f64() {
+                Some(b) if (-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&b) => Ok((id, b as f32)),
+                _ => Err(ApiError::bad_param(
+                    at.clone(),
+                    format!("'{at}' must be a number between -100 and 100"),
+                )),
+            }
+        })
+        .collect()
 }
 
 fn stops(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
@@ -452,6 +571,41 @@ mod tests {
             let mut sampler = pyramid_runtime::Sampler::new(request.sampler).unwrap();
             assert_eq!(sampler.sample(&mut [0.0, 2.0, 1.0], &[]), 1, "{body}");
         }
+    }
+
+    #[test]
+    fn every_field_is_implemented_or_refused_by_name() {
+        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for field in [
+            "tools",
+            "tool_choice",
+            "response_format",
+            "functions",
+            "echo",
+            "whatever",
+        ] {
+            let body = format!(r#"{{"model": "m", {msgs}, "{field}": {{}}}}"#);
+            let err = chat(&body).unwrap_err();
+            assert_eq!(
+                (err.status.as_u16(), err.param.as_deref()),
+                (400, Some(field))
+            );
+        }
+        // null is absent, as clients that fill every field with defaults send it.
+        chat(&format!(
+            r#"{{"model": "m", {msgs}, "tools": null, "user": "u"}}"#
+        ))
+        .unwrap();
+        let ids = parse(
+            Endpoint::Completion,
+            br#"{"model": "m", "prompt": [1, 2, 3]}"#,
+        )
+        .unwrap();
+        assert!(matches!(ids.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));
+        let bias = chat(&format!(
+            r#"{{"model": "m", {msgs}, "logit_bias": {{"5": -100}}}}"#
+        ));
+        assert_eq!(bias.unwrap().sampler.logit_bias, vec![(5, -100.0)]);
     }
 
     #[test]

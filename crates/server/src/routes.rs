@@ -75,6 +75,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
@@ -95,14 +96,19 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// With an API key set, every endpoint but `/health` (for load balancers and supervisors)
+/// needs `Authorization: Bearer <key>`; the scheme is case-insensitive (RFC 7235).
 async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+            .and_then(|v| {
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            });
+        if given != Some(key.as_str()) && req.uri().path() != "/health" {
             return ApiError::unauthorized().into_response();
         }
     }
@@ -121,8 +127,13 @@ async fn finish_response(State(state): State<Arc<AppState>>, req: Request, next:
     response
 }
 
-async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.is_alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        let body = json!({"status": "error", "message": "the engine thread has stopped"});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    }
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
@@ -136,19 +147,30 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The one model served, as `/v1/models` lists it and `/v1/models/{id}` returns it.
+fn model_card(state: &AppState) -> Value {
+    json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "pyramid",
+        "max_model_len": state.max_context,
+        "route": state.metrics.route_audit(),
+    })
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let route = state.metrics.route_audit();
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.model_id,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "pyramid",
-            "max_model_len": state.max_context,
-            "route": route,
-        }],
-    }))
+    Json(json!({"object": "list", "data": [model_card(&state)]}))
+}
+
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id != state.model_id {
+        return Err(ApiError::model_not_found(&id, &state.model_id));
+    }
+    Ok(Json(model_card(&state)))
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -174,6 +196,10 @@ async fn generate(
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
     }
+    request
+        .sampler
+        .check_vocab(state.tokenizer.n_vocab())
+        .map_err(|e| ApiError::bad_param("logit_bias", e.to_string()))?;
     // Tokenising a long prompt is real work: keep it off the async workers, a few at a
     // time. The permit is dropped with the request if the client leaves while waiting.
     let prompt = {
@@ -258,6 +284,19 @@ fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
             state.tokenizer.encode_within(&text, true, limit)
         }
         Prompt::Text(text) => state.tokenizer.encode_prompt_within(text, limit),
+        Prompt::Ids(ids) => {
+            let n_vocab = state.tokenizer.n_vocab();
+            if let Some(id) = ids.iter().find(|&&id| id as usize >= n_vocab) {
+                return Err(ApiError::bad_param(
+                    "prompt",
+                    format!("token id {id} is out of range (vocabulary has {n_vocab} tokens)"),
+                ));
+            }
+            if ids.len() > limit {
+                return Err(ApiError::prompt_beyond_context(state.max_context));
+            }
+            Ok(ids.clone())
+        }
     }
     .map_err(|e| match e {
         TokenizerError::TooManyTokens { .. } => ApiError::prompt_beyond_context(state.max_context),

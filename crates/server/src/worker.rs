@@ -112,6 +112,12 @@ impl EngineThread {
     }
 
     /// Queues a job, or refuses it when the queue is full (429) or the engine is gone.
+    /// Whether the engine thread is still running (it ends only at shutdown or if it
+    /// panicked).
+    pub fn is_alive(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let Some(jobs) = &self.jobs else {
             return Err(ApiError::shutting_down());

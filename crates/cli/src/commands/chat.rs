@@ -56,7 +56,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let loaded = args.model.load_keeping_f32(!native)?;
     let template = loaded.tokenizer.chat_template()?;
     // Checked now, so a bad flag is reported before the first turn.
-    args.sampling.request(0, vec![0], &[])?;
+    args.sampling
+        .request(0, vec![0], &[])?
+        .sampler
+        .check_vocab(loaded.tokenizer.n_vocab())?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);

@@ -44,6 +44,11 @@ pub fn run(
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
+            "logit_bias": sampling
+                .logit_bias
+                .iter()
+                .map(|(id, bias)| (id.to_string(), json!(bias)))
+                .collect::<serde_json::Map<_, _>>(),
             "stream": true,
             "stream_options": {"include_usage": true},
         });

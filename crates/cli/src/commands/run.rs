@@ -62,6 +62,9 @@ pub struct SamplingArgs {
     /// Random seed; the same seed, prompt and settings give the same text.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// `ID=BIAS` added to token ID's logit before sampling (repeatable; -100 bans it).
+    #[arg(long, value_parser = parse_logit_bias)]
+    pub logit_bias: Vec<(u32, f32)>,
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -82,6 +85,7 @@ impl SamplingArgs {
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: 64,
             seed: self.seed,
+            logit_bias: self.logit_bias.clone(),
         };
         sampler.validate()?;
         Ok(Request {
@@ -178,6 +182,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let request =
         args.sampling
             .request(0, prompt.clone(), loaded.tokenizer.end_of_generation_ids())?;
+    request.sampler.check_vocab(loaded.tokenizer.n_vocab())?;
     // Every route runs the engine core: natively one growing pass per step, on other
     // devices static artifacts on the window pyramid.
     let ladder = WindowLadder::default_for(n_ctx);
@@ -246,4 +251,16 @@ pub fn run(args: RunArgs) -> Result<()> {
         writeln!(stdout)?;
     }
     Ok(())
+}
+
+/// `ID=BIAS`, the bias a finite number.
+fn parse_logit_bias(s: &str) -> std::result::Result<(u32, f32), String> {
+    let bad = || format!("'{s}' is not ID=BIAS (a token id and a number)");
+    let (id, bias) = s.split_once('=').ok_or_else(bad)?;
+    let id = id.trim().parse().map_err(|_| bad())?;
+    let bias: f32 = bias.trim().parse().map_err(|_| bad())?;
+    if !bias.is_finite() {
+        return Err(bad());
+    }
+    Ok((id, bias))
 }

@@ -215,6 +215,14 @@ fn model_id(name: &str) -> String {
     name.to_string()
 }
 
+/// A positive, finite number of seconds.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e6 => Ok(v),
+        _ => Err(format!("'{s}' is not a number of seconds in (0, 1e6]")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,13 +240,5 @@ mod tests {
     fn model_ids_are_names_or_file_stems() {
         assert_eq!(model_id("smollm2-135m"), "smollm2-135m");
         assert_eq!(model_id("/models/qwen.Q4_K_M.gguf"), "qwen.Q4_K_M");
-    }
-}
-
-/// A positive, finite number of seconds.
-fn parse_seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && v > 0.0 && v <= 1e6 => Ok(v),
-        _ => Err(format!("'{s}' is not a number of seconds in (0, 1e6]")),
     }
 }

@@ -105,11 +105,27 @@ BAD_CHAT_PARAMS = [
     ("unknown role", dict(messages=[{"role": "wizard", "content": "hi"}]), is_messages_param),
 ]
 
+# Fields pyramid does not implement are refused, never ignored (issue 18).
+BAD_CHAT_PARAMS += [
+    ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
+    ("tool_choice", dict(tool_choice="required"), "tool_choice"),
+    ("response_format", dict(response_format={"type": "json_object"}), "response_format"),
+    ("functions", dict(extra_body={"functions": [{"name": "f"}]}), "functions"),
+    ("an unknown field", dict(extra_body={"frobnicate": 1}), "frobnicate"),
+    ("stream_options without stream", dict(stream_options={"include_usage": True}), "stream_options"),
+    ("logit_bias beyond 100", dict(logit_bias={"42": 101}), "logit_bias.42"),
+    ("logit_bias of a token id not in the vocabulary", dict(logit_bias={"99999999": 1}), "logit_bias"),
+]
+
 BAD_COMPLETION_PARAMS = [
     ("temperature=3", dict(temperature=3), "temperature"),
     ("top_p=0", dict(top_p=0), "top_p"),
     ("max_tokens=0", dict(max_tokens=0), "max_tokens"),
     ("n=3", dict(n=3), "n"),
+    ("echo", dict(echo=True), "echo"),
+    ("suffix", dict(suffix="x"), "suffix"),
+    ("logprobs", dict(logprobs=2), "logprobs"),
+    ("a token id not in the vocabulary", dict(prompt=[1, 99999999]), "prompt"),
 ]
 
 
@@ -137,6 +153,23 @@ def check_edge_values_accepted():
         resp = chat_call(**kw)()
         expect(resp.choices and resp.usage.completion_tokens <= 2, f"chat with {kw} should succeed: {resp}")
     ok("edge values (temperature 0 and 2, top_p 1, max_tokens 1, n 1, top_logprobs 20, 4 stops) accepted")
+    # The Hugging Face reference for "The capital of France is": its ids, and " Paris" first.
+    text, ids, paris = "The capital of France is", [504, 3575, 282, 4649, 314], 7042
+    as_text = completion_call(prompt=text, temperature=0, max_tokens=6)()
+    as_ids = completion_call(prompt=ids, temperature=0, max_tokens=6)()
+    expect(as_text.choices[0].text.startswith(" Paris"), f"reference reply: {as_text.choices[0].text!r}")
+    expect_eq(as_ids.choices[0].text, as_text.choices[0].text, "completion from token ids vs from text")
+    ok("a completion prompt given as token ids")
+    banned = completion_call(prompt=ids, temperature=0, max_tokens=1, logit_bias={str(paris): -100})()
+    expect(not banned.choices[0].text.startswith(" Paris"), f"logit_bias -100 on ' Paris': {banned.choices[0].text!r}")
+    forced = completion_call(prompt=ids, temperature=0, max_tokens=1, logit_bias={"33": 100})()
+    expect_eq(forced.choices[0].text, "1", "logit_bias +100 on token 33 ('1')")
+    ok("logit_bias bans and forces tokens")
+    model = api.models.retrieve(MODEL)
+    expect_eq((model.id, model.object), (MODEL, "model"), "models.retrieve")
+    common.expect_api_error(lambda: api.models.retrieve("no-such-model"), openai.NotFoundError, 404,
+                            "models.retrieve of an unknown model")
+    ok("GET /v1/models/{id}: the model, or 404")
 
 
 def check_http_level():
@@ -168,7 +201,9 @@ def check_auth():
     chat_body = {"model": MODEL, "messages": HELLO, "max_tokens": 2}
     requests = [("GET", "/v1/models", None), ("POST", "/v1/chat/completions", chat_body),
                 ("POST", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 2}),
-                ("GET", "/health", None), ("GET", "/metrics", None)]
+                ("GET", "/metrics", None)]
+    # /health is for supervisors and load balancers: reachable without the key.
+    expect_eq(common.get("/health", auth=False).status, 200, "GET /health without a key")
     for method, path, body in requests:
         resp = common.request(method, path, body, auth=False)
         common.check_error_response(resp, 401, f"{method} {path} without Authorization")
@@ -181,6 +216,10 @@ def check_auth():
     common.expect_api_error(lambda: wrong.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2),
                             openai.AuthenticationError, 401, "openai client chat, wrong key")
     expect_eq([m.id for m in api.models.list().data], [MODEL], "models with the right key")
+    for scheme in ("bearer", "BEARER"):
+        resp = common.request("GET", "/v1/models", None, auth=False,
+                              headers={"Authorization": f"{scheme} {cfg.api_key}"})
+        expect_eq(resp.status, 200, f"Authorization scheme {scheme!r}")
     for method, path, body in requests:
         expect_eq(common.request(method, path, body).status, 200, f"{method} {path} with the right key")
     ok("openai client with a wrong key -> AuthenticationError; the right key works everywhere")
