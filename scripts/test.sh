@@ -51,3 +51,6 @@ cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== tests"
 cargo test --workspace -- --test-threads=1
+
+echo "== fuzzing, 20 s per target (scripts/fuzz.sh 480 for a long run)"
+scripts/fuzz.sh 20
