@@ -69,6 +69,10 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.set_fuel(Some(TEMPLATE_FUEL));
+        // Debug info would put the template's variables (the conversation) into error
+        // text sent to clients, and minijinja's renders of it can panic on a malformed
+        // template's span (`{% for in x %}`, found by fuzzing): errors stay plain.
+        env.set_debug(false);
         env.add_template_owned(TEMPLATE_NAME, source.clone())?;
         Ok(ChatTemplate {
             env,
@@ -171,6 +175,20 @@ mod tests {
         assert!(err.contains("template steps"), "{err}");
         // Not a timing assertion on speed: a hang would never get here at all.
         println!("fuel ran out after {:?}", start.elapsed());
+    }
+
+    #[test]
+    fn a_loop_without_a_variable_does_not_panic() {
+        // With minijinja's debug info on (as in every debug build) this panicked while
+        // formatting the render's error; whatever it renders to, it must return.
+        for source in [
+            "{% for in messages %}{% endfor %}",
+            "{%for in s|tojson%}{%endfor%}",
+        ] {
+            if let Ok(template) = ChatTemplate::new(source, "", "") {
+                let _ = template.render(&[ChatMessage::new("user", "hi")], true);
+            }
+        }
     }
 
     #[test]

@@ -48,6 +48,10 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<end_of_turn>",
 ];
 
+/// How many times longer than its NFC composition a text can be, in bytes: a Hangul
+/// syllable written as three jamo (9 bytes) composes to one (3 bytes).
+const MAX_NFC_SHRINK: usize = 4;
+
 /// A model's tokenizer. Cheap to share behind an `Arc`: every method takes `&self`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
@@ -135,7 +139,11 @@ impl Tokenizer {
         self.encode_in_pieces(text, parse_special, limit, chunks::CHUNK_BYTES)
     }
 
-    fn encode_in_pieces(
+    /// [`Tokenizer::encode_within`] with pieces of `piece_bytes` instead of
+    /// [`chunks::CHUNK_BYTES`]: for tests and fuzzing, which check that any piece size
+    /// gives the same ids.
+    #[doc(hidden)]
+    pub fn encode_in_pieces(
         &self,
         text: &str,
         parse_special: bool,
@@ -149,9 +157,18 @@ impl Tokenizer {
                 Segment::Added(id) => ids.push(id),
                 Segment::Text(plain) => {
                     // No token is longer than the longest piece: beyond this, the limit
-                    // is exceeded whatever the text says.
+                    // is exceeded whatever the text says. That holds only where every
+                    // byte reaches a token (a vocabulary without some byte tokens drops
+                    // those bytes) and for at most NFC's shrinking of the text.
                     let room = limit.saturating_sub(ids.len());
-                    if plain.len() > room.saturating_mul(self.vocab.longest_token_bytes()) {
+                    let max_bytes = room
+                        .saturating_mul(self.vocab.longest_token_bytes())
+                        .saturating_mul(if self.pre_type.normalizes_to_nfc() {
+                            MAX_NFC_SHRINK
+                        } else {
+                            1
+                        });
+                    if self.vocab.covers_every_byte() && plain.len() > max_bytes {
                         return Err(too_many());
                     }
                     for piece in chunks::pieces(plain, piece_bytes) {

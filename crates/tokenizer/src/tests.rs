@@ -249,3 +249,14 @@ fn encoding_within_a_limit_stops_past_it() {
     assert!(tok.encode_prompt_within(text, with_bos).is_ok());
     assert!(tok.encode_prompt_within(text, with_bos - 1).is_err());
 }
+
+#[test]
+fn bytes_a_vocabulary_drops_do_not_count_against_the_limit() {
+    // SmolLM2 has no token for 0x06: those bytes vanish, and a prompt of millions of them
+    // and one word fits a limit of a few tokens.
+    for tok in real_tokenizers() {
+        let text = format!("{}hi", "\u{6}".repeat(200_000));
+        let want = tok.encode(&text, true).unwrap();
+        assert_eq!(tok.encode_within(&text, true, want.len()).unwrap(), want);
+    }
+}

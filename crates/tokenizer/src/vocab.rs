@@ -123,6 +123,9 @@ pub(crate) struct Vocab {
     offsets: Vec<usize>,
     /// Bytes of the longest token (at least 1): no token covers more input than this.
     longest: usize,
+    /// Every byte has a token of its own, so byte-level BPE keeps every input byte (a
+    /// vocabulary without some drops them, as Hugging Face's tokenizer does).
+    covers_every_byte: bool,
 }
 
 impl Vocab {
@@ -165,12 +168,17 @@ impl Vocab {
             .max()
             .unwrap_or(0)
             .max(1);
+        let mut single = [false; 256];
+        for w in offsets.windows(2).filter(|w| w[1] - w[0] == 1) {
+            single[usize::from(bytes[w[0]])] = true;
+        }
         Ok(Vocab {
             pieces,
             types,
             bytes,
             offsets,
             longest,
+            covers_every_byte: single.iter().all(|&b| b),
         })
     }
 
@@ -180,6 +188,10 @@ impl Vocab {
 
     pub fn longest_token_bytes(&self) -> usize {
         self.longest
+    }
+
+    pub fn covers_every_byte(&self) -> bool {
+        self.covers_every_byte
     }
 
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
