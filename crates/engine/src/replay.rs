@@ -32,6 +32,9 @@ pub const MEDIAN_GENERATE_TOKENS: f64 = 48.0;
 /// No step appends or generates more than this (far beyond any model's context), so a
 /// typo in a trace is an error rather than an allocation that brings the process down.
 pub const MAX_STEP_TOKENS: u64 = 1 << 24;
+/// Nor does a whole trace append more: a short file of many maximal steps would otherwise
+/// ask for gigabytes of ids before the first step runs.
+pub const MAX_TRACE_TOKENS: usize = 1 << 24;
 
 /// What a step appends.
 #[derive(Debug, Clone, PartialEq)]
@@ -171,9 +174,21 @@ pub fn resolve(
     n_vocab: usize,
     tokenize: &dyn Fn(&str) -> Result<Vec<u32>>,
 ) -> Result<Vec<ResolvedStep>> {
+    let mut total = 0usize;
     steps
         .iter()
         .map(|s| {
+            total = total.saturating_add(match &s.append {
+                Append::Tokens(n) => *n,
+                Append::Text(t) => t.len(),
+            });
+            if total > MAX_TRACE_TOKENS {
+                return Err(EngineError::BadStep {
+                    session: s.session.clone(),
+                    step: s.step,
+                    reason: format!("the trace appends more than {MAX_TRACE_TOKENS} tokens in all"),
+                });
+            }
             let tokens = match &s.append {
                 Append::Text(t) => tokenize(t).map_err(|e| EngineError::BadStep {
                     session: s.session.clone(),

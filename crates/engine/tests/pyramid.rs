@@ -463,3 +463,14 @@ fn a_crashing_compile_is_an_error_for_the_session_that_needs_it_not_a_hang() {
     let too_big = WindowPyramid::new(backend, 1, KvType::F32, config(Arm::OnDemand, &[32], 33));
     assert!(matches!(too_big, Err(EngineError::BadConfig(_))));
 }
+
+#[test]
+fn a_trace_asking_for_more_tokens_than_any_replay_could_run_is_refused() {
+    use pyramid_engine::replay::MAX_TRACE_TOKENS;
+    let no_text = |_: &str| -> pyramid_engine::Result<Vec<u32>> { Ok(Vec::new()) };
+    // Seventeen maximal steps (each allowed alone) in one small file.
+    let huge = trace(&[MAX_TRACE_TOKENS / 16; 17], 1);
+    let err = resolve(&huge, 100, &no_text).unwrap_err().to_string();
+    assert!(err.contains("more than 16777216 tokens in all"), "{err}");
+    assert!(resolve(&trace(&[MAX_TRACE_TOKENS / 16; 2], 1), 100, &no_text).is_ok());
+}

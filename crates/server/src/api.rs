@@ -30,6 +30,16 @@ pub enum Prompt {
     Ids(Vec<u32>),
 }
 
+impl Prompt {
+    /// The request field the prompt came in, named by errors about it.
+    pub fn param(&self) -> &'static str {
+        match self {
+            Prompt::Chat(_) => "messages",
+            Prompt::Text(_) | Prompt::Ids(_) => "prompt",
+        }
+    }
+}
+
 /// The fields each endpoint implements; any other field in a body is refused with a 400
 /// naming it (as OpenAI answers an unrecognised argument), never silently ignored. A field
 /// set to `null` counts as absent.

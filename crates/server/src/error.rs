@@ -42,10 +42,10 @@ impl ApiError {
         }
     }
 
-    pub fn context_length_exceeded(needed: usize, limit: usize) -> Self {
+    pub fn context_length_exceeded(param: &str, needed: usize, limit: usize) -> Self {
         Self {
             code: Some("context_length_exceeded"),
-            param: Some("messages".into()),
+            param: Some(param.into()),
             ..Self::invalid_request(format!(
                 "this request needs {needed} tokens of context (the prompt plus one generated \
                  token), but the largest window is {limit} tokens"
@@ -55,10 +55,10 @@ impl ApiError {
 
     /// As [`ApiError::context_length_exceeded`] for a prompt whose tokenising stopped
     /// once it passed the limit, so only a lower bound of its length is known.
-    pub fn prompt_beyond_context(limit: usize) -> Self {
+    pub fn prompt_beyond_context(param: &str, limit: usize) -> Self {
         Self {
             code: Some("context_length_exceeded"),
-            param: Some("messages".into()),
+            param: Some(param.into()),
             ..Self::invalid_request(format!(
                 "the prompt is longer than the largest window ({limit} tokens, including one \
                  generated token)"

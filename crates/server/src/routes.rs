@@ -202,6 +202,7 @@ async fn generate(
         .map_err(|e| ApiError::bad_param("logit_bias", e.to_string()))?;
     // Tokenising a long prompt is real work: keep it off the async workers, a few at a
     // time. The permit is dropped with the request if the client leaves while waiting.
+    let prompt_param;
     let prompt = {
         let _permit = state
             .tokenizing
@@ -210,6 +211,7 @@ async fn generate(
             .map_err(|_| ApiError::shutting_down())?;
         let state = Arc::clone(&state);
         // The prompt's text is needed only to tokenise it: moved, not copied.
+        prompt_param = request.prompt.param();
         let prompt = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
         tokio::task::spawn_blocking(move || tokenize(&state, &prompt))
             .await
@@ -223,6 +225,7 @@ async fn generate(
         sampler: request.sampler.clone(),
         stop: request.stop.clone(),
         logprobs: request.logprobs,
+        prompt_param,
         events,
         submitted: Instant::now(),
     })?;
@@ -269,6 +272,7 @@ async fn read_body(limits: &Limits, body: Body) -> Result<Vec<u8>, ApiError> {
 /// fit the largest window, so an oversized prompt costs little.
 fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
     let limit = state.max_context.saturating_sub(1);
+    let param = prompt.param();
     let ids = match prompt {
         Prompt::Chat(messages) => {
             let template = state.template.as_ref().ok_or_else(|| {
@@ -293,21 +297,18 @@ fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
                 ));
             }
             if ids.len() > limit {
-                return Err(ApiError::prompt_beyond_context(state.max_context));
+                return Err(ApiError::prompt_beyond_context(param, state.max_context));
             }
             Ok(ids.clone())
         }
     }
     .map_err(|e| match e {
-        TokenizerError::TooManyTokens { .. } => ApiError::prompt_beyond_context(state.max_context),
+        TokenizerError::TooManyTokens { .. } => {
+            ApiError::prompt_beyond_context(param, state.max_context)
+        }
         e => ApiError::invalid_request(format!("the prompt cannot be tokenized: {e}")),
     })?;
     if ids.is_empty() {
-        let param = if matches!(prompt, Prompt::Chat(_)) {
-            "messages"
-        } else {
-            "prompt"
-        };
         return Err(ApiError::bad_param(param, "the prompt is empty"));
     }
     Ok(ids)

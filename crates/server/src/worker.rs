@@ -35,6 +35,9 @@ pub struct Job {
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
     pub logprobs: Option<usize>,
+    /// The request field holding the prompt (`messages` or `prompt`), named by errors
+    /// about it.
+    pub prompt_param: &'static str,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
 }
@@ -299,7 +302,8 @@ impl Worker {
             }
             CoreEvent::Failed { id, error } => {
                 if let Some(live) = self.remove(id) {
-                    let _ = live.job.events.send(Event::Failed(api_error(&error)));
+                    let failure = api_error(&error, live.job.prompt_param);
+                    let _ = live.job.events.send(Event::Failed(failure));
                 }
             }
         }
@@ -373,7 +377,7 @@ impl Worker {
 }
 
 /// The engine's refusal of a request as the API answers it.
-fn api_error(error: &EngineError) -> ApiError {
+fn api_error(error: &EngineError, prompt_param: &'static str) -> ApiError {
     match error {
         EngineError::Runtime(pyramid_runtime::RuntimeError::BadSamplingParameter { .. })
         | EngineError::BadRequest(_)
@@ -381,7 +385,7 @@ fn api_error(error: &EngineError) -> ApiError {
         EngineError::Runtime(pyramid_runtime::RuntimeError::BeyondLargestWindow {
             needed,
             largest,
-        }) => ApiError::context_length_exceeded(*needed, *largest),
+        }) => ApiError::context_length_exceeded(prompt_param, *needed, *largest),
         _ => ApiError::internal(error.to_string()),
     }
 }

@@ -79,9 +79,11 @@ def check_context_length():
     # ~100k tokens: beyond the largest window of any test model (SmolLM2 8k, Qwen2.5 32k).
     huge = " ".join(common.SENTENCES) * 170
     common.expect_api_error(chat_call(messages=[{"role": "user", "content": huge}]), openai.BadRequestError, 400,
-                            "chat with a ~100k-token prompt", code="context_length_exceeded")
+                            "chat with a ~100k-token prompt", code="context_length_exceeded",
+                            param="messages")
     common.expect_api_error(completion_call(prompt=huge), openai.BadRequestError, 400,
-                            "completions with a ~100k-token prompt", code="context_length_exceeded")
+                            "completions with a ~100k-token prompt", code="context_length_exceeded",
+                            param="prompt")
     ok("prompt beyond the largest window -> 400 context_length_exceeded")
 
 
