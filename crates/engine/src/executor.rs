@@ -248,7 +248,7 @@ impl Engine {
                 let (copied, prefaulted) = match &kv_pool {
                     Some(kv_pool) => {
                         let (mut grown, prefaulted) = kv_pool.take(window);
-                        let copied = placement.kv.copy_into(&mut grown, pool)?;
+                        let copied = placement.kv.copy_into(&mut grown)?;
                         placement.kv = grown;
                         (copied, prefaulted)
                     }

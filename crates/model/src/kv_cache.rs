@@ -20,7 +20,6 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::int8::quantize_row;
-use pyramid_kernels::{SharedSlice, ThreadPool};
 
 use crate::config::ModelConfig;
 use crate::{ModelError, Result};
@@ -174,49 +173,35 @@ impl Store {
     }
 
     /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
-    /// into `out`'s runs of `new_run` rows; with a pool its threads take whole runs each
-    /// (every run is one contiguous block in both stores).
-    #[allow(clippy::too_many_arguments)]
+    /// into `out`'s runs of `new_run` rows.
     fn copy_runs_into(
         &self,
         out: &mut Store,
-        pool: Option<&ThreadPool>,
         n_runs: usize,
         old_run: usize,
         new_run: usize,
         live: usize,
         hd: usize,
     ) {
-        fn copy<T: Copy + Send + Sync>(
-            pool: Option<&ThreadPool>,
+        fn copy<T: Copy>(
             src: &[T],
             out: &mut [T],
             n_runs: usize,
-            (old, new, live): (usize, usize, usize),
+            old: usize,
+            new: usize,
+            live: usize,
         ) {
-            let Some(pool) = pool else {
-                for r in 0..n_runs {
-                    out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
-                }
-                return;
-            };
-            let out = SharedSlice::new(out);
-            pool.run_team(&|team| {
-                for r in team.split(n_runs, 1) {
-                    // SAFETY: the team splits the runs disjointly and each run's rows
-                    // `r * new..r * new + live` lie inside run `r` (`live <= new`).
-                    let dst = unsafe { out.range_mut(r * new..r * new + live) };
-                    dst.copy_from_slice(&src[r * old..r * old + live]);
-                }
-            });
+            for r in 0..n_runs {
+                out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
+            }
         }
-        let elems = (old_run * hd, new_run * hd, live * hd);
+        let (old, new, rows) = (old_run * hd, new_run * hd, live * hd);
         match (self, out) {
-            (Store::F32(d), Store::F32(o)) => copy(pool, d, o, n_runs, elems),
-            (Store::F16(d), Store::F16(o)) => copy(pool, d, o, n_runs, elems),
+            (Store::F32(d), Store::F32(o)) => copy(d, o, n_runs, old, new, rows),
+            (Store::F16(d), Store::F16(o)) => copy(d, o, n_runs, old, new, rows),
             (Store::Int8 { q, scales }, Store::Int8 { q: oq, scales: os }) => {
-                copy(pool, q, oq, n_runs, elems);
-                copy(pool, scales, os, n_runs, (old_run, new_run, live));
+                copy(q, oq, n_runs, old, new, rows);
+                copy(scales, os, n_runs, old_run, new_run, live);
             }
             _ => unreachable!("caches of one type copy into each other"),
         }
@@ -234,7 +219,7 @@ impl Store {
         hd: usize,
     ) -> Self {
         let mut out = Store::new(self.kind(), n_runs * new_run, hd);
-        self.copy_runs_into(&mut out, None, n_runs, old_run, new_run, live, hd);
+        self.copy_runs_into(&mut out, n_runs, old_run, new_run, live, hd);
         out
     }
 }
@@ -397,10 +382,10 @@ impl KvCache {
     }
 
     /// Copies the live positions into `dst` (which must hold as many, be compact and of
-    /// the same model and type), replacing what it held, with `pool`'s threads each taking
-    /// whole (layer, head) runs; returns the bytes copied. Rows beyond them in `dst` are
-    /// left as they were: nothing reads positions past a cache's length.
-    pub fn copy_into(&self, dst: &mut KvCache, pool: &ThreadPool) -> Result<usize> {
+    /// the same model and type), replacing what it held; returns the bytes copied. Rows
+    /// beyond them in `dst` are left as they were: nothing reads positions past a cache's
+    /// length.
+    pub fn copy_into(&self, dst: &mut KvCache) -> Result<usize> {
         let same = dst.kind == self.kind
             && (dst.n_layer, dst.n_head_kv, dst.head_dim)
                 == (self.n_layer, self.n_head_kv, self.head_dim);
@@ -412,12 +397,10 @@ impl KvCache {
         }
         let n_runs = self.n_layer * self.n_head_kv;
         let hd = self.head_dim;
-        let (from, to, live) = (self.stride, dst.stride, self.len);
-        let pool = Some(pool);
         self.k
-            .copy_runs_into(&mut dst.k, pool, n_runs, from, to, live, hd);
+            .copy_runs_into(&mut dst.k, n_runs, self.stride, dst.stride, self.len, hd);
         self.v
-            .copy_runs_into(&mut dst.v, pool, n_runs, from, to, live, hd);
+            .copy_runs_into(&mut dst.v, n_runs, self.stride, dst.stride, self.len, hd);
         dst.len = self.len;
         Ok(self.used_bytes())
     }
