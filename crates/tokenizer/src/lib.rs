@@ -156,10 +156,9 @@ impl Tokenizer {
             match segment {
                 Segment::Added(id) => ids.push(id),
                 Segment::Text(plain) => {
-                    // No token is longer than the longest piece: beyond this, the limit
-                    // is exceeded whatever the text says. That holds only where every
-                    // byte reaches a token (a vocabulary without some byte tokens drops
-                    // those bytes) and for at most NFC's shrinking of the text.
+                    // No token covers more bytes than the longest piece: beyond this, the
+                    // limit is exceeded whatever the text says. Only bytes that have a
+                    // token count (BPE drops the others), with room for NFC's shrinking.
                     let room = limit.saturating_sub(ids.len());
                     let max_bytes = room
                         .saturating_mul(self.vocab.longest_token_bytes())
@@ -168,7 +167,7 @@ impl Tokenizer {
                         } else {
                             1
                         });
-                    if self.vocab.covers_every_byte() && plain.len() > max_bytes {
+                    if plain.len() > max_bytes && self.vocab.kept_bytes(plain) > max_bytes {
                         return Err(too_many());
                     }
                     for piece in chunks::pieces(plain, piece_bytes) {

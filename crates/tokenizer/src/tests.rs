@@ -258,5 +258,10 @@ fn bytes_a_vocabulary_drops_do_not_count_against_the_limit() {
         let text = format!("{}hi", "\u{6}".repeat(200_000));
         let want = tok.encode(&text, true).unwrap();
         assert_eq!(tok.encode_within(&text, true, want.len()).unwrap(), want);
+        // A text with no cut point is still refused from its length when it cannot fit.
+        let err = tok
+            .encode_within(&"x".repeat(1 << 20), true, 100)
+            .unwrap_err();
+        assert!(matches!(err, TokenizerError::TooManyTokens { .. }), "{err}");
     }
 }

@@ -123,9 +123,9 @@ pub(crate) struct Vocab {
     offsets: Vec<usize>,
     /// Bytes of the longest token (at least 1): no token covers more input than this.
     longest: usize,
-    /// Every byte has a token of its own, so byte-level BPE keeps every input byte (a
-    /// vocabulary without some drops them, as Hugging Face's tokenizer does).
-    covers_every_byte: bool,
+    /// Which bytes have a token of their own: byte-level BPE drops the others from text,
+    /// as Hugging Face's tokenizer does (SmolLM2 lacks eight).
+    byte_has_token: [bool; 256],
 }
 
 impl Vocab {
@@ -178,7 +178,7 @@ impl Vocab {
             bytes,
             offsets,
             longest,
-            covers_every_byte: single.iter().all(|&b| b),
+            byte_has_token: single,
         })
     }
 
@@ -190,8 +190,11 @@ impl Vocab {
         self.longest
     }
 
-    pub fn covers_every_byte(&self) -> bool {
-        self.covers_every_byte
+    /// The bytes of `text` that reach some token (all of them, for most vocabularies).
+    pub fn kept_bytes(&self, text: &str) -> usize {
+        text.bytes()
+            .filter(|&b| self.byte_has_token[usize::from(b)])
+            .count()
     }
 
     pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
