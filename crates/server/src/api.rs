@@ -79,7 +79,7 @@ const COMPLETION_FIELDS: &[&str] = &[
     "user",
 ];
 
-/// Fields clients commonly send that pyramid does not implement, with what to do instead.
+/// Fields clients commonly send that pyramid does not implement, with the reason its 400 gives.
 fn unsupported(field: &str) -> Option<&'static str> {
     Some(match field {
         "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call" => {
@@ -92,7 +92,7 @@ fn unsupported(field: &str) -> Option<&'static str> {
     })
 }
 
-/// Logit biases are clamped to this, as in OpenAI's API.
+/// A logit bias must lie within ± this, as in OpenAI's API.
 const MAX_LOGIT_BIAS: f64 = 100.0;
 
 /// A validated generation request.
