@@ -2,6 +2,10 @@
 
 use rand::{Rng, SeedableRng};
 
+use crate::int4::{gemm_i4_cols, gemm_i4_with, PackedI4};
+use crate::int8::{gemm_i8_cols, gemm_i8_with, PackedI8, QuantizedRows, QuantizedView};
+use crate::{Isa, SharedSlice, ThreadPool};
+
 /// `len` seeded values in `[-1, 1)`.
 pub fn random(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -26,3 +30,119 @@ pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 8] = [
 /// checked bit-exactly too.
 pub const L2_CROSSING_GEMM_SHAPES: [(usize, usize, usize); 3] =
     [(5, 112, 4864), (3, 208, 4864), (1, 896, 4864)];
+
+/// A packed integer weight format, as the GEMM tests drive it: the same checks hold for
+/// INT8 and INT4.
+pub trait PackedGemm: Sized {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self;
+    fn k_pad(&self) -> usize;
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]);
+    /// # Safety
+    /// As the format's `*_cols` function.
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    );
+}
+
+impl PackedGemm for PackedI8 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        PackedI8::quantize(w, n, k)
+    }
+    fn k_pad(&self) -> usize {
+        self.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i8_with(isa, pool, a, w, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i8_cols(isa, a, w, out, cols)
+    }
+}
+
+impl PackedGemm for PackedI4 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        PackedI4::quantize(w, n, k)
+    }
+    fn k_pad(&self) -> usize {
+        self.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i4_with(isa, pool, a, w, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i4_cols(isa, a, w, out, cols)
+    }
+}
+
+/// Seeded `[n, k]` weights packed as `W` and `[m, k]` activations quantised to match.
+fn operands<W: PackedGemm>(m: usize, k: usize, n: usize, seeds: (u64, u64)) -> (W, QuantizedRows) {
+    let w = W::pack(&random(n * k, seeds.0), n, k);
+    let mut a = QuantizedRows::default();
+    a.quantize(&random(m * k, seeds.1), m, k, w.k_pad());
+    (w, a)
+}
+
+/// Every ISA's product equals the scalar oracle's bit for bit, on each of `shapes` and
+/// pools of each of `threads`; `seeds` are the weights' and the activations'.
+pub fn assert_every_isa_matches_scalar<W: PackedGemm>(
+    shapes: &[(usize, usize, usize)],
+    threads: &[usize],
+    seeds: (u64, u64),
+) {
+    for &n_threads in threads {
+        let pool = ThreadPool::new(n_threads).unwrap();
+        for &(m, k, n) in shapes {
+            let (w, a) = operands::<W>(m, k, n, seeds);
+            let mut expected = vec![0.0; m * n];
+            W::gemm_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
+            for isa in Isa::available() {
+                let mut got = vec![f32::NAN; m * n];
+                W::gemm_with(isa, &pool, &a.view(), &w, &mut got);
+                assert_eq!(got, expected, "{isa} threads={n_threads} m={m} k={k} n={n}");
+            }
+        }
+    }
+}
+
+/// A trailing thread's share of n = 7 on two threads is `7..7`: it owns no block, and
+/// must write nothing.
+pub fn assert_an_empty_column_range_writes_nothing<W: PackedGemm>() {
+    let (m, k, n) = (2, 40, 7);
+    let (w, a) = operands::<W>(m, k, n, (2, 1));
+    for isa in Isa::available() {
+        let mut out = vec![f32::NAN; m * n];
+        let shared = SharedSlice::new(&mut out);
+        // SAFETY: no other thread touches `out`.
+        unsafe { W::gemm_cols(isa, &a.view(), &w, &shared, 7..7) };
+        assert!(
+            out.iter().all(|v| v.is_nan()),
+            "{isa} wrote outside its columns"
+        );
+    }
+}
+
+/// Columns `0..7` of 40 end inside a block, which another thread would share: refused.
+pub fn refuse_a_range_ending_inside_a_block<W: PackedGemm>() {
+    let (m, k, n) = (1, 32, 40);
+    let (w, a) = operands::<W>(m, k, n, (2, 1));
+    let mut out = vec![0.0; m * n];
+    let shared = SharedSlice::new(&mut out);
+    // SAFETY: no other thread touches `out`.
+    unsafe { W::gemm_cols(Isa::Scalar, &a.view(), &w, &shared, 0..7) };
+}

@@ -245,74 +245,30 @@ pub unsafe fn gemm_i4_cols(
 mod tests {
     use super::*;
     use crate::int8::QuantizedRows;
-    use crate::test_support::{random, L2_CROSSING_GEMM_SHAPES, RAGGED_GEMM_SHAPES};
+    use crate::test_support::{
+        assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
+        refuse_a_range_ending_inside_a_block, L2_CROSSING_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
+    };
 
     #[test]
     fn every_isa_matches_scalar_exactly_across_l2_chunks() {
-        for threads in [1, 2] {
-            let pool = ThreadPool::new(threads).unwrap();
-            for (m, k, n) in L2_CROSSING_GEMM_SHAPES {
-                let w = PackedI4::quantize(&random(n * k, 7), n, k);
-                let mut a = QuantizedRows::default();
-                a.quantize(&random(m * k, 8), m, k, w.k_pad);
-                let mut expected = vec![0.0; m * n];
-                gemm_i4_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
-                for isa in Isa::available() {
-                    let mut got = vec![f32::NAN; m * n];
-                    gemm_i4_with(isa, &pool, &a.view(), &w, &mut got);
-                    assert_eq!(got, expected, "{isa} threads={threads} m={m} k={k} n={n}");
-                }
-            }
-        }
+        assert_every_isa_matches_scalar::<PackedI4>(&L2_CROSSING_GEMM_SHAPES, &[1, 2], (7, 8));
     }
 
     #[test]
     fn an_empty_column_range_writes_nothing() {
-        // A trailing thread's share of n = 7 on two threads is 7..7: it owns no block.
-        let (m, k, n) = (2, 40, 7);
-        let w = PackedI4::quantize(&random(n * k, 2), n, k);
-        let mut a = QuantizedRows::default();
-        a.quantize(&random(m * k, 1), m, k, w.k_pad);
-        for isa in Isa::available() {
-            let mut out = vec![f32::NAN; m * n];
-            let shared = SharedSlice::new(&mut out);
-            // SAFETY: no other thread touches `out`.
-            unsafe { gemm_i4_cols(isa, &a.view(), &w, &shared, 7..7) };
-            assert!(
-                out.iter().all(|v| v.is_nan()),
-                "{isa} wrote outside its columns"
-            );
-        }
+        assert_an_empty_column_range_writes_nothing::<PackedI4>();
     }
 
     #[test]
     #[should_panic(expected = "end on a block or at n")]
     fn a_range_ending_inside_a_block_is_refused() {
-        let (m, k, n) = (1, 32, 40);
-        let w = PackedI4::quantize(&random(n * k, 2), n, k);
-        let mut a = QuantizedRows::default();
-        a.quantize(&random(m * k, 1), m, k, w.k_pad);
-        let mut out = vec![0.0; m * n];
-        let shared = SharedSlice::new(&mut out);
-        // SAFETY: no other thread touches `out`.
-        unsafe { gemm_i4_cols(Isa::Scalar, &a.view(), &w, &shared, 0..7) };
+        refuse_a_range_ending_inside_a_block::<PackedI4>();
     }
 
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
-        let pool = ThreadPool::new(2).unwrap();
-        for (m, k, n) in RAGGED_GEMM_SHAPES {
-            let w = PackedI4::quantize(&random(n * k, 2), n, k);
-            let mut a = QuantizedRows::default();
-            a.quantize(&random(m * k, 1), m, k, w.k_pad);
-            let mut expected = vec![0.0; m * n];
-            gemm_i4_with(Isa::Scalar, &pool, &a.view(), &w, &mut expected);
-            for isa in Isa::available() {
-                let mut got = vec![f32::NAN; m * n];
-                gemm_i4_with(isa, &pool, &a.view(), &w, &mut got);
-                assert_eq!(got, expected, "{isa} m={m} k={k} n={n}");
-            }
-        }
+        assert_every_isa_matches_scalar::<PackedI4>(&RAGGED_GEMM_SHAPES, &[2], (2, 1));
     }
 
     #[test]
