@@ -40,14 +40,12 @@ impl Prompt {
     }
 }
 
-/// The fields each endpoint implements; any other field in a body is refused with a 400
-/// naming it (as OpenAI answers an unrecognised argument), never silently ignored. A field
-/// set to `null` counts as absent.
-const CHAT_FIELDS: &[&str] = &[
+/// The fields both endpoints implement, then each one's own; any other field in a body is
+/// refused with a 400 naming it (as OpenAI answers an unrecognised argument), never
+/// silently ignored. A field set to `null` counts as absent.
+const SHARED_FIELDS: &[&str] = &[
     "model",
-    "messages",
     "max_tokens",
-    "max_completion_tokens",
     "temperature",
     "top_p",
     "n",
@@ -58,26 +56,15 @@ const CHAT_FIELDS: &[&str] = &[
     "presence_penalty",
     "frequency_penalty",
     "logit_bias",
+    "user",
+];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
     "logprobs",
     "top_logprobs",
-    "user",
 ];
-const COMPLETION_FIELDS: &[&str] = &[
-    "model",
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "n",
-    "stream",
-    "stream_options",
-    "stop",
-    "seed",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "user",
-];
+const COMPLETION_FIELDS: &[&str] = &["prompt"];
 
 /// Fields clients commonly send that pyramid does not implement, with the reason its 400 gives.
 fn unsupported(field: &str) -> Option<&'static str> {
@@ -121,10 +108,9 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         Endpoint::Chat => CHAT_FIELDS,
         Endpoint::Completion => COMPLETION_FIELDS,
     };
-    if let Some((field, _)) = obj
-        .iter()
-        .find(|(k, v)| !v.is_null() && !known.contains(&k.as_str()))
-    {
+    if let Some((field, _)) = obj.iter().find(|(k, v)| {
+        !v.is_null() && !SHARED_FIELDS.contains(&k.as_str()) && !known.contains(&k.as_str())
+    }) {
         let why = unsupported(field).unwrap_or("it is not a field of this endpoint");
         return Err(ApiError::bad_param(
             field.clone(),
