@@ -165,8 +165,9 @@ pub const SPECIAL_TOKENS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_en
 const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
 /// GPT-2's byte-to-character table: printable bytes stand for themselves, the rest are
-/// shifted above U+0100 so every token is a printable string.
-fn byte_char(b: u8) -> char {
+/// shifted above U+0100 so every token is a printable string. Written here apart from the
+/// tokenizer's, so vocabularies built for tests do not depend on the code under test.
+pub fn byte_char(b: u8) -> char {
     let printable = |b: u8| {
         (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
     };
@@ -362,5 +363,7 @@ mod tests {
         assert_eq!(byte_char(b'\n'), '\u{10A}');
         assert_eq!(byte_char(0), '\u{100}');
         assert_eq!(byte_char(0xAD), '\u{143}');
+        assert_eq!(byte_char(b'\t'), '\u{109}');
+        assert_eq!(byte_char(0xFF), '\u{FF}');
     }
 }

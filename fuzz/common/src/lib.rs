@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 
 use pyramid_gguf::{Metadata, Value};
+use pyramid_model::synthetic::byte_char;
 
 /// One name per rule set in `PreType`: Default, Gpt2, Llama3, Qwen2, Smollm.
 pub const PRE_TYPES: [&str; 5] = ["default", "gpt2", "llama-bpe", "qwen2", "smollm"];
@@ -70,27 +71,10 @@ const TOY_ADDED: &[(&str, i32)] = &[
     ("→", 4),
 ];
 
-/// GPT-2's byte-to-character map: printable Latin-1 bytes stand for themselves, the other
-/// 68 bytes for U+0100.. in byte order. Written out again here (the tokenizer crate keeps its
-/// copy private) so the vocabulary below does not depend on the code under test.
+/// Byte-level pieces for `bytes`, through the synthetic models' GPT-2 byte table (kept apart
+/// from the tokenizer, so the vocabulary below does not depend on the code under test).
 pub fn byte_level_encode(bytes: &[u8]) -> String {
-    let char_of = |b: u8| -> char {
-        let mut n_shifted = 0u32;
-        for c in 0..=b {
-            let printable = (0x21..=0x7E).contains(&c) || (0xA1..=0xAC).contains(&c) || c >= 0xAE;
-            if !printable {
-                n_shifted += 1;
-            }
-        }
-        let printable = (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || b >= 0xAE;
-        let code = if printable {
-            u32::from(b)
-        } else {
-            255 + n_shifted
-        };
-        char::from_u32(code).expect("U+0000..U+0144 are all scalar values")
-    };
-    bytes.iter().map(|&b| char_of(b)).collect()
+    bytes.iter().map(|&b| byte_char(b)).collect()
 }
 
 /// The toy vocabulary as GGUF metadata for pre-tokenizer `pre`: 256 byte tokens, one token
@@ -162,19 +146,4 @@ pub fn model_files() -> Vec<PathBuf> {
 /// The fields of `data` between `\0` bytes.
 pub fn nul_fields(data: &[u8]) -> impl Iterator<Item = &[u8]> {
     data.split(|&b| b == 0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn byte_level_alphabet_matches_gpt2() {
-        assert_eq!(byte_level_encode(b" "), "Ġ");
-        assert_eq!(byte_level_encode(b"\n"), "Ċ");
-        assert_eq!(byte_level_encode(b"\t"), "ĉ");
-        assert_eq!(byte_level_encode(b"a"), "a");
-        assert_eq!(byte_level_encode(&[0xAD]), "Ń");
-        assert_eq!(byte_level_encode(&[0xFF]), "ÿ");
-    }
 }
