@@ -64,6 +64,8 @@ pub(crate) struct Sequence {
     pub last_token: Option<Instant>,
     /// Since when it waits for an artifact or memory to move to a larger window.
     pub stalled_since: Option<Instant>,
+    /// Time spent on the constraint's masks.
+    pub mask_time: Duration,
 }
 
 impl Sequence {
@@ -270,6 +272,7 @@ impl Engine {
         }
         let largest = self.config.pyramid.ladder.largest();
         let mut finished = Vec::new();
+        let mut failed = Vec::new();
         for (id, mut logits) in executed.logits {
             let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) else {
                 continue;
@@ -279,7 +282,22 @@ impl Engine {
             }
             // Log-probabilities are of the model's distribution, before sampling reshapes it.
             let raw = seq.request.logprobs.map(|k| (k, logits.clone()));
+            if let Some(constraint) = seq.request.constraint.as_mut() {
+                let started = Instant::now();
+                let masked = constraint.mask_logits(&mut logits);
+                seq.mask_time += started.elapsed();
+                if let Err(error) = masked {
+                    failed.push((id, error));
+                    continue;
+                }
+            }
             let token = seq.sampler.sample(&mut logits, seq.session.tokens());
+            if let Some(constraint) = seq.request.constraint.as_mut() {
+                if let Err(error) = constraint.accept(token) {
+                    failed.push((id, error));
+                    continue;
+                }
+            }
             let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
             let now = Instant::now();
             seq.first_token.get_or_insert(now);
@@ -290,7 +308,12 @@ impl Engine {
                 token,
                 logprobs,
             });
-            let reason = if seq.request.stop_tokens.contains(&token) {
+            let complete = seq
+                .request
+                .constraint
+                .as_ref()
+                .is_some_and(|c| c.is_finished());
+            let reason = if seq.request.stop_tokens.contains(&token) || complete {
                 Some(FinishReason::Stop)
             } else if seq.generated >= seq.request.max_tokens || seq.session.len() + 1 > largest {
                 // The next decode would need a position beyond the largest window.
@@ -302,6 +325,16 @@ impl Engine {
                 Some(reason) => finished.push((id, reason)),
                 None => seq.next_input = Some(token),
             }
+        }
+        for (id, error) in failed {
+            if let Some(i) = self.running.iter().position(|s| s.request.id == id) {
+                let seq = self.running.swap_remove(i);
+                self.retire(seq.session);
+            }
+            self.events.push(Event::Failed {
+                id,
+                error: EngineError::Grammar(error),
+            });
         }
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.request.id == id) else {
@@ -526,5 +559,6 @@ fn timings_of(seq: &Sequence) -> Timings {
         decode_ms: ms(first, seq.last_token.unwrap_or(first)),
         n_decode: seq.generated.saturating_sub(1),
         queue_ms: ms(seq.submitted, seq.admitted),
+        mask_ms: seq.mask_time.as_secs_f64() * 1e3,
     }
 }

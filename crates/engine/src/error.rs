@@ -20,6 +20,8 @@ pub enum EngineError {
     OverBudget { bytes: usize, budget: usize },
     #[error("{0}")]
     BadRequest(String),
+    #[error(transparent)]
+    Grammar(#[from] pyramid_grammar::GrammarError),
     #[error("the pass failed: {0}")]
     Pass(String),
     #[error("the artifacts of window {window} are unavailable: {reason}")]

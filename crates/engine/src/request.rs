@@ -4,6 +4,7 @@
 //! with [`Event`]s. Detokenisation, stop strings and the formatting of log-probabilities
 //! belong to whoever drives the engine (the server, the CLI).
 
+use pyramid_grammar::Constraint;
 use pyramid_runtime::SamplerConfig;
 use serde::Serialize;
 
@@ -24,6 +25,9 @@ pub struct Request {
     pub stop_tokens: Vec<u32>,
     /// Log-probabilities of each sampled token and of the `k` most likely ones.
     pub logprobs: Option<usize>,
+    /// A grammar the reply must follow: tokens it forbids are masked before sampling,
+    /// and the reply ends (`Stop`) when the grammar is complete.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -36,6 +40,7 @@ impl Request {
             sampler: SamplerConfig::greedy(),
             stop_tokens: Vec::new(),
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -82,6 +87,8 @@ pub struct Timings {
     pub n_decode: usize,
     /// From submission to admission: time spent queued.
     pub queue_ms: f64,
+    /// Spent computing the grammar's token masks (0 without a constraint).
+    pub mask_ms: f64,
 }
 
 impl Timings {

@@ -16,7 +16,7 @@
 //!   [`Arm::Predictive`], the next window compiles when the predictor expects the crossing
 //!   sooner than the compile would take.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pyramid_runtime::{ArtifactShape, Sampler};
 
@@ -368,6 +368,7 @@ impl Engine {
                 first_token: None,
                 last_token: None,
                 stalled_since: None,
+                mask_time: Duration::ZERO,
             };
             seq.session.truncate(reused);
             if seq.session.is_empty() {

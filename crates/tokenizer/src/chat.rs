@@ -19,9 +19,23 @@ pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 /// One chat turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, or whatever else the template understands.
+    /// `system`, `user`, `assistant`, `tool`, or whatever else the template understands.
     pub role: String,
     pub content: String,
+    /// The functions an assistant turn called.
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` turn answers.
+    pub tool_call_id: Option<String>,
+}
+
+/// A function call in an assistant turn, as templates read it
+/// (`tool_call.function.name`, `tool_call.function.arguments`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as a JSON value (templates print them with `tojson`).
+    pub arguments: serde_json::Value,
 }
 
 impl ChatMessage {
@@ -29,13 +43,46 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+
+    /// The message as Hugging Face passes it to templates: `tool_calls` and
+    /// `tool_call_id` only where present.
+    fn to_value(&self) -> Value {
+        let mut fields = vec![
+            ("role", Value::from(self.role.as_str())),
+            ("content", Value::from(self.content.as_str())),
+        ];
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    context! {
+                        id => c.id,
+                        type => "function",
+                        function => context! {
+                            name => c.name,
+                            arguments => Value::from_serialize(&c.arguments),
+                        },
+                    }
+                })
+                .collect();
+            fields.push(("tool_calls", Value::from(calls)));
+        }
+        if let Some(id) = &self.tool_call_id {
+            fields.push(("tool_call_id", Value::from(id.as_str())));
+        }
+        Value::from_iter(fields)
     }
 }
 
 /// A compiled chat template, rendered the way Hugging Face's `apply_chat_template` does:
 /// `trim_blocks` and `lstrip_blocks` on, Python string/dict methods available, a
-/// `raise_exception(msg)` function, and `bos_token`, `eos_token`, `tools` (none) in scope.
+/// `raise_exception(msg)` function, transformers' `tojson`, and `bos_token`,
+/// `eos_token` and `tools` in scope.
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
@@ -68,6 +115,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", crate::pyjson::tojson);
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Debug info would put the template's variables (the conversation) into error
         // text sent to clients, and minijinja's renders of it can panic on a malformed
@@ -100,21 +148,40 @@ impl ChatTemplate {
         &self.source
     }
 
+    /// Whether the template reads a `tools` variable (Qwen2.5's does, SmolLM2's does not).
+    pub fn takes_tools(&self) -> bool {
+        self.source.contains("tools")
+    }
+
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
     /// reply begins (e.g. after `<|im_start|>assistant\n`).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| context! { role => m.role, content => m.content })
-            .collect();
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools`: OpenAI-style tool definitions
+    /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), which
+    /// the template prints where the model expects them. No tools is `tools=None`.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[serde_json::Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
+        // transformers passes `tools=None` when no tools are given.
+        let tools = if tools.is_empty() {
+            Value::from(())
+        } else {
+            Value::from_serialize(tools)
+        };
         let template = self.env.get_template(TEMPLATE_NAME)?;
         let ctx = context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
-            // transformers passes `tools=None` when no tools are given.
-            tools => Value::from(()),
+            tools => tools,
         };
         let mut out = CappedText::default();
         match template.render_captured_to(ctx, &mut out) {

@@ -18,13 +18,14 @@ mod chat;
 mod chunks;
 mod error;
 mod pretokenize;
+mod pyjson;
 mod special;
 mod stream;
 mod vocab;
 
 use pyramid_gguf::Metadata;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ToolCall};
 pub use error::{Result, TokenizerError};
 pub use pretokenize::PreType;
 pub use stream::StreamDecoder;
