@@ -154,8 +154,8 @@ impl GrammarVocab {
             trie: TokTrie::from(&info, &words),
             tokenizer,
         });
-        let mut factory = ParserFactory::new_simple(&env)
-            .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
         Ok(GrammarVocab {
             factory: Arc::new(factory),
@@ -303,10 +303,7 @@ impl Constraint {
 fn apply_mask(mask: &SimpleVob, n_vocab: usize, logits: &mut [f32]) {
     let words = mask.as_slice();
     let in_vocab = n_vocab.min(logits.len());
-    for (w, chunk) in logits[..in_vocab]
-        .chunks_mut(32)
-        .enumerate()
-    {
+    for (w, chunk) in logits[..in_vocab].chunks_mut(32).enumerate() {
         let bits = words.get(w).copied().unwrap_or(0);
         if bits == u32::MAX && chunk.len() == 32 {
             continue;

@@ -33,9 +33,13 @@ fn sample(vocab: &GrammarVocab, tok: &Tokenizer, grammar: &Grammar, rng: &mut St
     // Logits are as wide as the output matrix, which may exceed the vocabulary.
     let mut logits = vec![0f32; tok.n_vocab() + 64];
     for _ in 0..400 {
-        logits.iter_mut().for_each(|l| *l = rng.random_range(-1.0..1.0));
+        logits
+            .iter_mut()
+            .for_each(|l| *l = rng.random_range(-1.0..1.0));
         constraint.mask_logits(&mut logits).unwrap();
-        assert!(logits[tok.n_vocab()..].iter().all(|l| *l == f32::NEG_INFINITY));
+        assert!(logits[tok.n_vocab()..]
+            .iter()
+            .all(|l| *l == f32::NEG_INFINITY));
         let (token, _) = logits
             .iter()
             .enumerate()
@@ -91,13 +95,18 @@ fn check_person(v: &Value) {
     if let Some(tags) = o.get("tags") {
         let tags = tags.as_array().unwrap();
         assert!(tags.len() <= 3);
-        assert!(tags.iter().all(|t| t.as_str().unwrap().chars().count() <= 6));
+        assert!(tags
+            .iter()
+            .all(|t| t.as_str().unwrap().chars().count() <= 6));
     }
     let addr = o["address"].as_object().unwrap();
     assert_eq!(addr.len(), 2);
     assert!(addr["city"].as_str().unwrap().chars().count() <= 10);
     let zip = addr["zip"].as_str().unwrap();
-    assert!(zip.len() == 5 && zip.bytes().all(|b| b.is_ascii_digit()), "{zip}");
+    assert!(
+        zip.len() == 5 && zip.bytes().all(|b| b.is_ascii_digit()),
+        "{zip}"
+    );
     if let Some(score) = o.get("score") {
         assert!((-1.0..=1.0).contains(&score.as_f64().unwrap()));
     }
@@ -131,7 +140,10 @@ fn sampled_json_validates_against_its_schema_on_both_vocabularies() {
             let value: Value = serde_json::from_str(&text).unwrap();
             let object = value.as_object().unwrap();
             assert!(object.len() <= 2, "{text}");
-            assert!(object.values().all(|v| v.as_u64().is_some_and(|v| v <= 9)), "{text}");
+            assert!(
+                object.values().all(|v| v.as_u64().is_some_and(|v| v <= 9)),
+                "{text}"
+            );
         }
     }
 }
@@ -179,7 +191,9 @@ fn end_tokens_are_allowed_only_where_the_grammar_may_end() {
 fn a_token_the_mask_forbids_is_an_error_not_a_panic() {
     let tok = tokenizer(MODELS[0]);
     let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
-    let mut c = vocab.compile(&Grammar::JsonSchema(json!({"type": "integer"}))).unwrap();
+    let mut c = vocab
+        .compile(&Grammar::JsonSchema(json!({"type": "integer"})))
+        .unwrap();
     let letter = tok.encode("x", false).unwrap()[0];
     assert!(matches!(c.accept(letter), Err(GrammarError::Matcher(_))));
 }
@@ -190,14 +204,24 @@ fn unsupported_keywords_and_bad_grammars_are_named() {
     let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
     for (schema, named) in [
         (json!({"type": "string", "not": {"const": "x"}}), "not"),
-        (json!({"type": "object", "dependentRequired": {"a": ["b"]}}), "dependentRequired"),
+        (
+            json!({"type": "object", "dependentRequired": {"a": ["b"]}}),
+            "dependentRequired",
+        ),
         (json!({"type": "array", "uniqueItems": true}), "uniqueItems"),
     ] {
-        let err = vocab.compile(&Grammar::JsonSchema(schema)).unwrap_err().to_string();
+        let err = vocab
+            .compile(&Grammar::JsonSchema(schema))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(named), "{err}");
     }
-    let err = vocab.compile(&Grammar::JsonSchema(json!(["not", "a", "schema"]))).unwrap_err();
+    let err = vocab
+        .compile(&Grammar::JsonSchema(json!(["not", "a", "schema"])))
+        .unwrap_err();
     assert!(err.to_string().contains("must be an object"), "{err}");
-    let err = vocab.compile(&Grammar::Lark("start: undefined_rule".into())).unwrap_err();
+    let err = vocab
+        .compile(&Grammar::Lark("start: undefined_rule".into()))
+        .unwrap_err();
     assert!(err.to_string().contains("undefined_rule"), "{err}");
 }

@@ -3,13 +3,15 @@
 //! Requests are read from a `serde_json::Value` field by field rather than derived: a
 //! wrong type or value then becomes a 400 naming the parameter as the client spelled it
 //! (`messages[2].content`, `top_p`), where a derived deserialiser would report a line and
-//! column. Unknown fields are ignored, as OpenAI's own clients send many.
+//! column. A field pyramid does not implement is refused by name (see [`SHARED_FIELDS`]).
 
+use pyramid_grammar::Grammar;
 use pyramid_runtime::SamplerConfig;
-use pyramid_tokenizer::ChatMessage;
+use pyramid_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::tools::ToolSet;
 
 /// At most this many stop strings, as in OpenAI's API.
 const MAX_STOPS: usize = 4;
@@ -63,18 +65,23 @@ const CHAT_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "logprobs",
     "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
 ];
 const COMPLETION_FIELDS: &[&str] = &["prompt"];
 
 /// Fields clients commonly send that pyramid does not implement, with the reason its 400 gives.
 fn unsupported(field: &str) -> Option<&'static str> {
     Some(match field {
-        "tools" | "tool_choice" | "parallel_tool_calls" | "functions" | "function_call" => {
-            "tool calls are not supported yet"
+        "functions" | "function_call" => {
+            "the legacy functions API is not supported: use 'tools' and 'tool_choice'"
         }
-        "response_format" => "structured output (response_format) is not supported yet",
         "echo" | "suffix" | "best_of" => "it is not supported",
-        "logprobs" => "'logprobs' is supported on /v1/chat/completions only",
+        "logprobs" | "tools" | "tool_choice" | "parallel_tool_calls" | "response_format" => {
+            "it is supported on /v1/chat/completions only"
+        }
         _ => return None,
     })
 }
@@ -96,6 +103,10 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     /// `Some(k)`: report each token's logprob and its `k` most likely alternatives.
     pub logprobs: Option<usize>,
+    /// Tools the model may call (chat only).
+    pub tools: Option<ToolSet>,
+    /// `response_format`: the JSON the reply must be (chat only).
+    pub response_format: Option<Grammar>,
 }
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -240,6 +251,10 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         }
         Endpoint::Completion => None,
     };
+    let (tools, response_format) = match endpoint {
+        Endpoint::Chat => (ToolSet::parse(&obj)?, response_format(&obj)?),
+        Endpoint::Completion => (None, None),
+    };
     Ok(GenerationRequest {
         endpoint,
         model,
@@ -250,7 +265,67 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         stream,
         include_usage,
         logprobs,
+        tools,
+        response_format,
     })
+}
+
+/// `{"type": "text"}`, `{"type": "json_object"}`, or
+/// `{"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}}`.
+/// The schema is always enforced, `strict` or not.
+fn response_format(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
+    let format = match obj.get("response_format") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(f)) => f,
+        Some(_) => {
+            return Err(ApiError::bad_param(
+                "response_format",
+                "'response_format' must be an object",
+            ))
+        }
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Grammar::any_json_object())),
+        Some("json_schema") => {
+            let at = "response_format.json_schema";
+            let spec = format
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| ApiError::bad_param(at, format!("'{at}' must be an object")))?;
+            match spec.get("name") {
+                Some(Value::String(n)) if !n.is_empty() => {}
+                _ => {
+                    return Err(ApiError::bad_param(
+                        format!("{at}.name"),
+                        format!("'{at}.name' is required"),
+                    ))
+                }
+            }
+            if let Some(field) = spec
+                .keys()
+                .find(|k| !["name", "schema", "strict", "description"].contains(&k.as_str()))
+            {
+                return Err(ApiError::bad_param(
+                    format!("{at}.{field}"),
+                    format!("'{at}.{field}' is not a field of a JSON schema format"),
+                ));
+            }
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema(schema.clone()))),
+                // OpenAI takes a missing schema as any JSON object.
+                None | Some(Value::Null) => Ok(Some(Grammar::any_json_object())),
+                Some(_) => Err(ApiError::bad_param(
+                    format!("{at}.schema"),
+                    format!("'{at}.schema' must be a JSON schema object"),
+                )),
+            }
+        }
+        _ => Err(ApiError::bad_param(
+            "response_format.type",
+            "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
 }
 
 fn random_seed() -> u64 {
@@ -325,9 +400,73 @@ fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
                     ))
                 }
             };
-            Ok(ChatMessage::new(role, content))
+            let mut message = ChatMessage::new(role, content);
+            match m.get("tool_calls") {
+                None | Some(Value::Null) => {}
+                Some(Value::Array(calls)) if role == "assistant" => {
+                    message.tool_calls = calls
+                        .iter()
+                        .enumerate()
+                        .map(|(j, c)| tool_call(c, &at(&format!("tool_calls[{j}]"))))
+                        .collect::<Result<_, _>>()?;
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        at("tool_calls"),
+                        format!(
+                            "{} must be an array, on assistant messages",
+                            at("tool_calls")
+                        ),
+                    ))
+                }
+            }
+            match m.get("tool_call_id") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(id)) if role == "tool" => {
+                    message.tool_call_id = Some(id.clone())
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        at("tool_call_id"),
+                        format!("{} must be a string, on tool messages", at("tool_call_id")),
+                    ))
+                }
+            }
+            Ok(message)
         })
         .collect()
+}
+
+/// `{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments a JSON
+/// object in a string as OpenAI sends them (templates print them as JSON).
+fn tool_call(call: &Value, at: &str) -> Result<ToolCall, ApiError> {
+    let bad = |field: &str, what: &str| {
+        ApiError::bad_param(format!("{at}.{field}"), format!("{at}.{field} {what}"))
+    };
+    let function = call
+        .get("function")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("function", "must be an object"))?;
+    let name = function
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("function.name", "must be a string"))?;
+    let arguments = match function.get("arguments") {
+        Some(Value::String(text)) => serde_json::from_str(text)
+            .map_err(|e| bad("function.arguments", &format!("is not valid JSON: {e}")))?,
+        Some(v @ Value::Object(_)) => v.clone(),
+        None | Some(Value::Null) => Value::Object(Map::new()),
+        Some(_) => return Err(bad("function.arguments", "must be a JSON string")),
+    };
+    Ok(ToolCall {
+        id: call
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        name: name.to_string(),
+        arguments,
+    })
 }
 
 fn text_parts(parts: &[Value], at: &str) -> Result<String, ApiError> {
@@ -572,14 +711,7 @@ mod tests {
     #[test]
     fn every_field_is_implemented_or_refused_by_name() {
         let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
-        for field in [
-            "tools",
-            "tool_choice",
-            "response_format",
-            "functions",
-            "echo",
-            "whatever",
-        ] {
+        for field in ["functions", "function_call", "echo", "whatever"] {
             let body = format!(r#"{{"model": "m", {msgs}, "{field}": {{}}}}"#);
             let err = chat(&body).unwrap_err();
             assert_eq!(

@@ -20,6 +20,7 @@ pub mod error;
 pub mod listen;
 pub mod metrics;
 pub mod routes;
+pub mod tools;
 pub mod worker;
 
 pub use error::ApiError;

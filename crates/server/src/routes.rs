@@ -1,7 +1,7 @@
 //! The HTTP surface: routing, authentication, request handlers and response shapes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream;
+use pyramid_grammar::{Constraint, GrammarVocab};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -21,6 +22,7 @@ use crate::api::{self, Endpoint, GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::listen::Limits;
 use crate::metrics::Metrics;
+use crate::tools::{self, ParsedCall, Piece, ToolCallParser, ToolSet};
 use crate::worker::{EngineThread, Event, Job, TokenLogprob};
 use pyramid_engine::{FinishReason, Usage};
 
@@ -39,6 +41,8 @@ pub struct AppState {
     next_id: AtomicU64,
     /// One permit per prompt being tokenised ([`Limits::max_tokenizing`]).
     tokenizing: Semaphore,
+    /// The vocabulary prepared for grammars, built by the first request that needs one.
+    grammar_vocab: OnceLock<Result<GrammarVocab, String>>,
 }
 
 impl AppState {
@@ -66,6 +70,7 @@ impl AppState {
             metrics,
             started,
             next_id: AtomicU64::new(started << 20),
+            grammar_vocab: OnceLock::new(),
         }
     }
 }
@@ -200,10 +205,11 @@ async fn generate(
         .sampler
         .check_vocab(state.tokenizer.n_vocab())
         .map_err(|e| ApiError::bad_param("logit_bias", e.to_string()))?;
-    // Tokenising a long prompt is real work: keep it off the async workers, a few at a
-    // time. The permit is dropped with the request if the client leaves while waiting.
-    let prompt_param;
-    let prompt = {
+    // Tokenising a long prompt (and compiling a grammar) is real work: keep it off the
+    // async workers, a few at a time. The permit is dropped with the request if the
+    // client leaves while waiting.
+    let prompt_param = request.prompt.param();
+    let (prompt, constraint) = {
         let _permit = state
             .tokenizing
             .acquire()
@@ -211,20 +217,35 @@ async fn generate(
             .map_err(|_| ApiError::shutting_down())?;
         let state = Arc::clone(&state);
         // The prompt's text is needed only to tokenise it: moved, not copied.
-        prompt_param = request.prompt.param();
         let prompt = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
-        tokio::task::spawn_blocking(move || tokenize(&state, &prompt))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
+        let tools = request.tools.clone();
+        let format = request.response_format.clone();
+        tokio::task::spawn_blocking(move || {
+            let ids = tokenize(&state, &prompt, tools.as_ref())?;
+            let constraint = constrain(&state, tools.as_ref(), format.as_ref())?;
+            Ok::<_, ApiError>((ids, constraint))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
     };
     let (events, rx) = unbounded_channel();
     let n_prompt = prompt.len();
+    let single_call = request
+        .tools
+        .as_ref()
+        .is_some_and(|t| t.parses_calls() && !t.parallel);
     state.engine.submit(Job {
         prompt,
         max_tokens: request.max_tokens,
         sampler: request.sampler.clone(),
         stop: request.stop.clone(),
+        end_after: if single_call {
+            vec![tools::CLOSE.to_string()]
+        } else {
+            Vec::new()
+        },
         logprobs: request.logprobs,
+        constraint,
         prompt_param,
         events,
         submitted: Instant::now(),
@@ -268,9 +289,38 @@ async fn read_body(limits: &Limits, body: Body) -> Result<Vec<u8>, ApiError> {
     }
 }
 
+/// The grammar a chat reply must follow, compiled: `None` when nothing constrains it.
+fn constrain(
+    state: &AppState,
+    tools: Option<&ToolSet>,
+    format: Option<&pyramid_grammar::Grammar>,
+) -> Result<Option<Constraint>, ApiError> {
+    let Some(grammar) = tools::reply_grammar(tools, format) else {
+        return Ok(None);
+    };
+    let vocab = state
+        .grammar_vocab
+        .get_or_init(|| GrammarVocab::new(Arc::clone(&state.tokenizer)).map_err(|e| e.to_string()))
+        .as_ref()
+        .map_err(|e| ApiError::internal(e.clone()))?;
+    let param = if format.is_some() {
+        "response_format"
+    } else {
+        "tools"
+    };
+    vocab
+        .compile(&grammar)
+        .map(Some)
+        .map_err(|e| ApiError::bad_param(param, format!("'{param}' cannot be enforced: {e}")))
+}
+
 /// The prompt's ids; tokenising stops once the prompt and one generated token no longer
 /// fit the largest window, so an oversized prompt costs little.
-fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+fn tokenize(
+    state: &AppState,
+    prompt: &Prompt,
+    tools: Option<&ToolSet>,
+) -> Result<Vec<u32>, ApiError> {
     let limit = state.max_context.saturating_sub(1);
     let param = prompt.param();
     let ids = match prompt {
@@ -278,7 +328,17 @@ fn tokenize(state: &AppState, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
             let template = state.template.as_ref().ok_or_else(|| {
                 ApiError::invalid_request("this model has no chat template: use /v1/completions")
             })?;
-            let text = template.render(messages, true).map_err(|e| {
+            let definitions = tools.map_or(&[][..], ToolSet::prompt_tools);
+            let uses_tools = !definitions.is_empty()
+                || messages
+                    .iter()
+                    .any(|m| !m.tool_calls.is_empty() || m.role == "tool");
+            let rendered = if uses_tools && !template.takes_tools() {
+                template.render(&tools::fallback_messages(messages, definitions), true)
+            } else {
+                template.render_with_tools(messages, definitions, true)
+            };
+            let text = rendered.map_err(|e| {
                 ApiError::bad_param(
                     "messages",
                     format!("the chat template rejected the messages: {e}"),
@@ -327,6 +387,15 @@ impl Reply {
         self.request.endpoint == Endpoint::Chat
     }
 
+    /// A parser for the reply's tool calls, when it is read for them.
+    fn call_parser(&self) -> Option<ToolCallParser> {
+        self.request
+            .tools
+            .as_ref()
+            .filter(|t| t.parses_calls())
+            .map(ToolCallParser::new)
+    }
+
     /// One streamed chunk around `choice` (or `usage` with no choice).
     fn chunk(&self, choice: Option<Value>, usage: Option<&Usage>) -> Value {
         let mut chunk = json!({
@@ -342,18 +411,8 @@ impl Reply {
         chunk
     }
 
-    fn delta_choice(
-        &self,
-        text: &str,
-        logprobs: &[TokenLogprob],
-        finish: Option<FinishReason>,
-    ) -> Value {
+    fn delta_choice(&self, delta: Value, logprobs: &[TokenLogprob], finish: Option<&str>) -> Value {
         if self.is_chat() {
-            let delta = if finish.is_some() {
-                json!({})
-            } else {
-                json!({"content": text})
-            };
             json!({
                 "index": 0,
                 "delta": delta,
@@ -361,6 +420,7 @@ impl Reply {
                 "finish_reason": finish,
             })
         } else {
+            let text = delta.get("content").cloned().unwrap_or(json!(""));
             json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
         }
     }
@@ -371,6 +431,32 @@ impl Reply {
             _ => Value::Null,
         }
     }
+}
+
+/// OpenAI's finish reason: `tool_calls` when the reply ended after calling tools.
+fn finish_name(reason: FinishReason, n_calls: usize) -> &'static str {
+    match reason {
+        FinishReason::Stop if n_calls > 0 => "tool_calls",
+        other => other.as_str(),
+    }
+}
+
+/// A call as `message.tool_calls` (and, with `index`, a streamed delta) carries it.
+fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
+    let mut value = json!({
+        "id": format!("call_{:016x}", random_u64()),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(index) = index {
+        value["index"] = json!(index);
+    }
+    value
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -388,21 +474,54 @@ fn sse(value: &Value) -> Bytes {
 
 /// Server-sent events: a chunk per event, `data: [DONE]` at the end. Dropping the body
 /// (the client went away) drops the receiver, which the engine sees as a cancellation.
+/// A tool call is sent as one `tool_calls` delta once its closing tag is in.
 fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
     let first = reply.is_chat().then(|| {
         let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         sse(&reply.chunk(Some(role), None))
     });
     struct StreamState {
+        parser: Option<ToolCallParser>,
         reply: Reply,
         rx: UnboundedReceiver<Event>,
         pending: Vec<Bytes>,
+        /// Tool calls sent so far: the next one's `index`.
+        calls_sent: usize,
         done: bool,
     }
+    impl StreamState {
+        /// Chunks for `pieces`; `logprobs` go with the first (or alone, if none).
+        fn send(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+            let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
+            for piece in pieces {
+                let delta = match piece {
+                    Piece::Text(text) => json!({"content": text}),
+                    Piece::Call(call) => {
+                        self.calls_sent += 1;
+                        json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
+                    }
+                };
+                let choice = self
+                    .reply
+                    .delta_choice(delta, logprobs.take().unwrap_or(&[]), None);
+                self.pending
+                    .push(sse(&self.reply.chunk(Some(choice), None)));
+            }
+            if let Some(logprobs) = logprobs {
+                let choice = self
+                    .reply
+                    .delta_choice(json!({"content": ""}), logprobs, None);
+                self.pending
+                    .push(sse(&self.reply.chunk(Some(choice), None)));
+            }
+        }
+    }
     let state = StreamState {
+        parser: reply.call_parser(),
         reply,
         rx,
         pending: first.into_iter().collect(),
+        calls_sent: 0,
         done: false,
     };
     let body = stream::unfold(state, |mut s| async move {
@@ -416,14 +535,26 @@ fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
             }
             match s.rx.recv().await {
                 Some(Event::Delta { text, logprobs }) => {
-                    let choice = s.reply.delta_choice(&text, &logprobs, None);
-                    s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
+                    let pieces = match s.parser.as_mut() {
+                        Some(parser) => parser.push(&text),
+                        None if text.is_empty() => Vec::new(),
+                        None => vec![Piece::Text(text)],
+                    };
+                    s.send(pieces, &logprobs);
                 }
                 Some(Event::Done {
                     finish_reason,
                     usage,
                 }) => {
-                    let choice = s.reply.delta_choice("", &[], Some(finish_reason));
+                    let rest = s
+                        .parser
+                        .as_mut()
+                        .map(ToolCallParser::finish)
+                        .unwrap_or_default();
+                    s.send(rest, &[]);
+                    let n_calls = s.parser.as_ref().map_or(0, ToolCallParser::n_calls);
+                    let finish = finish_name(finish_reason, n_calls);
+                    let choice = s.reply.delta_choice(json!({}), &[], Some(finish));
                     s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
                     if s.reply.request.include_usage {
                         s.pending.push(sse(&s.reply.chunk(None, Some(&usage))));
@@ -483,11 +614,35 @@ async fn collect_response(
         }
     };
     let choice = if reply.is_chat() {
+        let mut message = json!({"role": "assistant", "content": text});
+        let mut n_calls = 0;
+        if let Some(mut parser) = reply.call_parser() {
+            let mut pieces = parser.push(&text);
+            pieces.extend(parser.finish());
+            let mut content = String::new();
+            let mut calls = Vec::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(t) => content.push_str(&t),
+                    Piece::Call(call) => calls.push(call_json(&call, None)),
+                }
+            }
+            n_calls = calls.len();
+            if !calls.is_empty() {
+                // Only whitespace around the calls is no answer.
+                message["content"] = if content.trim().is_empty() {
+                    Value::Null
+                } else {
+                    json!(content.trim())
+                };
+                message["tool_calls"] = json!(calls);
+            }
+        }
         json!({
             "index": 0,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": reply.logprobs_json(&logprobs),
-            "finish_reason": finish_reason,
+            "finish_reason": finish_name(finish_reason, n_calls),
         })
     } else {
         json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})

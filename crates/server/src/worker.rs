@@ -19,6 +19,7 @@ use pyramid_engine::{
     Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId,
     TokenLogprobs, Usage,
 };
+use pyramid_grammar::Constraint;
 use pyramid_kernels::ThreadPool;
 use pyramid_runtime::SamplerConfig;
 use pyramid_tokenizer::{StreamDecoder, Tokenizer};
@@ -34,7 +35,12 @@ pub struct Job {
     pub max_tokens: Option<usize>,
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
+    /// Strings that end generation after them, kept in the text (a tool call's closing
+    /// tag when only one call is allowed).
+    pub end_after: Vec<String>,
     pub logprobs: Option<usize>,
+    /// The grammar the reply follows, compiled for this request.
+    pub constraint: Option<Constraint>,
     /// The request field holding the prompt (`messages` or `prompt`), named by errors
     /// about it.
     pub prompt_param: &'static str,
@@ -225,6 +231,7 @@ impl Worker {
             sampler: job.sampler.clone(),
             stop_tokens: self.stop_tokens.clone(),
             logprobs: job.logprobs,
+            constraint: job.constraint.take(),
         });
         self.live.insert(
             id,
@@ -341,7 +348,7 @@ impl Worker {
         }
         let piece = live.decoder.push(&tokenizer, token).unwrap_or_default();
         live.text.push_str(&piece);
-        let stopped = release_text(&live.text, live.sent, &live.job.stop);
+        let stopped = release_text(&live.text, live.sent, &live.job.stop, &live.job.end_after);
         let text = live.text[live.sent..stopped.send_to].to_string();
         live.sent = stopped.send_to;
         if !text.is_empty() || !logprobs.is_empty() {
@@ -419,23 +426,27 @@ struct Release {
     hit: bool,
 }
 
-/// Text up to the first stop string (which ends generation and is never sent), or else up
-/// to the longest tail that could still grow into a stop string, which is held back.
-fn release_text(text: &str, sent: usize, stops: &[String]) -> Release {
+/// Text up to the first stop string (which ends generation and is never sent) or through
+/// the first `end_after` string (which ends it and is sent), or else up to the longest
+/// tail that could still grow into either, which is held back.
+fn release_text(text: &str, sent: usize, stops: &[String], end_after: &[String]) -> Release {
     // A stop can start before `sent` only if the held-back tail was shorter than it, which
     // the hold-back rule excludes; so searching from `sent` finds every complete one.
     let first_hit = stops
         .iter()
-        .filter_map(|s| text[sent..].find(s.as_str()).map(|p| sent + p))
+        .map(|s| (s, 0))
+        .chain(end_after.iter().map(|s| (s, s.len())))
+        .filter_map(|(s, kept)| text[sent..].find(s.as_str()).map(|p| (sent + p, kept)))
         .min();
-    if let Some(at) = first_hit {
+    if let Some((at, kept)) = first_hit {
         return Release {
-            send_to: at,
+            send_to: at + kept,
             hit: true,
         };
     }
     let hold = stops
         .iter()
+        .chain(end_after)
         .map(|s| {
             (1..s.len().min(text.len() - sent + 1))
                 .rev()
@@ -460,8 +471,20 @@ mod tests {
 
     fn release(text: &str, sent: usize, stops: &[&str]) -> (usize, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let r = release_text(text, sent, &stops);
+        let r = release_text(text, sent, &stops, &[]);
         (r.send_to, r.hit)
+    }
+
+    #[test]
+    fn end_after_strings_are_sent_and_end_generation() {
+        let end = ["</tool_call>".to_string()];
+        let r = release_text("a<tool_call>{}</tool", 0, &[], &end);
+        assert_eq!((r.send_to, r.hit), (14, false), "'</tool' may be the end");
+        let r = release_text("a<tool_call>{}</tool_call>\nmore", 0, &[], &end);
+        assert_eq!((r.send_to, r.hit), (26, true));
+        // Whichever comes first wins, a stop string before an end string included.
+        let r = release_text("x STOP </tool_call>", 0, &["STOP".to_string()], &end);
+        assert_eq!((r.send_to, r.hit), (2, true));
     }
 
     #[test]

@@ -165,11 +165,17 @@ mod tests {
             r#"{"a": {}, "b": [1, 2.5, "x<y>&'\"\n"], "n": null, "t": true, "é": []}"#
         );
         assert_eq!(
-            render("{{ v | tojson(indent=2) }}", serde_json::json!({"a": [1, {"b": 2}]})),
+            render(
+                "{{ v | tojson(indent=2) }}",
+                serde_json::json!({"a": [1, {"b": 2}]})
+            ),
             "{\n  \"a\": [\n    1,\n    {\n      \"b\": 2\n    }\n  ]\n}"
         );
         assert_eq!(
-            render("{{ v | tojson(separators=(',', ':')) }}", serde_json::json!({"a": [1, 2]})),
+            render(
+                "{{ v | tojson(separators=(',', ':')) }}",
+                serde_json::json!({"a": [1, 2]})
+            ),
             r#"{"a":[1,2]}"#
         );
     }

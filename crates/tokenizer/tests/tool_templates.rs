@@ -28,14 +28,21 @@ fn message(m: &Value) -> ChatMessage {
 
 #[test]
 fn tools_render_as_transformers_renders_them() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tool_templates.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/tool_templates.json"
+    );
     let golden: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     for (file, cases) in golden.as_object().unwrap() {
         let template = ChatTemplate::from_gguf(&common::metadata(file)).unwrap();
         assert_eq!(template.takes_tools(), file.starts_with("qwen"), "{file}");
         for case in cases.as_array().unwrap() {
-            let messages: Vec<ChatMessage> =
-                case["messages"].as_array().unwrap().iter().map(message).collect();
+            let messages: Vec<ChatMessage> = case["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(message)
+                .collect();
             let tools = case["tools"].as_array().unwrap();
             let text = template.render_with_tools(&messages, tools, true).unwrap();
             assert_eq!(text, case["text"].as_str().unwrap(), "{file}");

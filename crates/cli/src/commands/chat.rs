@@ -15,7 +15,7 @@ use pyramid_runtime::WindowLadder;
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 
 use super::chat_remote::next_user_turn;
-use super::run::SamplingArgs;
+use super::run::{ReplyGrammar, SamplingArgs};
 use crate::loader::ModelArgs;
 use crate::route::{prefill_chunk_for, single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
 
@@ -60,6 +60,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         .request(0, vec![0], &[])?
         .sampler
         .check_vocab(loaded.tokenizer.n_vocab())?;
+    let grammar = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
@@ -88,9 +89,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
 
         let mut stream = StreamDecoder::new();
         let mut reply_tokens = Vec::new();
-        let request = args
+        let mut request = args
             .sampling
             .request(turn, prompt, tokenizer.end_of_generation_ids())?;
+        request.constraint = grammar.as_ref().map(ReplyGrammar::constraint).transpose()?;
         let result = engine.generate(&loaded.pool, request, &mut |token| {
             if tokenizer.is_end_of_generation(token) {
                 return true;

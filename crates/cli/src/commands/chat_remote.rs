@@ -23,6 +23,22 @@ pub fn run(
     sampling: &SamplingArgs,
     stats: bool,
 ) -> Result<()> {
+    if sampling.grammar.is_some() {
+        bail!(
+            "--grammar needs a local model: a server takes --json-schema only (as response_format)"
+        );
+    }
+    let schema: Option<Value> =
+        match &sampling.json_schema {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("--json-schema: cannot read {}", path.display()))?;
+                Some(serde_json::from_str(&text).with_context(|| {
+                    format!("--json-schema: {} is not valid JSON", path.display())
+                })?)
+            }
+            None => None,
+        };
     let base = server.trim_end_matches('/').trim_end_matches("/v1");
     let model = first_model(base, api_key)?;
     let mut messages: Vec<Value> = system
@@ -37,7 +53,7 @@ pub fn run(
             break;
         };
         messages.push(json!({"role": "user", "content": line}));
-        let body = json!({
+        let mut body = json!({
             "model": model,
             "messages": messages,
             "max_tokens": sampling.max_tokens,
@@ -52,6 +68,12 @@ pub fn run(
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if let Some(schema) = &schema {
+            body["response_format"] = json!({
+                "type": "json_schema",
+                "json_schema": {"name": "reply", "schema": schema, "strict": true},
+            });
+        }
         let reply = match stream_reply(base, api_key, &body) {
             Ok(reply) => reply,
             Err(err) => {

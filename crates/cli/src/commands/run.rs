@@ -5,9 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use std::sync::Arc;
+
 use pyramid_engine::{FinishReason, Request, RequestId, RouteAudit};
+use pyramid_grammar::{Constraint, Grammar, GrammarVocab};
 use pyramid_runtime::{SamplerConfig, WindowLadder};
-use pyramid_tokenizer::{ChatMessage, StreamDecoder};
+use pyramid_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use serde::Serialize;
 
 use crate::loader::{Loaded, ModelArgs};
@@ -68,6 +71,50 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Constrain the reply to JSON valid against the JSON schema in this file.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the reply to a Lark grammar in this file (llguidance's dialect:
+    /// `start: ...`, regexes in `/.../`, JSON schemas inline with `%json {...}`).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
+}
+
+/// `--json-schema` or `--grammar`, read and compiled against the model's vocabulary once;
+/// each reply gets a fresh constraint from it.
+pub struct ReplyGrammar {
+    vocab: GrammarVocab,
+    grammar: Grammar,
+}
+
+impl ReplyGrammar {
+    /// The grammar the flags name, checked by compiling it once; `None` without one.
+    pub fn from_args(args: &SamplingArgs, tokenizer: &Tokenizer) -> Result<Option<Self>> {
+        let (path, flag) = match (&args.json_schema, &args.grammar) {
+            (Some(p), _) => (p, "--json-schema"),
+            (None, Some(p)) => (p, "--grammar"),
+            (None, None) => return Ok(None),
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{flag}: cannot read {}", path.display()))?;
+        let grammar = if args.json_schema.is_some() {
+            Grammar::JsonSchema(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{flag}: {} is not valid JSON", path.display()))?,
+            )
+        } else {
+            Grammar::Lark(text)
+        };
+        let vocab = GrammarVocab::new(Arc::new(tokenizer.clone()))?;
+        vocab
+            .compile(&grammar)
+            .with_context(|| format!("{flag} {}", path.display()))?;
+        Ok(Some(Self { vocab, grammar }))
+    }
+
+    pub fn constraint(&self) -> Result<Constraint> {
+        Ok(self.vocab.compile(&self.grammar)?)
+    }
 }
 
 impl SamplingArgs {
@@ -99,6 +146,7 @@ impl SamplingArgs {
                 stop_tokens.to_vec()
             },
             logprobs: None,
+            constraint: None,
         })
     }
 }
@@ -179,10 +227,13 @@ pub fn run(args: RunArgs) -> Result<()> {
             prompt.len()
         );
     }
-    let request =
+    let mut request =
         args.sampling
             .request(0, prompt.clone(), loaded.tokenizer.end_of_generation_ids())?;
     request.sampler.check_vocab(loaded.tokenizer.n_vocab())?;
+    if let Some(grammar) = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)? {
+        request.constraint = Some(grammar.constraint()?);
+    }
     // Every route runs the engine core: natively one growing pass per step, on other
     // devices static artifacts on the window pyramid.
     let ladder = WindowLadder::default_for(n_ctx);

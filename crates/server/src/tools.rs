@@ -1,0 +1,487 @@
+//! Tool calls: OpenAI's `tools` and `tool_choice` on the model's own chat template, the
+//! reply's calls parsed into `message.tool_calls`, and `"required"` or a named function
+//! enforced by a grammar.
+//!
+//! The call format is the one Qwen2.5 (and Hermes-style models) are trained on: each call
+//! is `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, several separated by
+//! a newline. A template that reads `tools` renders the definitions itself. For one that
+//! does not (SmolLM2's), [`fallback_messages`] describes the tools in the system turn,
+//! writes earlier calls into the assistant turns in the same format, and passes tool
+//! results as user turns wrapped in `<tool_response>` — so any chat model can be asked,
+//! and replies parse the same way.
+//!
+//! `tool_choice`: `"auto"` (the default) lets the model answer or call; `"none"` leaves
+//! the tools out of the prompt and the reply unparsed; `"required"` and
+//! `{"type": "function", "function": {"name": ...}}` constrain decoding to one or more
+//! well-formed calls (one with `parallel_tool_calls: false`) whose arguments validate
+//! against the function's `parameters` schema.
+
+use pyramid_grammar::{json_layout, Grammar};
+use pyramid_tokenizer::{ChatMessage, ToolCall};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+
+pub const OPEN: &str = "<tool_call>";
+pub const CLOSE: &str = "</tool_call>";
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Function(String),
+}
+
+/// A request's tools, as validated.
+#[derive(Debug, Clone)]
+pub struct ToolSet {
+    /// Each tool as the client sent it (`{"type": "function", "function": {...}}`).
+    definitions: Vec<Value>,
+    names: Vec<String>,
+    /// Each function's `parameters` schema (`{"type": "object"}` when absent).
+    parameters: Vec<Value>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+}
+
+impl ToolSet {
+    /// `tools`, `tool_choice` and `parallel_tool_calls` from a chat request; `None`
+    /// without tools. The legacy `functions`/`function_call` are refused by name.
+    pub fn parse(obj: &Map<String, Value>) -> Result<Option<ToolSet>, ApiError> {
+        let list = match obj.get("tools") {
+            None | Some(Value::Null) => &Vec::new(),
+            Some(Value::Array(list)) => list,
+            Some(_) => return Err(ApiError::bad_param("tools", "'tools' must be an array")),
+        };
+        let mut tools = ToolSet {
+            definitions: Vec::new(),
+            names: Vec::new(),
+            parameters: Vec::new(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+        };
+        for (i, tool) in list.iter().enumerate() {
+            let at = format!("tools[{i}]");
+            if tool.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(ApiError::bad_param(
+                    format!("{at}.type"),
+                    format!("{at}.type must be \"function\""),
+                ));
+            }
+            let function = tool
+                .get("function")
+                .and_then(Value::as_object)
+                .ok_or_else(|| {
+                    ApiError::bad_param(
+                        format!("{at}.function"),
+                        format!("{at}.function must be an object"),
+                    )
+                })?;
+            let name = match function.get("name") {
+                Some(Value::String(n)) if valid_name(n) => n.clone(),
+                _ => {
+                    return Err(ApiError::bad_param(
+                        format!("{at}.function.name"),
+                        format!("{at}.function.name must be 1-64 letters, digits, '_' or '-'"),
+                    ))
+                }
+            };
+            if tools.names.contains(&name) {
+                return Err(ApiError::bad_param(
+                    format!("{at}.function.name"),
+                    format!("the function name '{name}' is given twice"),
+                ));
+            }
+            let parameters = match function.get("parameters") {
+                None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        format!("{at}.function.parameters"),
+                        format!("{at}.function.parameters must be a JSON schema object"),
+                    ))
+                }
+            };
+            tools.definitions.push(tool.clone());
+            tools.names.push(name);
+            tools.parameters.push(parameters);
+        }
+        tools.choice = match obj.get("tool_choice") {
+            None | Some(Value::Null) => ToolChoice::Auto,
+            Some(Value::String(s)) => match s.as_str() {
+                "auto" => ToolChoice::Auto,
+                "none" => ToolChoice::None,
+                "required" => ToolChoice::Required,
+                _ => return Err(ApiError::bad_param(
+                    "tool_choice",
+                    "'tool_choice' must be \"auto\", \"none\", \"required\" or a named function",
+                )),
+            },
+            Some(Value::Object(o)) => {
+                let name = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                    .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                    .ok_or_else(|| {
+                        ApiError::bad_param(
+                            "tool_choice",
+                            "a named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                        )
+                    })?;
+                if !tools.names.iter().any(|n| n == name) {
+                    return Err(ApiError::bad_param(
+                        "tool_choice.function.name",
+                        format!("'tool_choice' names '{name}', which is not among 'tools'"),
+                    ));
+                }
+                ToolChoice::Function(name.to_string())
+            }
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "tool_choice",
+                    "'tool_choice' must be a string or an object",
+                ))
+            }
+        };
+        tools.parallel = match obj.get("parallel_tool_calls") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "parallel_tool_calls",
+                    "'parallel_tool_calls' must be a boolean",
+                ))
+            }
+        };
+        if tools.names.is_empty() {
+            return match (obj.get("tool_choice"), obj.get("parallel_tool_calls")) {
+                (Some(v), _) if !v.is_null() => Err(ApiError::bad_param(
+                    "tool_choice",
+                    "'tool_choice' needs 'tools'",
+                )),
+                (_, Some(v)) if !v.is_null() => Err(ApiError::bad_param(
+                    "parallel_tool_calls",
+                    "'parallel_tool_calls' needs 'tools'",
+                )),
+                _ => Ok(None),
+            };
+        }
+        Ok(Some(tools))
+    }
+
+    /// The definitions the prompt shows the model: none with `tool_choice: "none"`.
+    pub fn prompt_tools(&self) -> &[Value] {
+        match self.choice {
+            ToolChoice::None => &[],
+            _ => &self.definitions,
+        }
+    }
+
+    /// Whether the reply is read for calls.
+    pub fn parses_calls(&self) -> bool {
+        self.choice != ToolChoice::None
+    }
+
+    /// Whether the reply must consist of calls.
+    pub fn forces_calls(&self) -> bool {
+        matches!(self.choice, ToolChoice::Required | ToolChoice::Function(_))
+    }
+
+    /// The Lark rule `calls`: one call, or several when parallel calls are allowed, each
+    /// naming a function it may call with arguments valid against its schema.
+    fn calls_rule(&self) -> String {
+        let allowed: Vec<usize> = match &self.choice {
+            ToolChoice::Function(name) => self
+                .names
+                .iter()
+                .position(|n| n == name)
+                .into_iter()
+                .collect(),
+            _ => (0..self.names.len()).collect(),
+        };
+        let variants: Vec<Value> = allowed
+            .iter()
+            .map(|&i| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": self.names[i]},
+                        "arguments": self.parameters[i],
+                    },
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let mut schema = json!({"anyOf": variants});
+        schema["x-guidance"] = json_layout();
+        let repeat = if self.parallel {
+            r#" ("\n" call)*"#
+        } else {
+            ""
+        };
+        format!(
+            "calls: call{repeat}\ncall: {open} %json {schema} {close}\n",
+            open = lark_string(&format!("{OPEN}\n")),
+            close = lark_string(&format!("\n{CLOSE}")),
+        )
+    }
+}
+
+/// What constrains a chat reply, given its tools and `response_format` schema: calls only
+/// (`required`, named), calls or the schema's JSON (`auto` with a format), or the JSON
+/// alone.
+pub fn reply_grammar(tools: Option<&ToolSet>, format: Option<&Grammar>) -> Option<Grammar> {
+    let calls = tools.filter(|t| t.parses_calls());
+    match (calls, format) {
+        (Some(t), _) if t.forces_calls() => {
+            Some(Grammar::Lark(format!("start: calls\n{}", t.calls_rule())))
+        }
+        (Some(t), Some(Grammar::JsonSchema(schema))) => {
+            let mut schema = schema.clone();
+            if let Value::Object(fields) = &mut schema {
+                fields.insert("x-guidance".to_string(), json_layout());
+            }
+            Some(Grammar::Lark(format!(
+                "start: calls | answer\nanswer: %json {schema}\n{}",
+                t.calls_rule()
+            )))
+        }
+        (_, format) => format.cloned(),
+    }
+}
+
+/// A Lark string literal for `text`.
+fn lark_string(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_default()
+}
+
+/// OpenAI's rule for function names.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// For a template without tool support: the tools described in the system turn, earlier
+/// calls written into their assistant turns, and tool results as user turns, all in the
+/// `<tool_call>` format replies are parsed in.
+pub fn fallback_messages(messages: &[ChatMessage], tools: &[Value]) -> Vec<ChatMessage> {
+    let mut out: Vec<ChatMessage> = Vec::with_capacity(messages.len() + 1);
+    if !tools.is_empty() {
+        let mut system = String::new();
+        if let Some(first) = messages.first().filter(|m| m.role == "system") {
+            system.push_str(&first.content);
+            system.push_str("\n\n");
+        }
+        system.push_str(
+            "# Tools\n\nYou can call these functions, whose JSON signatures follow inside <tools></tools>:\n<tools>",
+        );
+        for tool in tools {
+            system.push('\n');
+            system.push_str(&python_json(tool));
+        }
+        system.push_str(
+            "\n</tools>\n\nTo call functions, reply with one block per call, each a JSON object with the function's name and arguments:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
+        );
+        out.push(ChatMessage::new("system", system));
+    }
+    let skip =
+        usize::from(!tools.is_empty() && messages.first().is_some_and(|m| m.role == "system"));
+    for message in &messages[skip..] {
+        match message.role.as_str() {
+            "assistant" if !message.tool_calls.is_empty() => {
+                let mut content = message.content.clone();
+                for call in &message.tool_calls {
+                    if !content.is_empty() {
+                        content.push('\n');
+                    }
+                    content.push_str(&call_text(call));
+                }
+                out.push(ChatMessage::new("assistant", content));
+            }
+            "tool" => {
+                let response = format!("<tool_response>\n{}\n</tool_response>", message.content);
+                // Consecutive results share one user turn.
+                match out.last_mut() {
+                    Some(last)
+                        if last.role == "user" && last.content.ends_with("</tool_response>") =>
+                    {
+                        last.content.push('\n');
+                        last.content.push_str(&response);
+                    }
+                    _ => out.push(ChatMessage::new("user", response)),
+                }
+            }
+            _ => out.push(message.clone()),
+        }
+    }
+    out
+}
+
+/// A call as the model writes it.
+fn call_text(call: &ToolCall) -> String {
+    format!(
+        "{OPEN}\n{{\"name\": {}, \"arguments\": {}}}\n{CLOSE}",
+        python_json(&Value::String(call.name.clone())),
+        python_json(&call.arguments)
+    )
+}
+
+/// JSON with Python's separators (`", "`, `": "`), as the templates print it.
+fn python_json(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let items: Vec<String> = map
+                .iter()
+                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(python_json).collect();
+            format!("[{}]", items.join(", "))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// A call parsed from a reply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    pub name: String,
+    /// The arguments object as compact JSON text, as OpenAI returns it.
+    pub arguments: String,
+}
+
+/// What the parser lets through: text of the answer, or a complete call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Text(String),
+    Call(ParsedCall),
+}
+
+/// Splits a streamed reply into text and calls. Text that might be the start of a
+/// `<tool_call>` tag is held back until it is known not to be; a call is released when
+/// its closing tag arrives. A block that is not a well-formed call of a known function
+/// (bad JSON, unknown name, no closing tag by the end) is returned as text.
+#[derive(Debug)]
+pub struct ToolCallParser {
+    names: Vec<String>,
+    /// At most one call is returned (`parallel_tool_calls: false`); later blocks are text.
+    single: bool,
+    pending: String,
+    inside: bool,
+    /// A call just ended: the newline between calls that may follow belongs to neither.
+    after_call: bool,
+    calls: usize,
+}
+
+impl ToolCallParser {
+    pub fn new(tools: &ToolSet) -> Self {
+        Self {
+            names: tools.names.clone(),
+            single: !tools.parallel,
+            pending: String::new(),
+            inside: false,
+            after_call: false,
+            calls: 0,
+        }
+    }
+
+    /// How many calls were returned.
+    pub fn n_calls(&self) -> usize {
+        self.calls
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.pending.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            if self.after_call && !self.pending.is_empty() {
+                self.after_call = false;
+                if self.pending.starts_with('\n') {
+                    self.pending.remove(0);
+                }
+            }
+            if self.inside {
+                let Some(end) = self.pending.find(CLOSE) else {
+                    return out;
+                };
+                let block: String = self.pending.drain(..end + CLOSE.len()).collect();
+                self.inside = false;
+                let body = &block[OPEN.len()..end];
+                match self.parse_call(body) {
+                    Some(call) => {
+                        self.calls += 1;
+                        self.after_call = true;
+                        out.push(Piece::Call(call));
+                    }
+                    None => out.push(Piece::Text(block)),
+                }
+            } else if let Some(start) = self
+                .pending
+                .find(OPEN)
+                .filter(|_| !self.single || self.calls == 0)
+            {
+                if start > 0 {
+                    out.push(Piece::Text(self.pending.drain(..start).collect()));
+                }
+                self.inside = true;
+            } else {
+                // Hold back a tail that could still become the opening tag.
+                let hold = (1..OPEN.len().min(self.pending.len() + 1))
+                    .rev()
+                    .find(|&l| self.pending.ends_with(&OPEN[..l]))
+                    .filter(|_| !self.single || self.calls == 0)
+                    .unwrap_or(0);
+                let release = self.pending.len() - hold;
+                if release > 0 {
+                    out.push(Piece::Text(self.pending.drain(..release).collect()));
+                }
+                return out;
+            }
+        }
+    }
+
+    /// Whatever is held back, as text: an unclosed block is not a call.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        self.inside = false;
+        let rest = std::mem::take(&mut self.pending);
+        if rest.is_empty() {
+            Vec::new()
+        } else {
+            vec![Piece::Text(rest)]
+        }
+    }
+
+    fn parse_call(&self, body: &str) -> Option<ParsedCall> {
+        let Ok(Value::Object(call)) = serde_json::from_str::<Value>(body.trim()) else {
+            return None;
+        };
+        let name = call.get("name")?.as_str()?;
+        if !self.names.iter().any(|n| n == name) {
+            return None;
+        }
+        let arguments = match call.get("arguments") {
+            Some(args @ Value::Object(_)) => args.to_string(),
+            // Some models write the arguments as a JSON string.
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                Ok(args @ Value::Object(_)) => args.to_string(),
+                _ => return None,
+            },
+            None => "{}".to_string(),
+            Some(_) => return None,
+        };
+        Some(ParsedCall {
+            name: name.to_string(),
+            arguments,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+use super::*;
+
+fn weather_tools(extra: &str) -> ToolSet {
+    let body = format!(
+        r#"{{"tools": [
+            {{"type": "function", "function": {{"name": "get_weather", "parameters": {{"type": "object", "properties": {{"city": {{"type": "string"}}}}, "required": ["city"]}}}}}},
+            {{"type": "function", "function": {{"name": "now"}}}}
+        ]{extra}}}"#
+    );
+    let obj: Map<String, Value> = serde_json::from_str(&body).unwrap();
+    ToolSet::parse(&obj).unwrap().unwrap()
+}
+
+/// Every way of cutting `text` in two gives the same pieces as feeding it whole.
+fn parse_split(tools: &ToolSet, text: &str) -> (String, Vec<ParsedCall>) {
+    let collect = |pieces: Vec<Piece>, out: &mut (String, Vec<ParsedCall>)| {
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => out.0.push_str(&t),
+                Piece::Call(c) => out.1.push(c),
+            }
+        }
+    };
+    let mut whole = (String::new(), Vec::new());
+    let mut parser = ToolCallParser::new(tools);
+    collect(parser.push(text), &mut whole);
+    collect(parser.finish(), &mut whole);
+    for cut in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
+        let mut parser = ToolCallParser::new(tools);
+        let mut split = (String::new(), Vec::new());
+        for part in [&text[..cut], &text[cut..]] {
+            // One character at a time, as tokens arrive.
+            for (i, c) in part.char_indices() {
+                collect(parser.push(&part[i..i + c.len_utf8()]), &mut split);
+            }
+        }
+        collect(parser.finish(), &mut split);
+        assert_eq!(split, whole, "cut at {cut} of {text:?}");
+    }
+    whole
+}
+
+#[test]
+fn calls_are_parsed_across_any_chunking() {
+    let tools = weather_tools("");
+    let text = "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+    let (content, calls) = parse_split(&tools, text);
+    assert_eq!(content, "Let me check.");
+    assert_eq!(
+        calls,
+        [
+            ParsedCall {
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Zürich"}"#.into()
+            },
+            ParsedCall {
+                name: "now".into(),
+                arguments: "{}".into()
+            }
+        ]
+    );
+}
+
+#[test]
+fn malformed_blocks_come_back_as_text() {
+    let tools = weather_tools("");
+    for text in [
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
+        "<tool_call>\n{\"name\": \"launch_rockets\", \"arguments\": {}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"now\", \"arguments\": [1]}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}",
+        "a <tool_ca",
+        "<tool_call",
+    ] {
+        let (content, calls) = parse_split(&tools, text);
+        assert!(calls.is_empty(), "{text:?}");
+        assert_eq!(content, text);
+    }
+    // Arguments written as a JSON string are read as the object inside.
+    let (_, calls) = parse_split(
+        &tools,
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Oslo\\\"}\"}</tool_call>",
+    );
+    assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+}
+
+#[test]
+fn without_parallel_calls_only_the_first_is_a_call() {
+    let tools = weather_tools(r#", "parallel_tool_calls": false"#);
+    let text = "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call><tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+    let (content, calls) = parse_split(&tools, text);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        content,
+        &text[text.find("</tool_call>").unwrap() + CLOSE.len()..]
+    );
+}
+
+#[test]
+fn tool_choice_is_validated() {
+    let obj = |body: &str| serde_json::from_str::<Map<String, Value>>(body).unwrap();
+    let tools = r#""tools": [{"type": "function", "function": {"name": "f"}}]"#;
+    for (body, param) in [
+        (
+            format!(r#"{{{tools}, "tool_choice": "sometimes"}}"#),
+            "tool_choice",
+        ),
+        (
+            format!(
+                r#"{{{tools}, "tool_choice": {{"type": "function", "function": {{"name": "g"}}}}}}"#
+            ),
+            "tool_choice.function.name",
+        ),
+        (r#"{"tool_choice": "required"}"#.to_string(), "tool_choice"),
+        (
+            r#"{"tools": [{"type": "function", "function": {"name": "a b"}}]}"#.to_string(),
+            "tools[0].function.name",
+        ),
+        (
+            r#"{"tools": [{"type": "retrieval"}]}"#.to_string(),
+            "tools[0].type",
+        ),
+        (
+            format!(r#"{{{tools}, "parallel_tool_calls": 1}}"#),
+            "parallel_tool_calls",
+        ),
+    ] {
+        let err = ToolSet::parse(&obj(&body)).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some(param), "{body}");
+    }
+    let named = ToolSet::parse(&obj(&format!(
+        r#"{{{tools}, "tool_choice": {{"type": "function", "function": {{"name": "f"}}}}}}"#
+    )))
+    .unwrap()
+    .unwrap();
+    assert_eq!(named.choice, ToolChoice::Function("f".into()));
+    assert!(named.forces_calls());
+    let none = ToolSet::parse(&obj(&format!(r#"{{{tools}, "tool_choice": "none"}}"#)))
+        .unwrap()
+        .unwrap();
+    assert!(none.prompt_tools().is_empty() && !none.parses_calls());
+    assert!(reply_grammar(Some(&none), None).is_none());
+}
+
+#[test]
+fn grammars_follow_the_choice() {
+    let required = weather_tools(r#", "tool_choice": "required""#);
+    let Some(Grammar::Lark(lark)) = reply_grammar(Some(&required), None) else {
+        panic!()
+    };
+    assert!(lark.starts_with("start: calls\n"), "{lark}");
+    assert!(
+        lark.contains(r#"("\n" call)*"#)
+            && lark.contains("get_weather")
+            && lark.contains("\"now\"")
+    );
+    let single = weather_tools(
+        r#", "tool_choice": {"type": "function", "function": {"name": "now"}}, "parallel_tool_calls": false"#,
+    );
+    let Some(Grammar::Lark(lark)) = reply_grammar(Some(&single), None) else {
+        panic!()
+    };
+    assert!(
+        !lark.contains("get_weather") && !lark.contains(r#"("\n" call)*"#),
+        "{lark}"
+    );
+    // `auto` with a response format: a call, or the formatted answer.
+    let auto = weather_tools("");
+    let format = Grammar::JsonSchema(json!({"type": "object"}));
+    let Some(Grammar::Lark(lark)) = reply_grammar(Some(&auto), Some(&format)) else {
+        panic!()
+    };
+    assert!(lark.starts_with("start: calls | answer\n"), "{lark}");
+    assert!(reply_grammar(Some(&auto), None).is_none());
+    assert_eq!(reply_grammar(None, Some(&format)), Some(format));
+}
+
+#[test]
+fn the_fallback_prompt_writes_tools_calls_and_results_in_the_parsed_format() {
+    let tools = weather_tools("");
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = vec![ToolCall {
+        id: "c1".into(),
+        name: "get_weather".into(),
+        arguments: json!({"city": "Rome"}),
+    }];
+    let messages = vec![
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Weather?"),
+        call,
+        ChatMessage::new("tool", "sunny"),
+        ChatMessage::new("tool", "warm"),
+    ];
+    let out = fallback_messages(&messages, tools.prompt_tools());
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0].role, "system");
+    assert!(out[0].content.starts_with("Be brief.\n\n# Tools"));
+    assert!(out[0]
+        .content
+        .contains("\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\""));
+    assert_eq!(
+        out[2].content,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n</tool_call>"
+    );
+    assert_eq!(
+        (out[3].role.as_str(), out[3].content.as_str()),
+        (
+            "user",
+            "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nwarm\n</tool_response>"
+        )
+    );
+    // What the fallback writes as a call, the parser reads back as that call.
+    let (_, calls) = parse_split(&tools, &out[2].content);
+    assert_eq!(calls[0].arguments, r#"{"city":"Rome"}"#);
+}
