@@ -40,12 +40,17 @@ fn python() -> PathBuf {
 struct Server {
     child: Child,
     url: String,
+    model: String,
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Self {
+        Self::start_model(MODEL, extra)
+    }
+
+    fn start_model(model: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
-            .args(["serve", "-m", MODEL, "--port", "0", "--windows", WINDOWS])
+            .args(["serve", "-m", model, "--port", "0", "--windows", WINDOWS])
             .args(extra)
             .env("PYRAMID_HOME", models_home())
             .env_remove("PYRAMID_ISA")
@@ -63,7 +68,11 @@ impl Server {
             .find(|w| w.starts_with("http://"))
             .unwrap_or_else(|| panic!("no address in the server's first line: {line:?}"))
             .to_string();
-        Self { child, url }
+        Self {
+            child,
+            url,
+            model: model.to_string(),
+        }
     }
 
     fn run_script(&self, script: &str, env: &[(&str, &str)]) {
@@ -73,7 +82,7 @@ impl Server {
         let status = Command::new(python())
             .arg(&path)
             .env("PYRAMID_BASE_URL", &self.url)
-            .env("PYRAMID_MODEL_ID", MODEL)
+            .env("PYRAMID_MODEL_ID", &self.model)
             .envs(env.iter().copied())
             .status()
             .expect("python runs");
@@ -124,6 +133,21 @@ fn openai_client_api_errors_and_fuzz() {
     let server = Server::start(&[]);
     server.run_script("test_api.py", &[]);
     server.run_script("test_errors.py", &[]);
+}
+
+#[test]
+fn tool_calls_and_json_schemas_on_smollm2() {
+    // SmolLM2's template has no tools: the fallback prompt carries them.
+    let server = Server::start(&[]);
+    server.run_script("test_tools.py", &[]);
+}
+
+#[test]
+fn tool_loop_calls_and_json_schemas_on_qwen() {
+    // Qwen2.5's template renders the tools itself.
+    let server = Server::start_model("qwen2.5-coder-0.5b", &[]);
+    server.run_script("test_tools.py", &[("PYRAMID_TOOL_LOOP", "1")]);
+    server.run_script("test_langchain.py", &[]);
 }
 
 #[test]

@@ -349,6 +349,16 @@ fn python_json(value: &Value) -> String {
     }
 }
 
+/// `text` without a surrounding Markdown code fence (```` ```json ... ``` ````).
+fn unfenced(text: &str) -> &str {
+    let text = text.trim();
+    let Some(inner) = text.strip_prefix("```").and_then(|t| t.strip_suffix("```")) else {
+        return text;
+    };
+    // The fence's language tag runs to the first newline.
+    inner.split_once('\n').map_or(inner, |(_, body)| body)
+}
+
 /// A call parsed from a reply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedCall {
@@ -368,6 +378,11 @@ pub enum Piece {
 /// `<tool_call>` tag is held back until it is known not to be; a call is released when
 /// its closing tag arrives. A block that is not a well-formed call of a known function
 /// (bad JSON, unknown name, no closing tag by the end) is returned as text.
+///
+/// Small models often write the call without its tags: the whole reply one JSON object
+/// `{"name": ..., "arguments": ...}`, bare or in a Markdown code fence. A reply that
+/// starts like one (`{` or a fence) is held back to its end and read as a call if it is
+/// exactly that, and as tagged text otherwise.
 #[derive(Debug)]
 pub struct ToolCallParser {
     names: Vec<String>,
@@ -377,6 +392,10 @@ pub struct ToolCallParser {
     inside: bool,
     /// A call just ended: the newline between calls that may follow belongs to neither.
     after_call: bool,
+    /// Nothing but whitespace has come yet.
+    at_start: bool,
+    /// The reply started like an untagged call: everything is held to the end.
+    untagged: bool,
     calls: usize,
 }
 
@@ -388,6 +407,8 @@ impl ToolCallParser {
             pending: String::new(),
             inside: false,
             after_call: false,
+            at_start: true,
+            untagged: false,
             calls: 0,
         }
     }
@@ -399,6 +420,17 @@ impl ToolCallParser {
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
+        if self.at_start {
+            let head = self.pending.trim_start();
+            if head.is_empty() || (head.len() < 3 && "```".starts_with(head)) {
+                return Vec::new();
+            }
+            self.at_start = false;
+            self.untagged = head.starts_with('{') || head.starts_with("```");
+        }
+        if self.untagged {
+            return Vec::new();
+        }
         let mut out = Vec::new();
         loop {
             if self.after_call && !self.pending.is_empty() {
@@ -449,6 +481,17 @@ impl ToolCallParser {
 
     /// Whatever is held back, as text: an unclosed block is not a call.
     pub fn finish(&mut self) -> Vec<Piece> {
+        self.at_start = false;
+        if std::mem::take(&mut self.untagged) {
+            let reply = std::mem::take(&mut self.pending);
+            if let Some(call) = self.parse_call(unfenced(&reply)) {
+                self.calls += 1;
+                return vec![Piece::Call(call)];
+            }
+            let mut out = self.push(&reply);
+            out.extend(self.finish());
+            return out;
+        }
         self.inside = false;
         let rest = std::mem::take(&mut self.pending);
         if rest.is_empty() {

@@ -172,6 +172,9 @@ struct Live {
     text: String,
     sent: usize,
     last_token_at: Option<Instant>,
+    /// A stop string matched in a token the core had already ended the request on: its
+    /// `Finished` event, which carries the usage, is still to come.
+    stopped: bool,
 }
 
 struct Worker {
@@ -243,6 +246,7 @@ impl Worker {
                 text: String::new(),
                 sent: 0,
                 last_token_at: None,
+                stopped: false,
             },
         );
     }
@@ -304,6 +308,11 @@ impl Worker {
                 id, reason, usage, ..
             } => {
                 if let Some(live) = self.remove(id) {
+                    let reason = if live.stopped {
+                        FinishReason::Stop
+                    } else {
+                        reason
+                    };
                     self.finish(live, reason, usage);
                 }
             }
@@ -319,7 +328,7 @@ impl Worker {
     /// A sampled token: its text, held back while it could still become a stop string.
     fn token(&mut self, id: RequestId, token: u32, logprobs: Option<TokenLogprobs>) {
         let tokenizer = Arc::clone(&self.tokenizer);
-        let Some(live) = self.live.get_mut(&id) else {
+        let Some(live) = self.live.get_mut(&id).filter(|l| !l.stopped) else {
             return;
         };
         live.generated += 1;
@@ -358,9 +367,14 @@ impl Worker {
             // The stop string and anything after it are never sent.
             live.text.truncate(stopped.send_to);
             live.decoder = StreamDecoder::new();
-            let usage = self.core.abort(id).unwrap_or_default();
-            if let Some(live) = self.remove(id) {
-                self.finish(live, FinishReason::Stop, usage);
+            match self.core.abort(id) {
+                Some(usage) => {
+                    if let Some(live) = self.remove(id) {
+                        self.finish(live, FinishReason::Stop, usage);
+                    }
+                }
+                // The same step ended it (its grammar or a limit): `Finished` follows.
+                None => live.stopped = true,
             }
         }
     }

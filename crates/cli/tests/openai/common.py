@@ -19,7 +19,8 @@ What is here:
 - `run()`, the entry point every script uses: exit 0 on success, 1 with the failed
   check's message otherwise.
 
-Only the standard library and `openai` are used.
+common.py uses only the standard library and `openai`; test_tools.py adds `jsonschema`
+and test_langchain.py `langchain-openai` (scripts/test.sh installs all three).
 """
 
 from __future__ import annotations

@@ -107,12 +107,14 @@ BAD_CHAT_PARAMS = [
     ("unknown role", dict(messages=[{"role": "wizard", "content": "hi"}]), is_messages_param),
 ]
 
-# Fields pyramid does not implement are refused, never ignored (issue 18).
+# Fields pyramid does not implement are refused, never ignored (issue 18); the tool and
+# format fields it does implement refuse what they cannot do, by name.
 BAD_CHAT_PARAMS += [
-    ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools"),
-    ("tool_choice", dict(tool_choice="required"), "tool_choice"),
-    ("response_format", dict(response_format={"type": "json_object"}), "response_format"),
+    ("a tool that is not a function", dict(tools=[{"type": "retrieval"}]), "tools[0].type"),
+    ("tool_choice without tools", dict(tool_choice="required"), "tool_choice"),
+    ("an unknown response_format", dict(response_format={"type": "xml"}), "response_format.type"),
     ("functions", dict(extra_body={"functions": [{"name": "f"}]}), "functions"),
+    ("function_call", dict(extra_body={"function_call": "auto"}), "function_call"),
     ("an unknown field", dict(extra_body={"frobnicate": 1}), "frobnicate"),
     ("stream_options without stream", dict(stream_options={"include_usage": True}), "stream_options"),
     ("logit_bias beyond 100", dict(logit_bias={"42": 101}), "logit_bias.42"),

@@ -213,3 +213,30 @@ fn the_fallback_prompt_writes_tools_calls_and_results_in_the_parsed_format() {
     let (_, calls) = parse_split(&tools, &out[2].content);
     assert_eq!(calls[0].arguments, r#"{"city":"Rome"}"#);
 }
+
+#[test]
+fn a_reply_that_is_only_an_untagged_call_is_that_call() {
+    let tools = weather_tools("");
+    for text in [
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
+        "  ```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```\n",
+    ] {
+        let (content, calls) = parse_split(&tools, text);
+        assert_eq!(content, "", "{text:?}");
+        assert_eq!(calls[0].arguments, r#"{"city":"Paris"}"#);
+    }
+    // JSON that is not a call, a fence of something else, and text around a call stay text.
+    for text in [
+        "{\"answer\": 42}",
+        "```python\nprint(1)\n```",
+        "Sure: {\"name\": \"now\", \"arguments\": {}}",
+        "``",
+    ] {
+        let (content, calls) = parse_split(&tools, text);
+        assert!(calls.is_empty(), "{text:?}");
+        assert_eq!(content, text);
+    }
+    // An untagged start that turns out to hold tagged calls still yields them.
+    let (content, calls) = parse_split(&tools, "{}\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>");
+    assert_eq!((content.as_str(), calls.len()), ("{}\n", 1));
+}
