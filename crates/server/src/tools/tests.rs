@@ -237,6 +237,9 @@ fn a_reply_that_is_only_an_untagged_call_is_that_call() {
         assert_eq!(content, text);
     }
     // An untagged start that turns out to hold tagged calls still yields them.
-    let (content, calls) = parse_split(&tools, "{}\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>");
+    let (content, calls) = parse_split(
+        &tools,
+        "{}\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+    );
     assert_eq!((content.as_str(), calls.len()), ("{}\n", 1));
 }
