@@ -746,3 +746,84 @@ fn calibration_is_cached_beside_the_models() {
         "rewritten as computed"
     );
 }
+
+#[test]
+fn json_schema_and_grammar_constrain_even_a_random_model() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Qwen2));
+    let schema = f.write(
+        "schema.json",
+        br#"{"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["ok", "n"], "additionalProperties": false}"#,
+    );
+    for seed in ["1", "2", "3"] {
+        let out = f.run(&[
+            "run",
+            "-m",
+            &model,
+            "-p",
+            "hello",
+            "--json-schema",
+            &schema,
+            "--seed",
+            seed,
+            "--temperature",
+            "1",
+            "-n",
+            "64",
+            "--json",
+        ]);
+        assert_ok(&out);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(v["finish_reason"], "stop", "{v}");
+        let reply: Value = serde_json::from_str(v["text"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {v}"));
+        assert!(
+            reply["ok"].is_boolean() && reply["n"].as_u64().is_some_and(|n| n <= 99),
+            "{reply}"
+        );
+        assert_eq!(reply.as_object().unwrap().len(), 2);
+    }
+    let grammar = f.write("yes_no.lark", br#"start: "yes" | "no""#);
+    let out = f.run(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "hi",
+        "--grammar",
+        &grammar,
+        "--temperature",
+        "0",
+    ]);
+    assert_ok(&out);
+    assert!(
+        ["yes\n", "no\n"].contains(&stdout(&out).as_str()),
+        "{}",
+        stdout(&out)
+    );
+    let unsupported = f.write("not.json", br#"{"type": "string", "not": {"const": "a"}}"#);
+    let out = f.run(&[
+        "run",
+        "-m",
+        &model,
+        "-p",
+        "hi",
+        "--json-schema",
+        &unsupported,
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error:") && err.contains("not.json") && err.contains("\"not\""),
+        "{err}"
+    );
+    let not_json = f.write("schema.txt", b"{type: object}");
+    let out = f.run(&["run", "-m", &model, "-p", "hi", "--json-schema", &not_json]);
+    assert!(
+        stderr(&out).contains("is not valid JSON"),
+        "{}",
+        stderr(&out)
+    );
+    let out = f.run(&["run", "-m", &model, "-p", "hi", "--json-schema", &model]);
+    assert!(stderr(&out).contains("cannot read"), "{}", stderr(&out));
+}

@@ -244,7 +244,8 @@ impl Engine {
             // that no running sequence will free.
             self.fail_over_budget(&schedule);
         }
-        let executed = self.execute(pool, &schedule);
+        let mut executed = self.execute(pool, &schedule);
+        self.mask(pool, &mut executed);
         self.update(&schedule, executed);
         std::mem::take(&mut self.events)
     }
@@ -258,8 +259,9 @@ impl Engine {
         }
     }
 
-    /// Applies a step's results: samples each sequence whose prompt is in, ends those
-    /// that sampled a stop token or reached a limit, and keeps their sessions for reuse.
+    /// Applies a step's results: samples each sequence whose prompt is in (its logits
+    /// already masked by its grammar, if it has one), ends those that sampled a stop
+    /// token, completed their grammar or reached a limit, and keeps their sessions for reuse.
     pub fn update(&mut self, schedule: &Schedule, executed: Executed) {
         debug_assert!(executed.logits.len() <= schedule.n_scheduled());
         for (id, error) in executed.failed {
@@ -273,6 +275,7 @@ impl Engine {
         let largest = self.config.pyramid.ladder.largest();
         let mut finished = Vec::new();
         let mut failed = Vec::new();
+        let mut unmasked = executed.unmasked;
         for (id, mut logits) in executed.logits {
             let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) else {
                 continue;
@@ -280,17 +283,15 @@ impl Engine {
             if seq.prefilling() {
                 continue; // more prompt to come: these logits are not sampled
             }
-            // Log-probabilities are of the model's distribution, before sampling reshapes it.
-            let raw = seq.request.logprobs.map(|k| (k, logits.clone()));
-            if let Some(constraint) = seq.request.constraint.as_mut() {
-                let started = Instant::now();
-                let masked = constraint.mask_logits(&mut logits);
-                seq.mask_time += started.elapsed();
-                if let Err(error) = masked {
-                    failed.push((id, error));
-                    continue;
-                }
-            }
+            // Log-probabilities are of the model's distribution, before sampling (or a
+            // grammar) reshapes it.
+            let raw = seq.request.logprobs.map(|k| {
+                let unmasked = unmasked.iter_mut().find(|(u, _)| *u == id);
+                (
+                    k,
+                    unmasked.map_or_else(|| logits.clone(), |(_, raw)| std::mem::take(raw)),
+                )
+            });
             let token = seq.sampler.sample(&mut logits, seq.session.tokens());
             if let Some(constraint) = seq.request.constraint.as_mut() {
                 if let Err(error) = constraint.accept(token) {

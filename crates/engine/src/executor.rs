@@ -27,8 +27,11 @@ use crate::{EngineError, Result};
 pub struct Executed {
     /// Logits after each sequence's last fed token, for the sequences that ran.
     pub logits: Vec<(RequestId, Vec<f32>)>,
-    /// Sequences whose placement or pass failed.
+    /// Sequences whose placement, pass or grammar mask failed.
     pub failed: Vec<(RequestId, EngineError)>,
+    /// The logits of constrained sequences reporting log-probabilities, before their
+    /// grammar masked them (log-probabilities are of the model's distribution).
+    pub unmasked: Vec<(RequestId, Vec<f32>)>,
 }
 
 /// What one sequence feeds this step.

@@ -16,6 +16,7 @@
 //! from the cache.
 
 mod audit;
+mod constrain;
 mod engine;
 mod error;
 mod executor;

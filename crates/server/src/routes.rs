@@ -41,7 +41,8 @@ pub struct AppState {
     next_id: AtomicU64,
     /// One permit per prompt being tokenised ([`Limits::max_tokenizing`]).
     tokenizing: Semaphore,
-    /// The vocabulary prepared for grammars, built by the first request that needs one.
+    /// The vocabulary prepared for grammars (half a second for a 150k vocabulary), built
+    /// in the background at start; a request needing it earlier waits for it.
     grammar_vocab: OnceLock<Result<GrammarVocab, String>>,
 }
 
@@ -71,6 +72,34 @@ impl AppState {
             started,
             next_id: AtomicU64::new(started << 20),
             grammar_vocab: OnceLock::new(),
+        }
+    }
+}
+
+impl AppState {
+    /// The vocabulary prepared for grammars, built on first use.
+    fn grammar_vocab(&self) -> Result<&GrammarVocab, &str> {
+        self.grammar_vocab
+            .get_or_init(|| {
+                GrammarVocab::new(Arc::clone(&self.tokenizer)).map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
+
+    /// Starts preparing the grammar vocabulary on a thread of its own, so the first
+    /// constrained request does not pay for it.
+    pub fn prepare_grammars(self: &Arc<Self>) {
+        let state = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("pyramid-grammar".into())
+            .spawn(move || {
+                if let Err(e) = state.grammar_vocab() {
+                    tracing::warn!("constrained decoding is unavailable: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot prepare grammars in the background: {e}");
         }
     }
 }
@@ -299,10 +328,8 @@ fn constrain(
         return Ok(None);
     };
     let vocab = state
-        .grammar_vocab
-        .get_or_init(|| GrammarVocab::new(Arc::clone(&state.tokenizer)).map_err(|e| e.to_string()))
-        .as_ref()
-        .map_err(|e| ApiError::internal(e.clone()))?;
+        .grammar_vocab()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
     let param = if format.is_some() {
         "response_format"
     } else {

@@ -275,9 +275,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     }
 
     if args.json {
+        // A stop token ends the list and has no text (a completed grammar ends on text).
         let mut text_tokens = generation.tokens.as_slice();
-        if generation.finish_reason == FinishReason::Stop {
-            text_tokens = &text_tokens[..text_tokens.len() - 1];
+        if let Some((&last, rest)) = text_tokens.split_last() {
+            if generation.finish_reason == FinishReason::Stop
+                && tokenizer.is_end_of_generation(last)
+            {
+                text_tokens = rest;
+            }
         }
         let t = generation.timings;
         let out = JsonOutput {

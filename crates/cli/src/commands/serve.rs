@@ -180,6 +180,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         metrics,
     ));
+    state.prepare_grammars();
     let route_name = route.name();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
