@@ -214,10 +214,12 @@ impl Worker {
             self.abort_cancelled();
             let events = self.core.step(&self.pool);
             self.record_step();
+            // Published before the events go out, so a client that reads /metrics right
+            // after its reply sees its request gone from the running ones.
+            self.metrics.publish_engine(self.core.stats());
             for event in events {
                 self.handle(event);
             }
-            self.metrics.publish_engine(self.core.stats());
         }
     }
 
@@ -369,6 +371,7 @@ impl Worker {
             live.decoder = StreamDecoder::new();
             match self.core.abort(id) {
                 Some(usage) => {
+                    self.metrics.publish_engine(self.core.stats());
                     if let Some(live) = self.remove(id) {
                         self.finish(live, FinishReason::Stop, usage);
                     }

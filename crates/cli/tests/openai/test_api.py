@@ -10,11 +10,13 @@ first occurrence with finish_reason "stop"; logprobs / top_logprobs are well-for
 and agree with greedy choice; a seed makes sampling at temperature 0.8 reproducible;
 sending the same chat twice reuses the cached prompt (cached_tokens > 0) without
 changing the answer; /metrics is valid Prometheus text whose counters add up with the
-usage the API reported.
+usage the API reported; a `json_schema` reply and a forced tool call are constrained on
+whatever route the server runs (this script also runs against ov:CPU).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -406,6 +408,26 @@ def check_metrics(before: common.Metrics):
     ok(f"metrics deltas match usage exactly: prompt {prompt}, cached {cached}, generated {generated}")
 
 
+def check_constrained():
+    schema = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                               "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["colour", "count"], "additionalProperties": False}
+    r = api.chat.completions.create(model=MODEL, messages=user("Pick a colour and a count."), temperature=0,
+                                    max_tokens=40, response_format={"type": "json_schema", "json_schema": {"name": "pick", "schema": schema}})
+    value = json.loads(r.choices[0].message.content)
+    expect(value["colour"] in ("red", "green", "blue") and 1 <= value["count"] <= 9 and len(value) == 2,
+           f"json_schema reply validates: {value}")
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"term": {"type": "string", "maxLength": 20}}, "required": ["term"]}}}
+    r = api.chat.completions.create(model=MODEL, messages=user("Look up 'pyramid'."), tools=[tool],
+                                    tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=40)
+    calls = r.choices[0].message.tool_calls
+    expect_eq(r.choices[0].finish_reason, "tool_calls", "forced call finish_reason")
+    expect(len(calls) == 1 and calls[0].function.name == "lookup"
+           and isinstance(json.loads(calls[0].function.arguments)["term"], str), f"a valid call: {calls}")
+    ok(f"constrained on this route: {value}, {calls[0].function.arguments}")
+
+
 def main():
     before = common.metrics()
     check_basics()
@@ -418,6 +440,7 @@ def main():
     check_seed()
     check_session_cache()
     check_metrics(before)
+    check_constrained()
 
 
 if __name__ == "__main__":
