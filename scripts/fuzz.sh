@@ -21,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-1}"
 
-ALL_TARGETS=(gguf_reader tokenizer_roundtrip chat_template openai_request replay_trace)
+ALL_TARGETS=(gguf_reader tokenizer_roundtrip chat_template openai_request replay_trace tool_calls)
 seconds="${1:-20}"
 shift || true
 targets=("$@")

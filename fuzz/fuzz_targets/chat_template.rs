@@ -48,4 +48,3 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = template.render(&messages, flags & 1 == 1);
 });
-

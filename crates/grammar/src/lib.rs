@@ -16,8 +16,16 @@
 //!
 //! JSON schemas are compiled without free whitespace, with `", "` and `": "` between
 //! items, the way Python's `json.dumps` writes (and so the way models have read most
-//! JSON): free whitespace would let a small greedy model pad forever. A schema keyword
-//! llguidance does not implement is an error naming it (see [`SUPPORTED_SCHEMA_KEYWORDS`]).
+//! JSON): free whitespace would let a small greedy model pad forever.
+//!
+//! Schema keywords enforced: `type`, `enum`, `const`, `anyOf`, `oneOf`, `allOf`, `$ref`
+//! (with `$defs`/`definitions`), `properties`, `required`, `additionalProperties`,
+//! `patternProperties`, `minProperties`, `maxProperties`, `items`, `prefixItems`,
+//! `additionalItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern`,
+//! `format`, `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf`.
+//! Annotations (`title`, `description`, `default`, `examples`, ...) constrain nothing and
+//! are accepted; any other keyword of the draft (`not`, `uniqueItems`, `if`,
+//! `dependentRequired`, `propertyNames`, ...) is an error naming it.
 
 use std::sync::Arc;
 
@@ -26,41 +34,6 @@ use llguidance::{Matcher, ParserFactory};
 use pyramid_tokenizer::{TokenType, Tokenizer};
 use serde_json::{json, Value};
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
-
-/// The JSON-schema keywords constrained decoding enforces (JSON Schema 2020-12 names);
-/// annotations (`title`, `description`, `default`, `examples`, `$comment`, ...) are
-/// accepted and ignored, as they constrain nothing.
-pub const SUPPORTED_SCHEMA_KEYWORDS: &[&str] = &[
-    "type",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "$defs",
-    "definitions",
-    "properties",
-    "required",
-    "additionalProperties",
-    "patternProperties",
-    "minProperties",
-    "maxProperties",
-    "items",
-    "prefixItems",
-    "additionalItems",
-    "minItems",
-    "maxItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "multipleOf",
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum GrammarError {
