@@ -9,15 +9,26 @@
 //!   4 non-empty stop strings, `max_tokens` ≥ 1, `top_logprobs` ≤ 20, and a sampler whose
 //!   *f32* temperature is in [0, 2] and top_p in (0, 1] (the f64 → f32 cast must not move a
 //!   value that passed validation out of range);
-//! - the messages render and tokenize.
+//! - the messages render and tokenize, with the tools' fallback prompt when there are tools;
+//! - the grammar a request's tools and `response_format` ask for compiles against the
+//!   vocabulary or fails with an error, never a panic or a hang.
 #![no_main]
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use pyramid_fuzz_common::toy_metadata;
+use pyramid_grammar::GrammarVocab;
 use pyramid_server::api::{parse, Endpoint, GenerationRequest, Prompt, MAX_TOP_LOGPROBS};
+use pyramid_server::tools::{fallback_messages, reply_grammar};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
+
+fn grammar_vocab() -> &'static GrammarVocab {
+    static VOCAB: OnceLock<GrammarVocab> = OnceLock::new();
+    VOCAB.get_or_init(|| {
+        GrammarVocab::new(Arc::new(toy().0.clone())).expect("the toy vocabulary takes grammars")
+    })
+}
 
 fn toy() -> &'static (Tokenizer, ChatTemplate) {
     static TOY: OnceLock<(Tokenizer, ChatTemplate)> = OnceLock::new();
@@ -77,13 +88,20 @@ fn check_request(endpoint: Endpoint, r: &GenerationRequest) {
                 );
             }
             let (tok, template) = toy();
+            let messages = match &r.tools {
+                Some(tools) => fallback_messages(messages, tools.prompt_tools()),
+                None => messages.clone(),
+            };
             let text = template
-                .render(messages, true)
+                .render(&messages, true)
                 .expect("ChatML renders any messages");
             let ids = tok
                 .encode(&text, true)
                 .expect("a rendered prompt tokenizes");
             assert!(!ids.is_empty());
+            if let Some(grammar) = reply_grammar(r.tools.as_ref(), r.response_format.as_ref()) {
+                let _ = grammar_vocab().compile(&grammar);
+            }
         }
         (Prompt::Text(text), Endpoint::Completion) => {
             let (tok, _) = toy();
