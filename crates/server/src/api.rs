@@ -328,7 +328,8 @@ fn response_format(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError
     }
 }
 
-fn random_seed() -> u64 {
+/// A fresh random number (seeds, call ids).
+pub(crate) fn random_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
 }

@@ -74,9 +74,7 @@ impl AppState {
             grammar_vocab: OnceLock::new(),
         }
     }
-}
 
-impl AppState {
     /// The vocabulary prepared for grammars, built on first use.
     fn grammar_vocab(&self) -> Result<&GrammarVocab, &str> {
         self.grammar_vocab
@@ -330,10 +328,11 @@ fn constrain(
     let vocab = state
         .grammar_vocab()
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    let param = if format.is_some() {
-        "response_format"
-    } else {
-        "tools"
+    // The grammar comes from a forced call's tools, else from the format if there is one.
+    let param = match tools {
+        Some(t) if t.forces_calls() => "tools",
+        _ if format.is_some() => "response_format",
+        _ => "tools",
     };
     vocab
         .compile(&grammar)
@@ -471,7 +470,7 @@ fn finish_name(reason: FinishReason, n_calls: usize) -> &'static str {
 /// A call as `message.tool_calls` (and, with `index`, a streamed delta) carries it.
 fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
     let mut value = json!({
-        "id": format!("call_{:016x}", random_u64()),
+        "id": format!("call_{:016x}", api::random_seed()),
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     });
@@ -479,11 +478,6 @@ fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
         value["index"] = json!(index);
     }
     value
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
 fn usage_json(u: &Usage) -> Value {
