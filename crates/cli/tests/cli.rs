@@ -89,6 +89,7 @@ fn run_json_reports_ids_text_and_timings() {
         "decode_ms",
         "prefill_tok_s",
         "decode_tok_s",
+        "mask_ms",
     ] {
         assert!(v["timings"][key].as_f64().unwrap() >= 0.0, "{key}");
     }
@@ -782,6 +783,7 @@ fn json_schema_and_grammar_constrain_even_a_random_model() {
             "{reply}"
         );
         assert_eq!(reply.as_object().unwrap().len(), 2);
+        assert!(v["timings"]["mask_ms"].as_f64().unwrap() > 0.0, "{v}");
     }
     let grammar = f.write("yes_no.lark", br#"start: "yes" | "no""#);
     let out = f.run(&[

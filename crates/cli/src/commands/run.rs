@@ -170,6 +170,8 @@ struct JsonTimings {
     decode_ms: f64,
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    /// Spent on `--json-schema`/`--grammar` masks (0 without one).
+    mask_ms: f64,
 }
 
 fn parse_token_list(list: &str) -> Result<Vec<u32>> {
@@ -297,6 +299,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 decode_ms: t.decode_ms,
                 prefill_tok_s: t.prefill_tok_s(),
                 decode_tok_s: t.decode_tok_s(),
+                mask_ms: t.mask_ms,
             },
             route: route.audit_of(&engine),
         };
