@@ -151,6 +151,12 @@ fn tool_loop_calls_and_json_schemas_on_qwen() {
 }
 
 #[test]
+fn agents_on_one_system_prompt_fork_it_instead_of_evicting_each_other() {
+    let server = Server::start(&[]);
+    server.run_script("test_agents.py", &[]);
+}
+
+#[test]
 fn concurrent_streams_equal_solo_ones_and_cancellation_frees_them() {
     let server = Server::start(&[]);
     server.run_script("test_concurrency.py", &[]);

@@ -229,28 +229,20 @@ impl Engine {
         let model = Arc::clone(self.pyramid.backend().model());
         let kv_type = self.pyramid.kv_type();
         let start = Instant::now();
+        // Natively a migration grows the cache it has; everything else needs a new one.
+        let fresh = match (how, &self.kv_pool) {
+            (Move::Migrate, None) => None,
+            _ => Some(self.new_cache(window)),
+        };
         let seq = &mut self.running[idx];
         let stalled = seq.stalled_since.take().map(|t| start - t);
-        let largest = self.config.pyramid.ladder.largest();
-        let kv_pool = self.kv_pool.clone();
-        // Caches reserve their largest window (address space only) unless the backend
-        // binds their memory: then a crossing grows them with no copy at all. Compact
-        // caches come from the pool, faulted in ahead when the crossing was predicted.
-        let new_cache = |window: usize| match &kv_pool {
-            Some(kv_pool) => kv_pool.take(window),
-            None => (
-                KvCache::with_reserve(&model.config, window, largest, kv_type),
-                false,
-            ),
-        };
         let kv = match how {
-            Move::First => new_cache(window).0,
+            Move::First => fresh.ok_or_else(not_placed)?.0,
             Move::Migrate => {
                 let placement = seq.session.placement_mut().ok_or_else(not_placed)?;
                 let live = placement.kv.used_bytes();
-                let (copied, prefaulted) = match &kv_pool {
-                    Some(kv_pool) => {
-                        let (mut grown, prefaulted) = kv_pool.take(window);
+                let (copied, prefaulted) = match fresh {
+                    Some((mut grown, prefaulted)) => {
                         let copied = placement.kv.copy_into(&mut grown)?;
                         placement.kv = grown;
                         (copied, prefaulted)
@@ -270,7 +262,7 @@ impl Engine {
                 std::mem::replace(&mut placement.kv, KvCache::new(&model.config, 0, kv_type))
             }
             Move::Reprefill => {
-                let mut kv = new_cache(window).0;
+                let mut kv = fresh.ok_or_else(not_placed)?.0;
                 let live = seq.session.tokens().to_vec();
                 if !live.is_empty() {
                     let mut logits = Vec::new();
@@ -312,6 +304,25 @@ impl Engine {
             artifacts,
         });
         Ok(())
+    }
+}
+
+impl Engine {
+    /// An empty cache for `window`, and whether its memory was faulted in ahead. Caches
+    /// reserve their largest window (address space only) unless the backend binds their
+    /// memory: then a crossing grows them with no copy at all. Compact caches come from
+    /// the pool, faulted in ahead when the crossing was predicted.
+    pub(crate) fn new_cache(&self, window: usize) -> (KvCache, bool) {
+        match &self.kv_pool {
+            Some(kv_pool) => kv_pool.take(window),
+            None => {
+                let model = self.pyramid.backend().model();
+                let largest = self.config.pyramid.ladder.largest();
+                let kv =
+                    KvCache::with_reserve(&model.config, window, largest, self.pyramid.kv_type());
+                (kv, false)
+            }
+        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! Finished conversations kept for reuse. A new request takes the cached session whose
-//! tokens share the longest prefix with its prompt and prefills only the rest; the least
-//! recently used sessions go first when limits require.
+//! Finished conversations kept for reuse. A new request finds the cached session whose
+//! tokens share the longest prefix with its prompt and prefills only the rest: it takes
+//! a session its prompt extends, and forks (copies the shared prefix of) one it diverges
+//! from, which stays cached whole. The least recently used sessions go first when limits
+//! require.
 
 use std::time::Instant;
 
@@ -36,17 +38,28 @@ impl PrefixCache {
         self.entries.iter().map(|e| e.session.kv_bytes().1).sum()
     }
 
-    /// Takes the session sharing the longest non-empty prefix with `prompt`, with the
-    /// length shared.
-    pub fn take_longest(&mut self, prompt: &[u32]) -> Option<(Session, usize)> {
-        let (i, n) = self
-            .entries
+    /// The session sharing the longest non-empty prefix with `prompt` (its index), with
+    /// the length shared.
+    pub fn longest(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        self.entries
             .iter()
             .enumerate()
             .map(|(i, e)| (i, common_prefix(e.session.tokens(), prompt)))
             .max_by_key(|&(_, n)| n)
-            .filter(|&(_, n)| n > 0)?;
-        Some((self.entries.swap_remove(i).session, n))
+            .filter(|&(_, n)| n > 0)
+    }
+
+    pub fn session(&self, i: usize) -> &Session {
+        &self.entries[i].session
+    }
+
+    /// Marks session `i` used now (a fork read it).
+    pub fn touch(&mut self, i: usize) {
+        self.entries[i].last_used = Instant::now();
+    }
+
+    pub fn take(&mut self, i: usize) -> Session {
+        self.entries.swap_remove(i).session
     }
 
     pub fn insert(&mut self, session: Session) {

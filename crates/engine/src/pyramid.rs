@@ -87,6 +87,10 @@ pub struct PyramidStats {
     pub n_reprefills: usize,
     pub reprefill_ms: f64,
     pub reprefill_tokens: usize,
+    /// New conversations that copied the prefix they share with a cached one, leaving it
+    /// whole, and the KV bytes those copies moved.
+    pub n_forks: usize,
+    pub fork_bytes: usize,
     /// Sessions waited for an artifact they needed to continue.
     pub n_stalls: usize,
     pub stall_ms: f64,

@@ -349,12 +349,8 @@ impl Engine {
                         continue;
                     }
                 };
-            let (session, shared) = self
-                .cache
-                .take_longest(&request.prompt)
-                .unwrap_or_else(|| (Session::default(), 0));
             // The last prompt token always runs, for the logits the first sample needs.
-            let reused = shared.min(request.prompt.len() - 1);
+            let (session, reused, forked) = self.reuse_for(&request.prompt);
             let mut seq = Sequence {
                 request,
                 session,
@@ -396,8 +392,11 @@ impl Engine {
                     });
                     continue;
                 }
-                // It waits for a running sequence to finish; its session goes back.
-                self.cache.insert(std::mem::take(&mut seq.session));
+                // It waits for a running sequence to finish; its session goes back (a
+                // fork is dropped: what it copied is still cached).
+                if !forked {
+                    self.cache.insert(std::mem::take(&mut seq.session));
+                }
                 self.waiting.push_front((seq.request, submitted));
                 break;
             }
@@ -409,6 +408,33 @@ impl Engine {
             self.running.push(seq);
         }
         self.fit_budget(self.running_bytes(), self.max_cached());
+    }
+
+    /// The cached session a prompt reuses, the prompt tokens it covers (never the last
+    /// one), and whether it is a fork. A prompt that extends a cached conversation takes
+    /// it; one that diverges from it (another agent on the same system prompt) gets a copy
+    /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
+    /// be made the conversation is taken and cut, as the last resort before a full prefill.
+    fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
+        let Some((i, shared)) = self.cache.longest(prompt) else {
+            return (Session::default(), 0, false);
+        };
+        let reused = shared.min(prompt.len() - 1);
+        let cached = self.cache.session(i);
+        if reused < cached.len() {
+            if let Some(window) = cached.window() {
+                let (kv, _) = self.new_cache(window);
+                if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
+                    self.cache.touch(i);
+                    self.pyramid.record(|s| {
+                        s.n_forks += 1;
+                        s.fork_bytes += copied;
+                    });
+                    return (fork, reused, true);
+                }
+            }
+        }
+        (self.cache.take(i), reused, false)
     }
 }
 

@@ -60,6 +60,24 @@ impl Session {
         }
     }
 
+    /// A new conversation holding this one's first `n` tokens, their keys and values
+    /// copied into `kv` (an empty cache for this session's window), on the same window and
+    /// artifacts. This session is unchanged. Returns the fork and the bytes copied.
+    pub(crate) fn fork(&self, n: usize, mut kv: KvCache) -> Option<(Session, usize)> {
+        let placement = self.placement.as_ref()?;
+        let copied = placement.kv.copy_prefix_into(n, &mut kv).ok()?;
+        let fork = Session {
+            tokens: self.tokens[..n].to_vec(),
+            placement: Some(Placement {
+                window: placement.window,
+                kv,
+                artifacts: placement.artifacts.clone(),
+            }),
+            ..Session::default()
+        };
+        Some((fork, copied))
+    }
+
     pub(crate) fn placement(&self) -> Option<&Placement> {
         self.placement.as_ref()
     }

@@ -537,3 +537,42 @@ fn a_full_largest_window_ends_generation_with_length() {
     // 20 prompt tokens and 12 decoded fill 32 positions; the 13th token is sampled last.
     assert_eq!(done.tokens.len(), 13);
 }
+
+#[test]
+fn a_prompt_sharing_only_a_prefix_forks_the_cached_conversation_and_leaves_it_whole() {
+    let pool = ThreadPool::new(1).unwrap();
+    // Natively (mixed passes, reserved caches) and as a static device binding compact
+    // caches from the pool.
+    for (mixed, binds) in [(true, false), (false, true)] {
+        let fake = Fake::with_binding(Duration::ZERO, mixed, binds);
+        let n_vocab = fake.model.config.n_vocab;
+        let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 16, 4));
+        let system = prompt(9, 24);
+        let agent = |k: u32| [system.clone(), prompt(k, 6)].concat();
+        let turn = |engine: &mut Engine, id: RequestId, p: &[u32]| {
+            let done = engine
+                .generate(&pool, Request::greedy(id, p.to_vec(), 4), &mut |_| true)
+                .unwrap();
+            assert_eq!(done.tokens, expected(p, 4, n_vocab), "request {id}");
+            done
+        };
+        let a1 = turn(&mut engine, 0, &agent(1));
+        // Agent B shares only the system prompt with A's cached conversation: it gets a
+        // copy of those 24 positions and prefills only its own tokens.
+        let b1 = turn(&mut engine, 1, &agent(2));
+        assert_eq!(b1.usage.cached_tokens, 24);
+        // A's conversation is still whole: its next turn reuses all of it (the prompt
+        // and the generated tokens but the last, which was never fed).
+        let a2_prompt = [agent(1), a1.tokens.clone(), prompt(3, 5)].concat();
+        let a2 = turn(&mut engine, 2, &a2_prompt);
+        assert_eq!(a2.usage.cached_tokens, 30 + 3, "mixed {mixed}");
+        // And so is B's.
+        let b2_prompt = [agent(2), b1.tokens.clone(), prompt(4, 5)].concat();
+        let b2 = turn(&mut engine, 3, &b2_prompt);
+        assert_eq!(b2.usage.cached_tokens, 30 + 3, "mixed {mixed}");
+        let stats = engine.stats();
+        assert_eq!(stats.pyramid.n_forks, 1);
+        assert!(stats.pyramid.fork_bytes > 0);
+        assert_eq!(stats.cached_sessions, 2);
+    }
+}

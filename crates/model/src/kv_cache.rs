@@ -386,23 +386,35 @@ impl KvCache {
     /// beyond them in `dst` are left as they were: nothing reads positions past a cache's
     /// length.
     pub fn copy_into(&self, dst: &mut KvCache) -> Result<usize> {
+        if !dst.is_compact() {
+            return Err(ModelError::BadConfig(
+                "a migration copies into a compact cache".to_string(),
+            ));
+        }
+        self.copy_prefix_into(self.len, dst)
+    }
+
+    /// Copies the first `n` live positions into `dst` (compact or reserved, of the same
+    /// model and type, holding at least `n`), which then holds exactly those; returns the
+    /// bytes copied. This cache is unchanged: a conversation forked from it keeps both.
+    pub fn copy_prefix_into(&self, n: usize, dst: &mut KvCache) -> Result<usize> {
         let same = dst.kind == self.kind
             && (dst.n_layer, dst.n_head_kv, dst.head_dim)
                 == (self.n_layer, self.n_head_kv, self.head_dim);
-        if !same || !dst.is_compact() || dst.capacity < self.len {
+        if !same || dst.capacity < n || n > self.len {
             return Err(ModelError::BadConfig(format!(
-                "a cache of {} positions ({}) cannot take the {} live positions of a {} cache",
+                "a cache of {} positions ({}) cannot take {n} of the {} live positions of a {} cache",
                 dst.capacity, dst.kind, self.len, self.kind
             )));
         }
         let n_runs = self.n_layer * self.n_head_kv;
         let hd = self.head_dim;
         self.k
-            .copy_runs_into(&mut dst.k, n_runs, self.stride, dst.stride, self.len, hd);
+            .copy_runs_into(&mut dst.k, n_runs, self.stride, dst.stride, n, hd);
         self.v
-            .copy_runs_into(&mut dst.v, n_runs, self.stride, dst.stride, self.len, hd);
-        dst.len = self.len;
-        Ok(self.used_bytes())
+            .copy_runs_into(&mut dst.v, n_runs, self.stride, dst.stride, n, hd);
+        dst.len = n;
+        Ok(2 * n_runs * n * row_bytes(self.kind, hd))
     }
 
     /// Bytes the live positions occupy (what a copy to another window moves).

@@ -271,7 +271,7 @@ impl Metrics {
 /// sessions and their KV memory, and the artifacts resident by window.
 fn render_engine(out: &mut String, stats: &EngineStats) {
     let p = &stats.pyramid;
-    let counters: [(&str, &str, f64); 11] = [
+    let counters: [(&str, &str, f64); 13] = [
         (
             "pyramid_artifact_compiles_total",
             "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
@@ -321,6 +321,16 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "pyramid_reprefills_total",
             "Window crossings that prefilled the context again.",
             p.n_reprefills as f64,
+        ),
+        (
+            "pyramid_session_forks_total",
+            "New conversations that copied the prefix they share with a cached one.",
+            p.n_forks as f64,
+        ),
+        (
+            "pyramid_session_fork_bytes_total",
+            "KV bytes copied by session forks.",
+            p.fork_bytes as f64,
         ),
         (
             "pyramid_artifacts_evicted_total",

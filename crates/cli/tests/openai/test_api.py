@@ -321,7 +321,8 @@ def check_session_cache():
 COUNTERS = ["pyramid_requests_total", "pyramid_prompt_tokens_total", "pyramid_cached_prompt_tokens_total",
             "pyramid_prefilled_tokens_total", "pyramid_generated_tokens_total", "pyramid_kv_migrations_total",
             "pyramid_artifact_compiles_total", "pyramid_artifact_compile_seconds_total", "pyramid_stalls_total",
-            "pyramid_stall_seconds_total", "pyramid_reprefills_total"]
+            "pyramid_stall_seconds_total", "pyramid_reprefills_total", "pyramid_session_forks_total",
+            "pyramid_session_fork_bytes_total"]
 HISTOGRAMS = ["pyramid_ttft_seconds", "pyramid_inter_token_seconds", "pyramid_batch_size"]
 GAUGES = ["pyramid_queue_depth", "pyramid_running_sequences", "pyramid_cached_sessions", "pyramid_kv_bytes",
           "pyramid_kv_used_bytes", "pyramid_artifacts_compiling", "pyramid_artifacts_resident", "pyramid_route_info"]
