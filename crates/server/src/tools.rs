@@ -201,14 +201,19 @@ impl ToolSet {
                 .collect(),
             _ => (0..self.names.len()).collect(),
         };
+        // Each function's definitions move to the root of the combined schema, where
+        // its `$ref`s (renamed apart) still find them.
+        let mut defs = Map::new();
         let variants: Vec<Value> = allowed
             .iter()
             .map(|&i| {
+                let arguments =
+                    hoist_definitions(&self.parameters[i], &format!("f{i}_"), &mut defs);
                 json!({
                     "type": "object",
                     "properties": {
                         "name": {"const": self.names[i]},
-                        "arguments": self.parameters[i],
+                        "arguments": arguments,
                     },
                     "required": ["name", "arguments"],
                     "additionalProperties": false,
@@ -216,6 +221,9 @@ impl ToolSet {
             })
             .collect();
         let mut schema = json!({"anyOf": variants});
+        if !defs.is_empty() {
+            schema["$defs"] = Value::Object(defs);
+        }
         schema["x-guidance"] = json_layout();
         let repeat = if self.parallel {
             r#" ("\n" call)*"#
@@ -251,6 +259,42 @@ pub fn reply_grammar(tools: Option<&ToolSet>, format: Option<&Grammar>) -> Optio
         }
         (_, format) => format.cloned(),
     }
+}
+
+/// `schema` without its `$defs`/`definitions`, which go into `defs` with `prefix` on
+/// their names, and with its local `$ref`s (`#/$defs/x`, `#/definitions/x`) renamed to
+/// match: a function's parameters keep their meaning inside a combined schema.
+fn hoist_definitions(schema: &Value, prefix: &str, defs: &mut Map<String, Value>) -> Value {
+    fn rename(value: &mut Value, prefix: &str) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get_mut("$ref") {
+                    let name = r
+                        .strip_prefix("#/$defs/")
+                        .or_else(|| r.strip_prefix("#/definitions/"));
+                    if let Some(name) = name {
+                        *r = format!("#/$defs/{prefix}{name}");
+                    }
+                }
+                map.values_mut().for_each(|v| rename(v, prefix));
+            }
+            Value::Array(items) => items.iter_mut().for_each(|v| rename(v, prefix)),
+            _ => {}
+        }
+    }
+    let mut schema = schema.clone();
+    if let Value::Object(map) = &mut schema {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(found)) = map.remove(key) {
+                for (name, mut def) in found {
+                    rename(&mut def, prefix);
+                    defs.insert(format!("{prefix}{name}"), def);
+                }
+            }
+        }
+    }
+    rename(&mut schema, prefix);
+    schema
 }
 
 /// A Lark string literal for `text`.

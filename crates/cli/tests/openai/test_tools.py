@@ -178,6 +178,27 @@ def forced_calls() -> None:
     check_calls(calls, names, "required, parallel")
     expect(finish in ("tool_calls", "length"), f"parallel finish_reason {finish}")
     ok(f"required with parallel calls: {len(calls)} valid call(s)")
+    # A tool made from a Pydantic model, whose nested models are `$defs` with `$ref`s.
+
+    class Address(pydantic.BaseModel):
+        city: str = pydantic.Field(max_length=20)
+        zip: str = pydantic.Field(pattern="^[0-9]{5}$")
+
+    class Shipment(pydantic.BaseModel):
+        to: str = pydantic.Field(max_length=20)
+        address: Address
+        back: Address | None
+
+    ship = openai.pydantic_function_tool(Shipment, name="ship")
+    expect("$defs" in json.dumps(ship), "the Pydantic tool schema has $defs")
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Ship a parcel to Ann in Rome."}], tools=[ship] + TOOLS,
+        tool_choice={"type": "function", "function": {"name": "ship"}}, parallel_tool_calls=False,
+        temperature=0, max_tokens=120)
+    call = (r.choices[0].message.tool_calls or [None])[0]
+    expect(call is not None and call.function.name == "ship", f"a ship call: {r.choices[0].message}")
+    shipment = Shipment.model_validate_json(call.function.arguments)
+    ok(f"a Pydantic tool with $defs: {shipment!r}")
 
 
 def structured_output() -> None:

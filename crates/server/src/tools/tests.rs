@@ -243,3 +243,22 @@ fn a_reply_that_is_only_an_untagged_call_is_that_call() {
     );
     assert_eq!((content.as_str(), calls.len()), ("{}\n", 1));
 }
+
+#[test]
+fn definitions_move_to_the_root_of_the_combined_schema_renamed_apart() {
+    let mut defs = Map::new();
+    let a = json!({"type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}},
+        "$defs": {"Point": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Point"}}}}});
+    let b = json!({"type": "object", "properties": {"p": {"$ref": "#/definitions/Point"}},
+        "definitions": {"Point": {"type": "integer"}}});
+    let a = hoist_definitions(&a, "f0_", &mut defs);
+    let b = hoist_definitions(&b, "f1_", &mut defs);
+    assert_eq!(a["properties"]["p"]["$ref"], "#/$defs/f0_Point");
+    assert_eq!(b["properties"]["p"]["$ref"], "#/$defs/f1_Point");
+    assert!(a.get("$defs").is_none() && b.get("definitions").is_none());
+    assert_eq!(
+        defs["f0_Point"]["properties"]["next"]["$ref"],
+        "#/$defs/f0_Point"
+    );
+    assert_eq!(defs["f1_Point"], json!({"type": "integer"}));
+}
