@@ -73,6 +73,8 @@ pub fn json_layout() -> Value {
 #[derive(Clone)]
 pub struct GrammarVocab {
     factory: Arc<ParserFactory>,
+    /// The end token the grammar engine allows where a grammar may end.
+    eos: u32,
     /// Tokens that end generation; all are allowed when the grammar may end.
     end_tokens: Arc<[u32]>,
     n_vocab: usize,
@@ -132,6 +134,7 @@ impl GrammarVocab {
         factory.quiet();
         Ok(GrammarVocab {
             factory: Arc::new(factory),
+            eos,
             end_tokens,
             n_vocab,
         })
@@ -158,6 +161,7 @@ impl GrammarVocab {
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
         Ok(Constraint {
             matcher: Matcher::new(Ok(parser)),
+            eos: self.eos,
             end_tokens: Arc::clone(&self.end_tokens),
             n_vocab: self.n_vocab,
             finished: false,
@@ -191,6 +195,7 @@ impl TokenizerEnv for VocabEnv {
 /// One reply's grammar state.
 pub struct Constraint {
     matcher: Matcher,
+    eos: u32,
     end_tokens: Arc<[u32]>,
     n_vocab: usize,
     finished: bool,
@@ -208,6 +213,7 @@ impl Clone for Constraint {
     fn clone(&self) -> Self {
         Constraint {
             matcher: self.matcher.deep_clone(),
+            eos: self.eos,
             end_tokens: Arc::clone(&self.end_tokens),
             n_vocab: self.n_vocab,
             finished: self.finished,
@@ -231,22 +237,13 @@ impl Constraint {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| GrammarError::Matcher(e.to_string()))?;
-        let eos = self.matcher_eos()?;
-        let may_end = mask.is_allowed(eos);
+        let may_end = mask.is_allowed(self.eos);
         for &id in self.end_tokens.iter() {
             if (id as usize) < mask.len() {
                 mask.set(id as usize, may_end);
             }
         }
         Ok(mask)
-    }
-
-    fn matcher_eos(&self) -> Result<u32> {
-        let env = self
-            .matcher
-            .tok_env()
-            .map_err(|e| GrammarError::Matcher(e.to_string()))?;
-        Ok(env.tok_trie().eos_token())
     }
 
     /// Advances past the sampled `token`. An end-of-generation token ends the reply

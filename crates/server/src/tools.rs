@@ -17,7 +17,7 @@
 //! against the function's `parameters` schema.
 
 use pyramid_grammar::{json_layout, Grammar};
-use pyramid_tokenizer::{ChatMessage, ToolCall};
+use pyramid_tokenizer::{python_json, ChatMessage, ToolCall};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -376,24 +376,6 @@ fn call_text(call: &ToolCall) -> String {
         python_json(&Value::String(call.name.clone())),
         python_json(&call.arguments)
     )
-}
-
-/// JSON with Python's separators (`", "`, `": "`), as the templates print it.
-fn python_json(value: &Value) -> String {
-    match value {
-        Value::Object(map) => {
-            let items: Vec<String> = map
-                .iter()
-                .map(|(k, v)| format!("{}: {}", Value::String(k.clone()), python_json(v)))
-                .collect();
-            format!("{{{}}}", items.join(", "))
-        }
-        Value::Array(items) => {
-            let items: Vec<String> = items.iter().map(python_json).collect();
-            format!("[{}]", items.join(", "))
-        }
-        other => other.to_string(),
-    }
 }
 
 #[cfg(test)]

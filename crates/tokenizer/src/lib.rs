@@ -28,6 +28,7 @@ use pyramid_gguf::Metadata;
 pub use chat::{ChatMessage, ChatTemplate, ToolCall};
 pub use error::{Result, TokenizerError};
 pub use pretokenize::PreType;
+pub use pyjson::python_json;
 pub use stream::StreamDecoder;
 pub use vocab::TokenType;
 

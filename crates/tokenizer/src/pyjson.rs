@@ -7,6 +7,20 @@
 use minijinja::value::Kwargs;
 use minijinja::{Error, ErrorKind, Value};
 
+/// `value` as Python's `json.dumps(value, ensure_ascii=False)` writes it (`", "` and
+/// `": "`, keys in order): how templates print JSON, and so how models read it.
+pub fn python_json(value: &serde_json::Value) -> String {
+    let style = Style {
+        indent: None,
+        item_sep: ", ".to_string(),
+        key_sep: ": ".to_string(),
+        sort_keys: false,
+    };
+    let mut out = String::new();
+    style.write(value, 0, &mut out);
+    out
+}
+
 /// `value | tojson(indent=None, separators=None, sort_keys=False)`.
 pub fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;

@@ -7,6 +7,8 @@ use std::io::{BufRead, BufReader, Write};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
+use pyramid_grammar::Grammar;
+
 use super::run::SamplingArgs;
 
 /// What one streamed reply brought.
@@ -28,17 +30,10 @@ pub fn run(
             "--grammar needs a local model: a server takes --json-schema only (as response_format)"
         );
     }
-    let schema: Option<Value> =
-        match &sampling.json_schema {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("--json-schema: cannot read {}", path.display()))?;
-                Some(serde_json::from_str(&text).with_context(|| {
-                    format!("--json-schema: {} is not valid JSON", path.display())
-                })?)
-            }
-            None => None,
-        };
+    let schema: Option<Value> = match sampling.read_grammar()? {
+        Some((Grammar::JsonSchema(schema), ..)) => Some(schema),
+        Some((Grammar::Lark(_), ..)) | None => None,
+    };
     let base = server.trim_end_matches('/').trim_end_matches("/v1");
     let model = first_model(base, api_key)?;
     let mut messages: Vec<Value> = system

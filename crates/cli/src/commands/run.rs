@@ -90,20 +90,8 @@ pub struct ReplyGrammar {
 impl ReplyGrammar {
     /// The grammar the flags name, checked by compiling it once; `None` without one.
     pub fn from_args(args: &SamplingArgs, tokenizer: &Tokenizer) -> Result<Option<Self>> {
-        let (path, flag) = match (&args.json_schema, &args.grammar) {
-            (Some(p), _) => (p, "--json-schema"),
-            (None, Some(p)) => (p, "--grammar"),
-            (None, None) => return Ok(None),
-        };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("{flag}: cannot read {}", path.display()))?;
-        let grammar = if args.json_schema.is_some() {
-            Grammar::JsonSchema(
-                serde_json::from_str(&text)
-                    .with_context(|| format!("{flag}: {} is not valid JSON", path.display()))?,
-            )
-        } else {
-            Grammar::Lark(text)
+        let Some((grammar, flag, path)) = args.read_grammar()? else {
+            return Ok(None);
         };
         let vocab = GrammarVocab::new(Arc::new(tokenizer.clone()))?;
         vocab
@@ -118,6 +106,27 @@ impl ReplyGrammar {
 }
 
 impl SamplingArgs {
+    /// The grammar `--json-schema` or `--grammar` names, read from its file, with the flag
+    /// and the path (for errors); `None` without either.
+    pub fn read_grammar(&self) -> Result<Option<(Grammar, &'static str, &PathBuf)>> {
+        let (path, flag) = match (&self.json_schema, &self.grammar) {
+            (Some(p), _) => (p, "--json-schema"),
+            (None, Some(p)) => (p, "--grammar"),
+            (None, None) => return Ok(None),
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{flag}: cannot read {}", path.display()))?;
+        let grammar = if self.json_schema.is_some() {
+            Grammar::JsonSchema(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{flag}: {} is not valid JSON", path.display()))?,
+            )
+        } else {
+            Grammar::Lark(text)
+        };
+        Ok(Some((grammar, flag, path)))
+    }
+
     /// A request for `prompt` with these settings, ending at `stop_tokens` unless
     /// `--ignore-eos`.
     pub fn request(&self, id: RequestId, prompt: Vec<u32>, stop_tokens: &[u32]) -> Result<Request> {
