@@ -173,6 +173,7 @@ pub fn single_user(ladder: WindowLadder, prefill_chunk: usize, max_batch: usize)
         kv_budget: usize::MAX,
         max_sessions: 4,
         static_shapes: false,
+        aging: pyramid_engine::DEFAULT_AGING,
     }
 }
 

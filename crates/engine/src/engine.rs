@@ -23,6 +23,7 @@ use pyramid_model::KvCache;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
 use serde::Serialize;
 
+use crate::admission::PreemptionStats;
 use crate::executor::Executed;
 use crate::kv_pool::KvPool;
 use crate::prefix_cache::PrefixCache;
@@ -45,13 +46,33 @@ pub struct EngineConfig {
     /// Run through per-window static artifacts even on a backend that takes mixed
     /// passes, as a static device would (what `replay` measures).
     pub static_shapes: bool,
+    /// Waiting this long (queued, or paused) makes a request one priority level more
+    /// urgent, so that nothing starves; zero turns aging off.
+    pub aging: Duration,
 }
 
-/// A request being served.
-pub(crate) struct Sequence {
+/// How long a request waits before it is one level more urgent, by default.
+pub const DEFAULT_AGING: Duration = Duration::from_secs(2);
+
+/// A request not admitted yet.
+pub(crate) struct Queued {
     pub request: Request,
+    pub submitted: Instant,
+    /// Its place in line among requests of one level.
+    pub arrival: u64,
+}
+
+/// A request being served (running or paused).
+pub(crate) struct Sequence {
+    /// Its prompt moved to `input`.
+    pub request: Request,
+    pub prompt_len: usize,
+    /// Tokens to have in the cache before the next sample: the prompt, or (swapped out
+    /// and resumed) everything the session held and the token after it.
+    pub input: Vec<u32>,
     pub session: Session,
-    /// Prompt tokens in the cache so far (the first `cached_tokens` came with it).
+    /// Tokens of `input` in the cache so far (the first `cached_tokens` of the prompt
+    /// came with it).
     pub fed: usize,
     pub cached_tokens: usize,
     /// The sampled token to feed next, once the prompt is in.
@@ -59,7 +80,17 @@ pub(crate) struct Sequence {
     pub sampler: Sampler,
     pub generated: usize,
     pub submitted: Instant,
+    pub arrival: u64,
     pub admitted: Instant,
+    /// Since it last entered the batch, and at which level.
+    pub running_since: Instant,
+    pub entry_level: i64,
+    /// Since when it is paused, if it is.
+    pub paused_since: Option<Instant>,
+    /// Time spent paused before the current run.
+    pub paused_for: Duration,
+    /// Tokens its session held when it was swapped out (0 unless it was).
+    pub swapped_len: usize,
     pub first_token: Option<Instant>,
     pub last_token: Option<Instant>,
     /// Since when it waits for an artifact or memory to move to a larger window.
@@ -70,7 +101,26 @@ pub(crate) struct Sequence {
 
 impl Sequence {
     pub fn prefilling(&self) -> bool {
-        self.fed < self.request.prompt.len()
+        self.fed < self.input.len()
+    }
+
+    /// Its priority level now: paused, its priority lowered by its wait; running, its
+    /// priority, or for one aging interval after it entered the batch the level it
+    /// entered at, if lower (so an aged request runs a quantum before it can be paused
+    /// again).
+    pub fn level(&self, now: Instant, aging: Duration) -> i64 {
+        let own = i64::from(self.request.priority);
+        match self.paused_since {
+            Some(t) => crate::admission::level(
+                self.request.priority,
+                now.saturating_duration_since(t),
+                aging,
+            ),
+            None if now.saturating_duration_since(self.running_since) < aging => {
+                own.min(self.entry_level)
+            }
+            None => own,
+        }
     }
 }
 
@@ -92,6 +142,12 @@ pub struct EngineStats {
     pub pyramid: PyramidStats,
     pub running: usize,
     pub waiting: usize,
+    /// Sequences paused for more urgent ones (with their KV, or swapped out).
+    pub paused: usize,
+    /// Queued and paused requests by priority: `(priority, count)`, most urgent first.
+    pub waiting_by_priority: Vec<(i32, usize)>,
+    #[serde(flatten)]
+    pub preemption: PreemptionStats,
     pub cached_sessions: usize,
     /// KV bytes of running and cached sessions: reserved (their windows) and used.
     pub kv_bytes_reserved: usize,
@@ -111,8 +167,11 @@ pub struct Engine {
     pub(crate) kv_bytes_per_position: usize,
     /// Pre-faulted compact caches, on backends that bind cache memory.
     pub(crate) kv_pool: Option<Arc<KvPool>>,
-    pub(crate) waiting: VecDeque<(Request, Instant)>,
+    pub(crate) waiting: VecDeque<Queued>,
     pub(crate) running: Vec<Sequence>,
+    pub(crate) paused: Vec<Sequence>,
+    pub(crate) next_arrival: u64,
+    pub(crate) preemption: PreemptionStats,
     pub(crate) cache: PrefixCache,
     pub(crate) summary: StepSummary,
     pub(crate) events: Vec<Event>,
@@ -160,6 +219,9 @@ impl Engine {
             kv_pool,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            paused: Vec::new(),
+            next_arrival: 0,
+            preemption: PreemptionStats::default(),
             cache: PrefixCache::default(),
             summary: StepSummary::default(),
             events: Vec::new(),
@@ -179,15 +241,31 @@ impl Engine {
         self.config.pyramid.ladder.largest()
     }
 
-    /// Queues `request`. It is checked when admitted: errors come back as
-    /// [`Event::Failed`].
+    /// Queues `request`. One that can never run (an empty prompt, beyond the largest
+    /// window, a first window beyond the KV budget) fails at once, with the next step's
+    /// events; other errors come when it is admitted.
     pub fn add_request(&mut self, request: Request) {
-        self.waiting.push_back((request, Instant::now()));
+        if let Some(error) = self.refusal(&request) {
+            self.events.push(Event::Failed {
+                id: request.id,
+                error,
+            });
+            return;
+        }
+        self.waiting.push_back(Queued {
+            request,
+            submitted: Instant::now(),
+            arrival: self.next_arrival,
+        });
+        self.next_arrival += 1;
     }
 
-    /// Whether anything is queued or running.
+    /// Whether anything is queued, running or paused (or an event is to be reported).
     pub fn has_work(&self) -> bool {
-        !self.waiting.is_empty() || !self.running.is_empty()
+        !self.waiting.is_empty()
+            || !self.running.is_empty()
+            || !self.paused.is_empty()
+            || !self.events.is_empty()
     }
 
     pub fn n_waiting(&self) -> usize {
@@ -197,15 +275,20 @@ impl Engine {
     /// Ends a request now (a client went away, a stop string matched). Its session is
     /// kept for reuse. Returns its usage, or `None` if the engine does not hold it.
     pub fn abort(&mut self, id: RequestId) -> Option<Usage> {
-        if let Some(i) = self.waiting.iter().position(|(r, _)| r.id == id) {
-            let (request, _) = self.waiting.remove(i)?;
+        if let Some(i) = self.waiting.iter().position(|q| q.request.id == id) {
+            let queued = self.waiting.remove(i)?;
             return Some(Usage {
-                prompt_tokens: request.prompt.len(),
+                prompt_tokens: queued.request.prompt.len(),
                 ..Usage::default()
             });
         }
-        let i = self.running.iter().position(|s| s.request.id == id)?;
-        let seq = self.running.swap_remove(i);
+        let seq = match self.running.iter().position(|s| s.request.id == id) {
+            Some(i) => self.running.swap_remove(i),
+            None => {
+                let i = self.paused.iter().position(|s| s.request.id == id)?;
+                self.paused.swap_remove(i)
+            }
+        };
         let usage = usage_of(&seq);
         self.retire(seq.session);
         Some(usage)
@@ -373,14 +456,31 @@ impl Engine {
     }
 
     pub fn stats(&self) -> EngineStats {
-        let (reserved, used) = self.running.iter().map(|s| s.session.kv_bytes()).fold(
-            (self.cache.bytes(), self.cache.used_bytes()),
-            |(r, u), (a, b)| (r + a, u + b),
-        );
+        let (reserved, used) = self
+            .running
+            .iter()
+            .chain(&self.paused)
+            .map(|s| s.session.kv_bytes())
+            .fold(
+                (self.cache.bytes(), self.cache.used_bytes()),
+                |(r, u), (a, b)| (r + a, u + b),
+            );
+        let mut waiting_by_priority: Vec<(i32, usize)> = Vec::new();
+        let priorities = self.waiting.iter().map(|q| q.request.priority);
+        for p in priorities.chain(self.paused.iter().map(|s| s.request.priority)) {
+            match waiting_by_priority.iter_mut().find(|(q, _)| *q == p) {
+                Some((_, n)) => *n += 1,
+                None => waiting_by_priority.push((p, 1)),
+            }
+        }
+        waiting_by_priority.sort_unstable();
         EngineStats {
             pyramid: self.pyramid.stats(),
             running: self.running.len(),
             waiting: self.waiting.len(),
+            paused: self.paused.len(),
+            waiting_by_priority,
+            preemption: self.preemption,
             cached_sessions: self.cache.len(),
             kv_bytes_reserved: reserved,
             kv_bytes_used: used,
@@ -448,16 +548,19 @@ impl Engine {
         self.kv_bytes_per_position.saturating_mul(window)
     }
 
-    /// KV bytes the running sessions reserve, counting those not yet placed at the
-    /// window they will get.
+    /// KV bytes the running and paused sessions reserve, counting running ones not yet
+    /// placed at the window they will get.
     pub(crate) fn running_bytes(&self) -> usize {
-        self.running
-            .iter()
-            .map(|s| match s.session.window() {
-                Some(_) => s.session.kv_bytes().0,
-                None => self.target_window(s).map_or(0, |w| self.kv_bytes_for(w)),
-            })
-            .sum()
+        let paused: usize = self.paused.iter().map(|s| s.session.kv_bytes().0).sum();
+        paused
+            + self
+                .running
+                .iter()
+                .map(|s| match s.session.window() {
+                    Some(_) => s.session.kv_bytes().0,
+                    None => self.target_window(s).map_or(0, |w| self.kv_bytes_for(w)),
+                })
+                .sum::<usize>()
     }
 
     /// Keeps a session for reuse, then evicts what the session limit and the KV budget
@@ -467,9 +570,11 @@ impl Engine {
         self.fit_budget(self.running_bytes(), self.max_cached());
     }
 
-    /// Cached sessions allowed beside the running ones.
+    /// Cached sessions allowed beside the running and paused ones.
     pub(crate) fn max_cached(&self) -> usize {
-        self.config.max_sessions.saturating_sub(self.running.len())
+        self.config
+            .max_sessions
+            .saturating_sub(self.running.len() + self.paused.len())
     }
 
     /// Makes pooled caches and cached sessions fit the KV budget beside running sessions
@@ -545,7 +650,7 @@ pub struct Completion {
 
 pub(crate) fn usage_of(seq: &Sequence) -> Usage {
     Usage {
-        prompt_tokens: seq.request.prompt.len(),
+        prompt_tokens: seq.prompt_len,
         completion_tokens: seq.generated,
         cached_tokens: seq.cached_tokens,
     }
@@ -556,10 +661,13 @@ fn timings_of(seq: &Sequence) -> Timings {
     let first = seq.first_token.unwrap_or(seq.admitted);
     Timings {
         prefill_ms: ms(seq.admitted, first),
-        n_prefill: seq.request.prompt.len() - seq.cached_tokens,
+        n_prefill: seq.prompt_len - seq.cached_tokens,
         decode_ms: ms(first, seq.last_token.unwrap_or(first)),
         n_decode: seq.generated.saturating_sub(1),
         queue_ms: ms(seq.submitted, seq.admitted),
+        paused_ms: (seq.paused_for + seq.paused_since.map_or(Duration::ZERO, |t| t.elapsed()))
+            .as_secs_f64()
+            * 1e3,
         mask_ms: seq.mask_time.as_secs_f64() * 1e3,
     }
 }

@@ -64,7 +64,7 @@ impl Engine {
                     Some(match n {
                         Some(n) => Feed {
                             idx,
-                            tokens: seq.request.prompt[seq.fed..seq.fed + n].to_vec(),
+                            tokens: seq.input[seq.fed..seq.fed + n].to_vec(),
                             prefill: true,
                         },
                         None => Feed {

@@ -15,6 +15,7 @@
 //! on the batch around it, the arm, the window it runs on, or whether its prefix came
 //! from the cache.
 
+mod admission;
 mod audit;
 mod constrain;
 mod engine;
@@ -29,8 +30,9 @@ mod request;
 mod scheduler;
 mod session;
 
+pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
-pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary};
+pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary, DEFAULT_AGING};
 pub use error::{EngineError, Result};
 pub use executor::Executed;
 pub use predictor::GrowthPredictor;

@@ -287,6 +287,7 @@ pub fn run_arm(
         max_sessions: usize::MAX,
         // The pyramid is measured as a static device sees it, whatever the backend.
         static_shapes: true,
+        aging: crate::DEFAULT_AGING,
     };
     let mut engine = Engine::new(
         Arc::clone(&setup.backend),

@@ -28,6 +28,10 @@ pub struct Request {
     /// A grammar the reply must follow: tokens it forbids are masked before sampling,
     /// and the reply ends (`Stop`) when the grammar is complete.
     pub constraint: Option<Constraint>,
+    /// Lower is more urgent (vLLM's convention); 0 by default. Admission, the batch's
+    /// slots and the prefill chunk go to the most urgent first, and a less urgent
+    /// sequence may be paused for a more urgent one (see the admission module).
+    pub priority: i32,
 }
 
 impl Request {
@@ -41,6 +45,7 @@ impl Request {
             stop_tokens: Vec::new(),
             logprobs: None,
             constraint: None,
+            priority: 0,
         }
     }
 }
@@ -87,6 +92,8 @@ pub struct Timings {
     pub n_decode: usize,
     /// From submission to admission: time spent queued.
     pub queue_ms: f64,
+    /// Time spent paused for more urgent requests, after admission.
+    pub paused_ms: f64,
     /// Spent computing the grammar's token masks (0 without a constraint).
     pub mask_ms: f64,
 }

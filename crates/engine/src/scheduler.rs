@@ -1,13 +1,11 @@
 //! Deciding a step: admission, token budget, windows, compiles.
 //!
-//! - **Admission** in arrival order while the batch has room and the KV budget holds the
-//!   request's first window (evicting cached sessions first); a request that does not
-//!   fit waits in the queue, and one that could never fit fails.
-//! - **Prefix reuse**: an admitted request takes the cached session sharing the longest
-//!   prefix with its prompt and feeds only the rest (always at least its last token).
+//! - **Admission** by priority, with pausing and swapping out when the batch or the KV
+//!   budget is full, and prefix reuse: the admission module.
 //! - **Tokens**: every decoding sequence feeds one token; prompts share at most
-//!   `prefill_chunk` tokens per step, in admission order, so a long prompt is prefilled
-//!   over several steps while the others keep decoding.
+//!   `prefill_chunk` tokens per step, most urgent first and in arrival order within a
+//!   priority, so a long prompt is prefilled over several steps while the others keep
+//!   decoding.
 //! - **Windows**: a sequence that this step would overflow moves to the next rung first
 //!   (a migration, or a re-prefill under [`Arm::Reprefill`]); on a static backend only
 //!   once that window's artifacts are compiled. Until then it stalls (counted) and the
@@ -16,9 +14,7 @@
 //!   [`Arm::Predictive`], the next window compiles when the predictor expects the crossing
 //!   sooner than the compile would take.
 
-use std::time::{Duration, Instant};
-
-use pyramid_runtime::{ArtifactShape, Sampler};
+use pyramid_runtime::ArtifactShape;
 
 use crate::engine::{Engine, Sequence};
 use crate::pyramid::Arm;
@@ -91,6 +87,9 @@ impl Engine {
     /// Decides the next step. Admission happens here; nothing runs.
     pub fn schedule(&mut self) -> Schedule {
         self.admit();
+        // The most urgent get the prefill chunk first; arrival order within a priority.
+        self.running
+            .sort_by_key(|s| (s.request.priority, s.arrival));
         let mut schedule = Schedule::default();
         let mut budget = self.config.pyramid.prefill_chunk;
         let mut decoding: Vec<(RequestId, usize)> = Vec::new();
@@ -100,7 +99,7 @@ impl Engine {
             let seq = &self.running[i];
             let prefilling = seq.prefilling();
             let n = if prefilling {
-                (seq.request.prompt.len() - seq.fed).min(budget)
+                (seq.input.len() - seq.fed).min(budget)
             } else {
                 usize::from(seq.next_input.is_some())
             };
@@ -134,7 +133,7 @@ impl Engine {
                     None => self.kv_bytes_for(window),
                 };
                 let extra = self.kv_bytes_for(window).saturating_sub(counted);
-                let fits = self.evict_for(planned_bytes + extra);
+                let fits = self.evict_for(planned_bytes + extra, seq.request.priority);
                 if !ready || !fits {
                     if !ready && !self.pyramid.is_prepared(window) {
                         schedule
@@ -186,7 +185,7 @@ impl Engine {
         let cfg = &self.config.pyramid;
         let ladder = &cfg.ladder;
         let n = if seq.prefilling() {
-            (seq.request.prompt.len() - seq.fed).min(cfg.prefill_chunk)
+            (seq.input.len() - seq.fed).min(cfg.prefill_chunk)
         } else {
             1
         };
@@ -196,7 +195,7 @@ impl Engine {
         }
         // A new session reserves room for its whole prompt and some generation.
         let horizon = if seq.session.window().is_none() {
-            needed.max(seq.request.prompt.len())
+            needed.max(seq.input.len())
         } else {
             needed
         };
@@ -272,7 +271,7 @@ impl Engine {
             let (window, len) = match seq.session.window() {
                 Some(w) => (w, seq.session.len()),
                 None => match self.target_window(seq) {
-                    Some(w) => (w, seq.request.prompt.len()),
+                    Some(w) => (w, seq.input.len()),
                     None => continue,
                 },
             };
@@ -309,132 +308,16 @@ impl Engine {
             .then_some(next)
     }
 
-    /// Whether running sessions reserving `running_bytes` fit the KV budget, evicting
-    /// pooled caches and cached sessions as needed.
-    fn evict_for(&mut self, running_bytes: usize) -> bool {
-        if running_bytes > self.config.kv_budget {
-            return false;
-        }
-        self.fit_budget(running_bytes, usize::MAX);
-        true
-    }
-
-    /// Moves queued requests into the batch while it has room and memory.
-    fn admit(&mut self) {
-        while self.running.len() < self.config.max_batch {
-            let Some((request, submitted)) = self.waiting.pop_front() else {
-                break;
-            };
-            let id = request.id;
-            let largest = self.config.pyramid.ladder.largest();
-            let refused = if request.prompt.is_empty() {
-                Some(EngineError::EmptyPrompt)
-            } else if request.max_tokens == 0 {
-                Some(EngineError::BadRequest(
-                    "max_tokens must be at least 1".to_string(),
-                ))
-            } else if request.prompt.len() > largest {
-                let needed = request.prompt.len();
-                Some(EngineError::Runtime(
-                    pyramid_runtime::RuntimeError::BeyondLargestWindow { needed, largest },
-                ))
-            } else {
-                None
-            };
-            let sampler =
-                match refused.map_or_else(|| Ok(Sampler::new(request.sampler.clone())?), Err) {
-                    Ok(s) => s,
-                    Err(error) => {
-                        self.events.push(Event::Failed { id, error });
-                        continue;
-                    }
-                };
-            // The last prompt token always runs, for the logits the first sample needs.
-            let (session, reused, forked) = self.reuse_for(&request.prompt);
-            let mut seq = Sequence {
-                request,
-                session,
-                fed: reused,
-                cached_tokens: reused,
-                next_input: None,
-                sampler,
-                generated: 0,
-                submitted,
-                admitted: Instant::now(),
-                first_token: None,
-                last_token: None,
-                stalled_since: None,
-                mask_time: Duration::ZERO,
-            };
-            seq.session.truncate(reused);
-            if seq.session.is_empty() {
-                let reply = seq
-                    .request
-                    .max_tokens
-                    .min(self.config.pyramid.generation_reserve);
-                seq.session
-                    .assume_turn(seq.request.prompt.len().saturating_add(reply));
-            }
-            let window_bytes = self
-                .target_window(&seq)
-                .map_or(0, |w| self.kv_bytes_for(w))
-                .max(seq.session.kv_bytes().0);
-            let running = self.running_bytes() + window_bytes;
-            if running > self.config.kv_budget {
-                if self.running.is_empty() {
-                    let budget = self.config.kv_budget;
-                    self.events.push(Event::Failed {
-                        id,
-                        error: EngineError::OverBudget {
-                            bytes: window_bytes,
-                            budget,
-                        },
-                    });
-                    continue;
-                }
-                // It waits for a running sequence to finish; its session goes back (a
-                // fork is dropped: what it copied is still cached).
-                if !forked {
-                    self.cache.insert(std::mem::take(&mut seq.session));
-                }
-                self.waiting.push_front((seq.request, submitted));
-                break;
-            }
-            self.evict_for(running);
-            self.events.push(Event::Started {
-                id,
-                cached_tokens: reused,
-            });
-            self.running.push(seq);
-        }
-        self.fit_budget(self.running_bytes(), self.max_cached());
-    }
-
-    /// The cached session a prompt reuses, the prompt tokens it covers (never the last
-    /// one), and whether it is a fork. A prompt that extends a cached conversation takes
-    /// it; one that diverges from it (another agent on the same system prompt) gets a copy
-    /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
-    /// be made the conversation is taken and cut, as the last resort before a full prefill.
-    fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
-        let Some((i, shared)) = self.cache.longest(prompt) else {
-            return (Session::default(), 0, false);
-        };
-        let reused = shared.min(prompt.len() - 1);
-        let cached = self.cache.session(i);
-        if reused < cached.len() {
-            if let Some(window) = cached.window() {
-                let (kv, _) = self.new_cache(window);
-                if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
-                    self.cache.touch(i);
-                    self.pyramid.record(|s| {
-                        s.n_forks += 1;
-                        s.fork_bytes += copied;
-                    });
-                    return (fork, reused, true);
-                }
-            }
-        }
-        (self.cache.take(i), reused, false)
+    /// Whether running and paused sessions reserving `running_bytes` fit the KV budget
+    /// for a sequence of priority `priority` to grow, evicting pooled caches, cached
+    /// sessions and then paused sequences less urgent than it, as needed.
+    fn evict_for(&mut self, running_bytes: usize, priority: i32) -> bool {
+        self.make_room(
+            running_bytes,
+            i64::from(priority),
+            std::time::Instant::now(),
+            false,
+        )
     }
 }
 

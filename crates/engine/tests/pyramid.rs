@@ -241,6 +241,7 @@ fn static_engine(backend: Arc<dyn Backend>, pyramid: PyramidConfig) -> Engine {
         kv_budget: usize::MAX,
         max_sessions: 8,
         static_shapes: true,
+        aging: pyramid_engine::DEFAULT_AGING,
     };
     Engine::new(backend, 1, KvType::F32, config).unwrap()
 }

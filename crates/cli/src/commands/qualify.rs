@@ -209,6 +209,7 @@ impl Qualifier {
             loaded,
             EngineConfig {
                 static_shapes: true,
+                aging: pyramid_engine::DEFAULT_AGING,
                 ..single_user(ladder, chunk, 1)
             },
         )?;

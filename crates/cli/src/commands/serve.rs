@@ -150,6 +150,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             kv_budget: args.kv_budget,
             max_sessions: args.max_sessions,
             static_shapes: false,
+            aging: pyramid_engine::DEFAULT_AGING,
         },
     )?;
     let template = loaded.tokenizer.chat_template().ok();

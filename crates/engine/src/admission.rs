@@ -1,0 +1,478 @@
+//! Who runs: admission by priority, pausing, swapping out, and the KV budget.
+//!
+//! - **Order.** Queued requests and paused sequences compete by *level*: their
+//!   `priority` (lower is more urgent, vLLM's convention) minus one for every
+//!   [`EngineConfig::aging`](crate::EngineConfig::aging) they have waited (queued, or
+//!   paused since they last ran); ties go to the earlier arrival. A running sequence is
+//!   at its own priority, except for a *quantum* of one aging interval after it entered
+//!   the batch, during which it keeps the level it entered at. Nothing starves: waiting
+//!   only lowers a level, so a waiting request eventually beats every running one and
+//!   then runs at least a quantum. Under a steady load of requests `d` levels more
+//!   urgent, a background sequence runs about one interval in every `d + 2`.
+//! - **Batch.** When the batch is full, a candidate more urgent than the least urgent
+//!   running sequence (ties: the one running longest) pauses it. A paused sequence keeps
+//!   its session and KV and resumes where it stopped, recomputing nothing.
+//! - **Memory.** The KV budget holds running, paused and cached sessions together. A
+//!   candidate that does not fit frees, in this order: cached conversations (least
+//!   recently used first), then paused sequences (least urgent first), then running
+//!   sequences less urgent than itself. A sequence giving up its memory is *swapped
+//!   out*: its session goes to the prefix cache, from where eviction writes it to the
+//!   session store when there is one (and a resume reads it back) or drops it (and a
+//!   resume prefills it again, counted in `recomputed_tokens`). A request whose first
+//!   window alone exceeds the budget fails when it is added, never waiting.
+
+use std::time::{Duration, Instant};
+
+use pyramid_runtime::{RuntimeError, Sampler};
+
+use crate::engine::{Engine, Queued, Sequence};
+use crate::request::{Event, Request};
+use crate::session::Session;
+use crate::EngineError;
+
+/// A request's level after waiting `waited`: lower runs first.
+pub(crate) fn level(priority: i32, waited: Duration, aging: Duration) -> i64 {
+    let aged = if aging.is_zero() {
+        0
+    } else {
+        i64::try_from(waited.as_nanos() / aging.as_nanos()).unwrap_or(i64::MAX)
+    };
+    i64::from(priority).saturating_sub(aged)
+}
+
+/// How a sequence about to run came by its session.
+#[derive(Clone, Copy, Default)]
+struct Reuse {
+    /// A copy of a cached conversation's prefix.
+    forked: bool,
+    /// Looked up again for a swapped-out sequence.
+    reattached: bool,
+}
+
+/// Who is next in line.
+#[derive(Clone, Copy)]
+enum Candidate {
+    Queued(usize),
+    Paused(usize),
+}
+
+/// Scheduling counters, for `/metrics` and reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PreemptionStats {
+    /// Sequences paused for a more urgent one (keeping their KV).
+    pub n_paused: usize,
+    /// Paused sequences that ran again.
+    pub n_resumed: usize,
+    /// Paused or running sequences whose KV was given up for memory.
+    pub n_swapped_out: usize,
+    /// Tokens prefilled again because a swapped-out session was evicted meanwhile.
+    pub recomputed_tokens: usize,
+}
+
+impl Engine {
+    /// The window a new request's session would start on, and its KV bytes.
+    pub(crate) fn first_window_bytes(&self, request: &Request) -> Option<usize> {
+        let ladder = &self.config.pyramid.ladder;
+        let reserve = request
+            .max_tokens
+            .min(self.config.pyramid.generation_reserve);
+        let horizon = request.prompt.len().saturating_add(reserve);
+        let window = if self.config.pyramid.arm == crate::Arm::Largest {
+            ladder.largest()
+        } else {
+            ladder.windows()[ladder.rung_for(horizon.min(ladder.largest())).ok()?]
+        };
+        Some(self.kv_bytes_for(window))
+    }
+
+    /// Why `request` can never run, if it cannot.
+    pub(crate) fn refusal(&self, request: &Request) -> Option<EngineError> {
+        let largest = self.config.pyramid.ladder.largest();
+        if request.prompt.is_empty() {
+            Some(EngineError::EmptyPrompt)
+        } else if request.max_tokens == 0 {
+            Some(EngineError::BadRequest(
+                "max_tokens must be at least 1".to_string(),
+            ))
+        } else if request.prompt.len() > largest {
+            let needed = request.prompt.len();
+            Some(EngineError::Runtime(RuntimeError::BeyondLargestWindow {
+                needed,
+                largest,
+            }))
+        } else {
+            let bytes = self.first_window_bytes(request)?;
+            (bytes > self.config.kv_budget).then_some(EngineError::OverBudget {
+                bytes,
+                budget: self.config.kv_budget,
+            })
+        }
+    }
+
+    fn candidate_level(&self, c: Candidate, now: Instant) -> (i64, u64) {
+        let aging = self.config.aging;
+        match c {
+            Candidate::Queued(i) => {
+                let q = &self.waiting[i];
+                let waited = now.saturating_duration_since(q.submitted);
+                (level(q.request.priority, waited, aging), q.arrival)
+            }
+            Candidate::Paused(i) => {
+                let s = &self.paused[i];
+                (s.level(now, aging), s.arrival)
+            }
+        }
+    }
+
+    /// The most urgent queued request or paused sequence.
+    fn next_candidate(&self, now: Instant) -> Option<Candidate> {
+        let queued = (0..self.waiting.len()).map(Candidate::Queued);
+        let paused = (0..self.paused.len()).map(Candidate::Paused);
+        queued
+            .chain(paused)
+            .min_by_key(|&c| self.candidate_level(c, now))
+    }
+
+    /// The running sequence to pause for a candidate at `level`: the least urgent (ties:
+    /// running longest), if it is less urgent than the candidate.
+    fn victim(&self, level: i64, now: Instant) -> Option<usize> {
+        let aging = self.config.aging;
+        (0..self.running.len())
+            .max_by_key(|&i| {
+                let s = &self.running[i];
+                (s.level(now, aging), std::cmp::Reverse(s.running_since))
+            })
+            .filter(|&i| self.running[i].level(now, aging) > level)
+    }
+
+    /// Moves queued requests and paused sequences into the batch, most urgent first,
+    /// while the batch has room (or holds something less urgent to pause) and the KV
+    /// budget holds them.
+    pub(crate) fn admit(&mut self) {
+        loop {
+            let now = Instant::now();
+            let Some(candidate) = self.next_candidate(now) else {
+                break;
+            };
+            let (cand_level, _) = self.candidate_level(candidate, now);
+            if self.running.len() >= self.config.max_batch && self.victim(cand_level, now).is_none()
+            {
+                break;
+            }
+            let (seq, reuse) = match candidate {
+                Candidate::Queued(i) => match self.prepare(i, now) {
+                    Some((seq, forked)) => (
+                        seq,
+                        Reuse {
+                            forked,
+                            reattached: false,
+                        },
+                    ),
+                    None => continue,
+                },
+                Candidate::Paused(i) => self.unpause(i),
+            };
+            // What it adds to the reserved bytes: its window, or the cache it holds.
+            let held = seq.session.kv_bytes().0;
+            let needed = if seq.session.window().is_some() {
+                held
+            } else {
+                self.target_window(&seq)
+                    .map_or(0, |w| self.kv_bytes_for(w))
+                    .max(held)
+            };
+            let total = self.running_bytes().saturating_add(needed);
+            if !self.make_room(total, cand_level, now, true) {
+                let holds_nothing = self.running.is_empty() && self.paused.is_empty();
+                if holds_nothing && seq.generated == 0 && seq.paused_since.is_none() {
+                    // Nothing holds memory that could be freed: it never fits.
+                    self.events.push(Event::Failed {
+                        id: seq.request.id,
+                        error: EngineError::OverBudget {
+                            bytes: needed,
+                            budget: self.config.kv_budget,
+                        },
+                    });
+                    if !reuse.forked {
+                        self.cache.insert(seq.session);
+                    }
+                    continue;
+                }
+                self.put_back(seq, reuse);
+                break;
+            }
+            if self.running.len() >= self.config.max_batch {
+                match self.victim(cand_level, now) {
+                    Some(v) => self.pause(v, now),
+                    None => {
+                        self.put_back(seq, reuse);
+                        break;
+                    }
+                }
+            }
+            self.run(seq, cand_level, now);
+        }
+        self.fit_budget(self.running_bytes(), self.max_cached());
+    }
+
+    /// Frees KV memory until running and paused sessions reserving `total` bytes fit
+    /// the budget: cached sessions first, then paused sequences, then (with
+    /// `running_too`) running ones less urgent than `level`, least urgent first.
+    /// `false` if that is not enough, and then nothing was swapped out.
+    pub(crate) fn make_room(
+        &mut self,
+        total: usize,
+        level: i64,
+        now: Instant,
+        running_too: bool,
+    ) -> bool {
+        let budget = self.config.kv_budget;
+        let aging = self.config.aging;
+        if total <= budget {
+            self.fit_budget(total, usize::MAX);
+            return true;
+        }
+        let mut bytes = total;
+        // `(running?, index, level, bytes)` of what could give its memory up.
+        let mut victims: Vec<(bool, usize, i64, usize)> = Vec::new();
+        for (i, s) in self.paused.iter().enumerate() {
+            // Admitting, every paused sequence is at most as urgent as the candidate.
+            let l = s.level(now, aging);
+            if (running_too || l > level) && s.session.window().is_some() {
+                victims.push((false, i, l, s.session.kv_bytes().0));
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            let l = s.level(now, aging);
+            if running_too && l > level && s.session.window().is_some() {
+                victims.push((true, i, l, s.session.kv_bytes().0));
+            }
+        }
+        let freeable: usize = victims.iter().map(|v| v.3).sum();
+        if bytes > budget.saturating_add(freeable) {
+            return false;
+        }
+        victims.sort_by_key(|&(running, _, l, _)| (running, std::cmp::Reverse(l)));
+        let mut chosen = Vec::new();
+        for v in victims {
+            if bytes <= budget {
+                break;
+            }
+            bytes -= v.3;
+            chosen.push(v);
+        }
+        // Running victims pause first (highest index first, so the others stay valid),
+        // then every chosen paused sequence swaps out (likewise).
+        let mut paused: Vec<usize> = chosen.iter().filter(|v| !v.0).map(|v| v.1).collect();
+        let mut running: Vec<usize> = chosen.iter().filter(|v| v.0).map(|v| v.1).collect();
+        running.sort_unstable_by(|a, b| b.cmp(a));
+        for i in running {
+            self.pause(i, now);
+            paused.push(self.paused.len() - 1);
+        }
+        paused.sort_unstable_by(|a, b| b.cmp(a));
+        for i in paused {
+            self.swap_out(i);
+        }
+        self.fit_budget(bytes, usize::MAX);
+        true
+    }
+
+    /// Pauses running sequence `i`, keeping its KV.
+    fn pause(&mut self, i: usize, now: Instant) {
+        let mut seq = self.running.remove(i);
+        seq.paused_since = Some(now);
+        self.preemption.n_paused += 1;
+        self.paused.push(seq);
+    }
+
+    /// Gives paused sequence `i`'s KV up: its session goes to the prefix cache (and on
+    /// from there to the session store or nowhere), and the sequence will prefill what
+    /// it held again unless its resume finds it cached.
+    fn swap_out(&mut self, i: usize) {
+        let seq = &mut self.paused[i];
+        let session = std::mem::take(&mut seq.session);
+        let held = session.len();
+        let mut input = session.tokens().to_vec();
+        match seq.next_input.take() {
+            Some(t) => input.push(t),
+            None => input.extend_from_slice(&seq.input[seq.fed..]),
+        }
+        seq.input = input;
+        seq.fed = 0;
+        seq.swapped_len = held;
+        self.preemption.n_swapped_out += 1;
+        self.cache.insert(session);
+    }
+
+    /// Takes paused sequence `i` out of the paused list to run it; a swapped-out one
+    /// gets the longest cached prefix of what it held.
+    fn unpause(&mut self, i: usize) -> (Sequence, Reuse) {
+        let mut seq = self.paused.swap_remove(i);
+        let mut reuse = Reuse::default();
+        if seq.session.window().is_none() {
+            let (session, reused, forked) = self.reuse_for(&seq.input);
+            seq.session = session;
+            seq.session.truncate(reused);
+            seq.fed = reused;
+            reuse = Reuse {
+                forked,
+                reattached: true,
+            };
+        }
+        (seq, reuse)
+    }
+
+    /// Returns a sequence that could not run to where it came from, and a session it
+    /// took from the cache to the cache (a fork is dropped: what it copied is still
+    /// cached).
+    fn put_back(&mut self, mut seq: Sequence, reuse: Reuse) {
+        let took = reuse.reattached || seq.paused_since.is_none();
+        if took {
+            let session = std::mem::take(&mut seq.session);
+            if !reuse.forked {
+                self.cache.insert(session);
+            }
+        }
+        if seq.paused_since.is_some() {
+            if reuse.reattached {
+                seq.fed = 0;
+            }
+            self.paused.push(seq);
+            return;
+        }
+        let mut request = seq.request;
+        request.prompt = seq.input;
+        self.waiting.push_back(Queued {
+            request,
+            submitted: seq.submitted,
+            arrival: seq.arrival,
+        });
+    }
+
+    /// Puts a sequence in the batch at `level`: a new one (`Started`), or a paused one
+    /// resuming.
+    fn run(&mut self, mut seq: Sequence, level: i64, now: Instant) {
+        seq.running_since = now;
+        seq.entry_level = level;
+        match seq.paused_since.take() {
+            Some(since) => {
+                seq.paused_for += now.saturating_duration_since(since);
+                self.preemption.n_resumed += 1;
+                if seq.swapped_len > 0 {
+                    self.preemption.recomputed_tokens += seq.swapped_len.saturating_sub(seq.fed);
+                    seq.swapped_len = 0;
+                }
+            }
+            None => self.events.push(Event::Started {
+                id: seq.request.id,
+                cached_tokens: seq.cached_tokens,
+            }),
+        }
+        self.running.push(seq);
+    }
+
+    /// Takes queued request `i` out of the queue as a sequence on the cached session
+    /// sharing its longest prefix (whether that is a fork is the second value); `None`
+    /// if it can never run (it failed).
+    fn prepare(&mut self, i: usize, now: Instant) -> Option<(Sequence, bool)> {
+        let Queued {
+            mut request,
+            submitted,
+            arrival,
+        } = self.waiting.remove(i)?;
+        let id = request.id;
+        let request_priority = request.priority;
+        let sampler = match self
+            .refusal(&request)
+            .map_or_else(|| Ok(Sampler::new(request.sampler.clone())?), Err)
+        {
+            Ok(s) => s,
+            Err(error) => {
+                self.events.push(Event::Failed { id, error });
+                return None;
+            }
+        };
+        // The last prompt token always runs, for the logits the first sample needs.
+        let (session, reused, forked) = self.reuse_for(&request.prompt);
+        let input = std::mem::take(&mut request.prompt);
+        let mut seq = Sequence {
+            prompt_len: input.len(),
+            input,
+            request,
+            session,
+            fed: reused,
+            cached_tokens: reused,
+            next_input: None,
+            sampler,
+            generated: 0,
+            submitted,
+            arrival,
+            admitted: now,
+            running_since: now,
+            entry_level: i64::from(request_priority),
+            paused_since: None,
+            paused_for: Duration::ZERO,
+            swapped_len: 0,
+            first_token: None,
+            last_token: None,
+            stalled_since: None,
+            mask_time: Duration::ZERO,
+        };
+        seq.session.truncate(reused);
+        if seq.session.is_empty() {
+            let reply = seq
+                .request
+                .max_tokens
+                .min(self.config.pyramid.generation_reserve);
+            seq.session
+                .assume_turn(seq.prompt_len.saturating_add(reply));
+        }
+        Some((seq, forked))
+    }
+
+    /// The cached session a prompt reuses, the prompt tokens it covers (never the last
+    /// one), and whether it is a fork. A prompt that extends a cached conversation takes
+    /// it; one that diverges from it (another agent on the same system prompt) gets a copy
+    /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
+    /// be made the conversation is taken and cut, as the last resort before a full prefill.
+    pub(crate) fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
+        let Some((i, shared)) = self.cache.longest(prompt) else {
+            return (Session::default(), 0, false);
+        };
+        let reused = shared.min(prompt.len() - 1);
+        let cached = self.cache.session(i);
+        if reused < cached.len() {
+            if let Some(window) = cached.window() {
+                let (kv, _) = self.new_cache(window);
+                if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
+                    self.cache.touch(i);
+                    self.pyramid.record(|s| {
+                        s.n_forks += 1;
+                        s.fork_bytes += copied;
+                    });
+                    return (fork, reused, true);
+                }
+            }
+        }
+        (self.cache.take(i), reused, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiting_lowers_the_level_one_step_per_aging_interval() {
+        let s = Duration::from_secs(1);
+        assert_eq!(level(3, Duration::ZERO, s), 3);
+        assert_eq!(level(3, Duration::from_millis(999), s), 3);
+        assert_eq!(level(3, Duration::from_millis(2500), s), 1);
+        assert_eq!(level(-1, Duration::from_secs(3600), Duration::ZERO), -1);
+        assert_eq!(
+            level(i32::MIN, Duration::MAX, Duration::from_nanos(1)),
+            i64::MIN
+        );
+    }
+}
