@@ -29,6 +29,7 @@ pub mod replay;
 mod request;
 mod scheduler;
 mod session;
+mod session_store;
 
 pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
@@ -41,3 +42,7 @@ pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid}
 pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
 pub use scheduler::{decode_batches, DecodeRun, Move, Schedule};
 pub use session::Session;
+pub use session_store::{
+    load_session, read_header, save_session, SaveReport, SessionHeader, SessionIdentity,
+    SessionStore, StoreError, StoredSession, SESSION_EXT, SESSION_VERSION,
+};

@@ -20,6 +20,9 @@ pub enum ModelError {
     ContextLengthExceeded { needed: usize, n_ctx: usize },
     #[error("empty input: at least one token is needed")]
     EmptyInput,
+    /// Reading a cache's rows back (`KvCache::read_live`) failed or ran out of input.
+    #[error("reading KV cache rows: {0}")]
+    KvIo(#[source] std::io::Error),
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
