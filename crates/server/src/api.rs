@@ -59,6 +59,7 @@ const SHARED_FIELDS: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
     "user",
+    "priority",
 ];
 const CHAT_FIELDS: &[&str] = &[
     "messages",
@@ -107,6 +108,9 @@ pub struct GenerationRequest {
     pub tools: Option<ToolSet>,
     /// `response_format`: the JSON the reply must be (chat only).
     pub response_format: Option<Grammar>,
+    /// `priority`: lower is more urgent (vLLM's convention); `None` leaves it to the
+    /// `X-Priority` header, else 0.
+    pub priority: Option<i32>,
 }
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -267,7 +271,29 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         logprobs,
         tools,
         response_format,
+        priority: opt_priority(obj.get("priority"), "priority")?,
     })
+}
+
+/// A request priority: an integer within ±2^31, from the body's `priority` or (as text)
+/// the `X-Priority` header; `name` is what the 400 names.
+pub fn opt_priority(value: Option<&Value>, name: &str) -> Result<Option<i32>, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
+            name,
+            format!("'{name}' must be an integer from -2147483648 to 2147483647 (lower is more urgent)"),
+        )
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_i64()
+            .and_then(|v| i32::try_from(v).ok())
+            .map(Some)
+            .ok_or_else(bad),
+        Some(Value::String(s)) => s.trim().parse::<i32>().map(Some).map_err(|_| bad()),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// `{"type": "text"}`, `{"type": "json_object"}`, or

@@ -44,11 +44,50 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The samples alone, each with `labels` (`key="value",` pairs) before `le`.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         for (c, b) in self.counts.iter().zip(self.bounds) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {c}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}\n{name}_count {}", self.sum, self.count);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", self.count);
+        let labels = labels.trim_end_matches(',');
+        let _ = writeln!(
+            out,
+            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}",
+            self.sum, self.count
+        );
+    }
+}
+
+/// One histogram per request priority.
+#[derive(Debug, Default)]
+struct ByPriority(Vec<(i32, Histogram)>);
+
+impl ByPriority {
+    fn observe(&mut self, priority: i32, v: f64) {
+        let i = match self.0.iter().position(|(p, _)| *p == priority) {
+            Some(i) => i,
+            None => {
+                self.0.push((priority, Histogram::new(&SECONDS_BUCKETS)));
+                self.0.sort_by_key(|(p, _)| *p);
+                self.0.iter().position(|(p, _)| *p == priority).unwrap_or(0)
+            }
+        };
+        self.0[i].1.observe(v);
+    }
+
+    /// Every priority seen, or priority 0 empty before any request.
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        if self.0.is_empty() {
+            Histogram::new(&SECONDS_BUCKETS).render_series(out, name, "priority=\"0\",");
+        }
+        for (p, h) in &self.0 {
+            h.render_series(out, name, &format!("priority=\"{p}\","));
+        }
     }
 }
 
@@ -68,8 +107,8 @@ pub struct Metrics {
     pyramid: OnceLock<Arc<WindowPyramid>>,
     /// The devices asked for: (prefill, decode).
     route: Mutex<(String, String)>,
-    ttft: Mutex<Histogram>,
-    inter_token: Mutex<Histogram>,
+    ttft: Mutex<ByPriority>,
+    inter_token: Mutex<ByPriority>,
     batch: Mutex<Histogram>,
     migration_seconds: Mutex<Histogram>,
 }
@@ -87,8 +126,8 @@ impl Default for Metrics {
             engine: Mutex::default(),
             pyramid: OnceLock::new(),
             route: Mutex::new(("cpu".to_string(), "cpu".to_string())),
-            ttft: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
-            inter_token: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
+            ttft: Mutex::default(),
+            inter_token: Mutex::default(),
             batch: Mutex::new(Histogram::new(&BATCH_BUCKETS)),
             migration_seconds: Mutex::new(Histogram::new(&SECONDS_BUCKETS)),
         }
@@ -158,12 +197,12 @@ impl Metrics {
         )
     }
 
-    pub fn observe_ttft(&self, d: Duration) {
-        lock(&self.ttft).observe(d.as_secs_f64());
+    pub fn observe_ttft(&self, priority: i32, d: Duration) {
+        lock(&self.ttft).observe(priority, d.as_secs_f64());
     }
 
-    pub fn observe_inter_token(&self, d: Duration) {
-        lock(&self.inter_token).observe(d.as_secs_f64());
+    pub fn observe_inter_token(&self, priority: i32, d: Duration) {
+        lock(&self.inter_token).observe(priority, d.as_secs_f64());
     }
 
     pub fn observe_batch(&self, n: usize) {
@@ -246,12 +285,12 @@ impl Metrics {
         lock(&self.ttft).render(
             &mut out,
             "pyramid_ttft_seconds",
-            "Time from request to first token.",
+            "Time from request to first token, by request priority.",
         );
         lock(&self.inter_token).render(
             &mut out,
             "pyramid_inter_token_seconds",
-            "Time between consecutive tokens of a sequence.",
+            "Time between consecutive tokens of a sequence, by request priority.",
         );
         lock(&self.batch).render(
             &mut out,
@@ -338,11 +377,48 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             p.n_evicted as f64,
         ),
     ];
+    let q = &stats.preemption;
+    let preemption: [(&str, &str, usize); 4] = [
+        (
+            "pyramid_paused_total",
+            "Sequences paused for more urgent ones.",
+            q.n_paused,
+        ),
+        (
+            "pyramid_resumed_total",
+            "Paused sequences that ran again.",
+            q.n_resumed,
+        ),
+        (
+            "pyramid_swapped_out_total",
+            "Paused sequences whose KV was given up for memory (written to the session store, or dropped).",
+            q.n_swapped_out,
+        ),
+        (
+            "pyramid_recomputed_tokens_total",
+            "Tokens prefilled again for swapped-out sequences whose sessions were evicted meanwhile.",
+            q.recomputed_tokens,
+        ),
+    ];
+    let counters = counters
+        .into_iter()
+        .chain(preemption.map(|(n, h, v)| (n, h, v as f64)));
     for (name, help, value) in counters {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
         );
+    }
+    let name = "pyramid_queue_depth_by_priority";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests queued or paused in the engine, by priority.\n# TYPE {name} gauge"
+    );
+    if stats.waiting_by_priority.is_empty() {
+        let _ = writeln!(out, "{name}{{priority=\"0\"}} 0");
+    }
+    for (p, n) in &stats.waiting_by_priority {
+        let _ = writeln!(out, "{name}{{priority=\"{p}\"}} {n}");
     }
     if let Some(gb_s) = p.migration_gb_per_s() {
         let name = "pyramid_kv_migration_copy_gigabytes_per_second";
@@ -351,11 +427,16 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
-    let gauges: [(&str, &str, usize); 7] = [
+    let gauges: [(&str, &str, usize); 8] = [
         (
             "pyramid_running_sequences",
             "Sequences in the batch.",
             stats.running,
+        ),
+        (
+            "pyramid_paused_sequences",
+            "Sequences paused for more urgent ones.",
+            stats.paused,
         ),
         (
             "pyramid_cached_sessions",
@@ -364,7 +445,7 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
         ),
         (
             "pyramid_kv_bytes",
-            "KV cache bytes reserved by running and cached conversations (their windows).",
+            "KV cache bytes reserved by running, paused and cached conversations (their windows).",
             stats.kv_bytes_reserved,
         ),
         (

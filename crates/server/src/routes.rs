@@ -6,7 +6,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -205,26 +205,47 @@ async fn model(
     Ok(Json(model_card(&state)))
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    generate(state, Endpoint::Chat, body)
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(state, Endpoint::Chat, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Body) -> Response {
-    generate(state, Endpoint::Completion, body)
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(state, Endpoint::Completion, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
+
+/// The header that sets a request's priority for clients that cannot add a body field;
+/// the body's `priority` wins over it.
+pub const PRIORITY_HEADER: &str = "x-priority";
 
 async fn generate(
     state: Arc<AppState>,
     endpoint: Endpoint,
+    headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    let header_priority = match headers.get(PRIORITY_HEADER) {
+        None => None,
+        Some(v) => {
+            let text = v.to_str().unwrap_or("not text");
+            api::opt_priority(Some(&Value::String(text.to_string())), "X-Priority")?
+        }
+    };
     let body = read_body(&state.limits, body).await?;
     let mut request = api::parse(endpoint, &body)?;
     drop(body);
+    let priority = request.priority.or(header_priority).unwrap_or(0);
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
     }
@@ -276,6 +297,7 @@ async fn generate(
         prompt_param,
         events,
         submitted: Instant::now(),
+        priority,
     })?;
     let id = format!(
         "{}-{:x}",

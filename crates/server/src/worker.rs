@@ -46,6 +46,8 @@ pub struct Job {
     pub prompt_param: &'static str,
     pub events: UnboundedSender<Event>,
     pub submitted: Instant,
+    /// Lower is more urgent (the engine's convention).
+    pub priority: i32,
 }
 
 /// What the engine thread tells a request's handler.
@@ -237,6 +239,7 @@ impl Worker {
             stop_tokens: self.stop_tokens.clone(),
             logprobs: job.logprobs,
             constraint: job.constraint.take(),
+            priority: job.priority,
         });
         self.live.insert(
             id,
@@ -339,8 +342,12 @@ impl Worker {
             .fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         match live.last_token_at {
-            None => self.metrics.observe_ttft(now - live.job.submitted),
-            Some(last) => self.metrics.observe_inter_token(now - last),
+            None => self
+                .metrics
+                .observe_ttft(live.job.priority, now - live.job.submitted),
+            Some(last) => self
+                .metrics
+                .observe_inter_token(live.job.priority, now - last),
         }
         live.last_token_at = Some(now);
         let logprobs: Vec<TokenLogprob> = logprobs
@@ -406,6 +413,10 @@ fn api_error(error: &EngineError, prompt_param: &'static str) -> ApiError {
         EngineError::Runtime(pyramid_runtime::RuntimeError::BadSamplingParameter { .. })
         | EngineError::BadRequest(_)
         | EngineError::EmptyPrompt => ApiError::invalid_request(error.to_string()),
+        EngineError::OverBudget { .. } => ApiError::bad_param(
+            prompt_param,
+            format!("{error}: the server's --kv-budget cannot hold this request"),
+        ),
         EngineError::Runtime(pyramid_runtime::RuntimeError::BeyondLargestWindow {
             needed,
             largest,
