@@ -437,6 +437,7 @@ impl Engine {
     /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
     /// be made the conversation is taken and cut, as the last resort before a full prefill.
     pub(crate) fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
+        self.load_stored_prefix(prompt);
         let Some((i, shared)) = self.cache.longest(prompt) else {
             return (Session::default(), 0, false);
         };

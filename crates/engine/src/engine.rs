@@ -26,11 +26,13 @@ use serde::Serialize;
 use crate::admission::PreemptionStats;
 use crate::executor::Executed;
 use crate::kv_pool::KvPool;
+use crate::persist::PersistStats;
 use crate::prefix_cache::PrefixCache;
 use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
 use crate::request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
 use crate::scheduler::Schedule;
 use crate::session::Session;
+use crate::session_store::SessionStore;
 use crate::{EngineError, Result};
 
 #[derive(Debug, Clone)]
@@ -148,6 +150,8 @@ pub struct EngineStats {
     pub waiting_by_priority: Vec<(i32, usize)>,
     #[serde(flatten)]
     pub preemption: PreemptionStats,
+    #[serde(flatten)]
+    pub persisted: PersistStats,
     pub cached_sessions: usize,
     /// KV bytes of running and cached sessions: reserved (their windows) and used.
     pub kv_bytes_reserved: usize,
@@ -175,6 +179,12 @@ pub struct Engine {
     pub(crate) cache: PrefixCache,
     pub(crate) summary: StepSummary,
     pub(crate) events: Vec<Event>,
+    /// Tells session files of other setups apart.
+    pub(crate) model_id: u64,
+    /// Conversations on disk, when persistence is on.
+    pub(crate) store: Option<SessionStore>,
+    pub(crate) persisted: PersistStats,
+    pub(crate) warnings: Vec<String>,
 }
 
 impl Engine {
@@ -225,6 +235,10 @@ impl Engine {
             cache: PrefixCache::default(),
             summary: StepSummary::default(),
             events: Vec::new(),
+            model_id,
+            store: None,
+            persisted: PersistStats::default(),
+            warnings: Vec::new(),
         })
     }
 
@@ -481,6 +495,7 @@ impl Engine {
             paused: self.paused.len(),
             waiting_by_priority,
             preemption: self.preemption,
+            persisted: self.persisted,
             cached_sessions: self.cache.len(),
             kv_bytes_reserved: reserved,
             kv_bytes_used: used,
@@ -585,8 +600,12 @@ impl Engine {
         if let Some(pool) = &self.kv_pool {
             pool.shrink_to(room.saturating_sub(self.cache.bytes()));
         }
-        self.cache
+        let evicted = self
+            .cache
             .evict_to(max_cached, room.saturating_sub(self.pool_bytes()));
+        for session in &evicted {
+            self.persist(session);
+        }
     }
 
     pub(crate) fn pool_bytes(&self) -> usize {

@@ -71,9 +71,15 @@ impl PrefixCache {
         }
     }
 
+    /// Takes every session out, least recently used first.
+    pub fn drain(&mut self) -> Vec<Session> {
+        self.entries.sort_by_key(|e| e.last_used);
+        self.entries.drain(..).map(|e| e.session).collect()
+    }
+
     /// Evicts least recently used sessions until at most `max_entries` remain and their
-    /// bytes are at most `max_bytes`; returns how many went.
-    pub fn evict_to(&mut self, max_entries: usize, max_bytes: usize) -> usize {
+    /// bytes are at most `max_bytes`; returns those that went.
+    pub fn evict_to(&mut self, max_entries: usize, max_bytes: usize) -> Vec<Session> {
         self.entries.sort_by_key(|e| std::cmp::Reverse(e.last_used));
         let mut bytes = 0;
         let mut keep = 0;
@@ -85,9 +91,7 @@ impl PrefixCache {
             bytes += b;
             keep += 1;
         }
-        let evicted = self.entries.len() - keep;
-        self.entries.truncate(keep);
-        evicted
+        self.entries.drain(keep..).map(|e| e.session).collect()
     }
 }
 

@@ -78,6 +78,16 @@ impl Session {
         Some((fork, copied))
     }
 
+    /// A conversation read back from disk: `tokens`, their KV in `placement`.
+    pub(crate) fn restored(tokens: Vec<u32>, placement: Placement) -> Self {
+        debug_assert_eq!(placement.kv.len(), tokens.len());
+        Session {
+            tokens,
+            placement: Some(placement),
+            ..Session::default()
+        }
+    }
+
     pub(crate) fn placement(&self) -> Option<&Placement> {
         self.placement.as_ref()
     }

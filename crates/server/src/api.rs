@@ -281,7 +281,9 @@ pub fn opt_priority(value: Option<&Value>, name: &str) -> Result<Option<i32>, Ap
     let bad = || {
         ApiError::bad_param(
             name,
-            format!("'{name}' must be an integer from -2147483648 to 2147483647 (lower is more urgent)"),
+            format!(
+                "'{name}' must be an integer from -2147483648 to 2147483647 (lower is more urgent)"
+            ),
         )
     };
     match value {

@@ -400,9 +400,38 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             q.recomputed_tokens,
         ),
     ];
+    let d = &stats.persisted;
+    let persisted: [(&str, &str, f64); 5] = [
+        (
+            "pyramid_sessions_saved_total",
+            "Conversations written to the session directory.",
+            d.n_saved as f64,
+        ),
+        (
+            "pyramid_session_saved_bytes_total",
+            "Bytes written to the session directory.",
+            d.saved_bytes as f64,
+        ),
+        (
+            "pyramid_sessions_resumed_from_disk_total",
+            "Conversations read back from the session directory instead of prefilled.",
+            d.n_loaded as f64,
+        ),
+        (
+            "pyramid_session_resumed_tokens_total",
+            "Tokens whose KV came from the session directory.",
+            d.loaded_tokens as f64,
+        ),
+        (
+            "pyramid_session_load_failures_total",
+            "Session files skipped when wanted: unreadable, corrupt or another setup's.",
+            d.n_load_failed as f64,
+        ),
+    ];
     let counters = counters
         .into_iter()
-        .chain(preemption.map(|(n, h, v)| (n, h, v as f64)));
+        .chain(preemption.map(|(n, h, v)| (n, h, v as f64)))
+        .chain(persisted);
     for (name, help, value) in counters {
         let _ = writeln!(
             out,
@@ -427,7 +456,12 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
-    let gauges: [(&str, &str, usize); 8] = [
+    let gauges: [(&str, &str, usize); 9] = [
+        (
+            "pyramid_stored_sessions",
+            "Conversations in the session directory.",
+            stats.persisted.stored_sessions,
+        ),
         (
             "pyramid_running_sequences",
             "Sequences in the batch.",

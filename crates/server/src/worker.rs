@@ -194,13 +194,14 @@ impl Worker {
     fn run(mut self, rx: Receiver<Job>) {
         let mut open = true;
         loop {
+            self.report_warnings();
             if !self.core.has_work() {
                 if !open {
-                    return;
+                    return self.shut_down();
                 }
                 match rx.recv() {
                     Ok(job) => self.add(job),
-                    Err(_) => return,
+                    Err(_) => return self.shut_down(),
                 }
             }
             loop {
@@ -222,6 +223,23 @@ impl Worker {
             for event in events {
                 self.handle(event);
             }
+        }
+    }
+
+    /// Every request has ended: cached conversations go to the session store, if there
+    /// is one, so a restarted server resumes them.
+    fn shut_down(mut self) {
+        let saved = self.core.save_cached();
+        if saved > 0 {
+            eprintln!("pyramid serve: kept {saved} conversations in the session directory");
+        }
+        self.report_warnings();
+    }
+
+    /// The engine's messages about session files, on stderr.
+    fn report_warnings(&mut self) {
+        for warning in self.core.take_warnings() {
+            eprintln!("pyramid serve: warning: {warning}");
         }
     }
 

@@ -7,12 +7,14 @@
 //! window ladder as it grows.
 
 use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
-use pyramid_engine::FinishReason;
+use pyramid_engine::{Engine, FinishReason};
 use pyramid_runtime::WindowLadder;
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
+use serde::{Deserialize, Serialize};
 
 use super::chat_remote::next_user_turn;
 use super::run::{ReplyGrammar, SamplingArgs};
@@ -40,6 +42,61 @@ pub struct ChatArgs {
     /// The server's API key, if it requires one.
     #[arg(long, requires = "server")]
     pub api_key: Option<String>,
+    /// Resume the conversation kept in this file (its messages and KV cache: nothing is
+    /// prefilled again) and keep it there when the chat ends. A file of another model,
+    /// precision, route or KV type is refused with its reason.
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    pub session: Option<PathBuf>,
+}
+
+/// The messages kept in a session file beside the conversation's tokens and KV.
+#[derive(Serialize, Deserialize)]
+struct SavedMessage {
+    role: String,
+    content: String,
+}
+
+/// Loads `path`'s conversation into `engine`'s cache and returns its messages.
+fn resume(engine: &mut Engine, path: &Path) -> Result<Vec<ChatMessage>> {
+    let (tokens, note) = engine
+        .import_session_file(path)
+        .with_context(|| format!("cannot resume --session {}", path.display()))?;
+    let saved: Vec<SavedMessage> = serde_json::from_slice(&note).with_context(|| {
+        format!(
+            "--session {}: the file holds no chat messages (was it written by pyramid chat?)",
+            path.display()
+        )
+    })?;
+    eprintln!(
+        "Resumed {} messages ({} tokens) from {}.",
+        saved.len(),
+        tokens.len(),
+        path.display()
+    );
+    Ok(saved
+        .into_iter()
+        .map(|m| ChatMessage::new(&m.role, m.content))
+        .collect())
+}
+
+/// Writes the conversation (`prompt`: its last rendering) to `path`.
+fn keep(engine: &Engine, path: &Path, prompt: &[u32], messages: &[ChatMessage]) -> Result<()> {
+    let saved: Vec<SavedMessage> = messages
+        .iter()
+        .map(|m| SavedMessage {
+            role: m.role.clone(),
+            content: m.content.clone(),
+        })
+        .collect();
+    let note = serde_json::to_vec(&saved)?;
+    match engine
+        .export_session_file(prompt, path, &note)
+        .with_context(|| format!("cannot keep the conversation in {}", path.display()))?
+    {
+        Some(n) => eprintln!("Kept the conversation ({n} tokens) in {}.", path.display()),
+        None => eprintln!("Nothing to keep in {}.", path.display()),
+    }
+    Ok(())
 }
 
 pub fn run(args: ChatArgs) -> Result<()> {
@@ -66,11 +123,19 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
     let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1))?;
     let tokenizer = &loaded.tokenizer;
-    let mut messages: Vec<ChatMessage> = args
-        .system
-        .iter()
-        .map(|s| ChatMessage::new("system", s.clone()))
-        .collect();
+    let mut messages: Vec<ChatMessage> = match &args.session {
+        Some(path) if path.exists() => resume(&mut engine, path)?,
+        _ => Vec::new(),
+    };
+    if messages.is_empty() {
+        messages.extend(
+            args.system
+                .iter()
+                .map(|s| ChatMessage::new("system", s.clone())),
+        );
+    }
+    // The conversation's last rendering: what the session file keeps.
+    let mut conversation: Vec<u32> = Vec::new();
 
     eprintln!(
         "Chatting with {} — an empty line or Ctrl-D ends the chat.",
@@ -86,6 +151,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
         messages.push(ChatMessage::new("user", line));
         // The template carries its own BOS if it wants one; nothing is added on top.
         let prompt = tokenizer.encode(&template.render(&messages, true)?, true)?;
+        conversation.clone_from(&prompt);
 
         let mut stream = StreamDecoder::new();
         let mut reply_tokens = Vec::new();
@@ -134,10 +200,16 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 t.decode_tok_s()
             );
         }
+        conversation.extend_from_slice(&generation.tokens);
         messages.push(ChatMessage::new(
             "assistant",
             tokenizer.decode(&reply_tokens)?,
         ));
+    }
+    if let Some(path) = &args.session {
+        if !conversation.is_empty() {
+            keep(&engine, path, &conversation, &messages)?;
+        }
     }
     Ok(())
 }

@@ -156,6 +156,8 @@ impl SamplingArgs {
             },
             logprobs: None,
             constraint: None,
+            // One request at a time: nothing to be more urgent than.
+            priority: 0,
         })
     }
 }

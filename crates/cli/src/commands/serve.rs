@@ -76,8 +76,29 @@ pub struct ServeArgs {
     /// crossing) or `on-demand` (when reached: a counted stall).
     #[arg(long, default_value = "predictive", value_parser = parse_window_policy)]
     pub window_policy: Arm,
+    /// Seconds a queued or paused request waits before it counts as one priority level
+    /// more urgent (requests take `priority`, lower first, or the X-Priority header);
+    /// 0 turns aging off, and then a steady stream of urgent requests can starve others.
+    #[arg(long, default_value_t = pyramid_engine::DEFAULT_AGING.as_secs_f64(), value_parser = parse_aging)]
+    pub priority_aging: f64,
+    /// Keep conversations in this directory: written when they leave memory and at
+    /// shutdown (SIGTERM, Ctrl-C), and resumed from there instead of prefilled, also by
+    /// a restarted server. Files of other models, precisions or routes are skipped.
+    #[arg(long)]
+    pub session_dir: Option<std::path::PathBuf>,
+    /// Disk space for --session-dir (e.g. 4GiB); the least recently used files go first.
+    #[arg(long, value_parser = parse_bytes, requires = "session_dir")]
+    pub session_disk_budget: Option<usize>,
     #[command(flatten)]
     pub route: RouteArgs,
+}
+
+/// Zero (no aging) or a positive, finite number of seconds.
+fn parse_aging(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 => Ok(0.0),
+        _ => parse_seconds(s),
+    }
 }
 
 fn parse_window_policy(s: &str) -> Result<Arm, String> {
@@ -134,7 +155,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     } else {
         args.prefill_chunk.min(ladder.windows()[0])
     };
-    let core = route.engine(
+    let mut core = route.engine(
         &loaded,
         EngineConfig {
             pyramid: PyramidConfig {
@@ -150,9 +171,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
             kv_budget: args.kv_budget,
             max_sessions: args.max_sessions,
             static_shapes: false,
-            aging: pyramid_engine::DEFAULT_AGING,
+            aging: Duration::from_secs_f64(args.priority_aging),
         },
     )?;
+    if let Some(dir) = &args.session_dir {
+        let budget = args.session_disk_budget.map(|b| b as u64);
+        core.open_session_store(dir, budget)
+            .with_context(|| format!("cannot use --session-dir {}", dir.display()))?;
+        eprintln!(
+            "pyramid serve: {} stored conversations in {}",
+            core.stats().persisted.stored_sessions,
+            dir.display()
+        );
+    }
     let template = loaded.tokenizer.chat_template().ok();
     let model_id = model_id(&loaded.name);
     let tokenizer = Arc::new(loaded.tokenizer);

@@ -13,8 +13,9 @@ const MAGIC: &[u8; 8] = b"PYRSESS\0";
 pub const SESSION_VERSION: u32 = 1;
 /// Extension of session files in a [`SessionStore`] directory.
 pub const SESSION_EXT: &str = "pyrsession";
-/// Magic, version, model id, KV type, shape, window, token count, precision length.
-const FIXED_HEADER_BYTES: u64 = 8 + 4 + 8 + 1 + 3 * 4 + 4 + 4 + 2;
+/// Magic, version, model id, KV type, shape, window, token count, precision length,
+/// note length.
+const FIXED_HEADER_BYTES: u64 = 8 + 4 + 8 + 1 + 3 * 4 + 4 + 4 + 2 + 4;
 /// Large enough that a cache's runs go to and from the file in few system calls.
 const IO_BUFFER_BYTES: usize = 1 << 20;
 
@@ -92,12 +93,14 @@ impl SessionIdentity {
 
     /// The size of a file of `n_tokens` tokens.
     pub(super) fn file_bytes(&self, n_tokens: u64) -> Option<u64> {
-        self.file_bytes_with(self.precision.len() as u64, n_tokens)
+        self.file_bytes_with(self.precision.len() as u64, 0, n_tokens)
     }
 
-    /// As [`Self::file_bytes`] with a precision name of `precision_len` bytes.
-    fn file_bytes_with(&self, precision_len: u64, n_tokens: u64) -> Option<u64> {
+    /// As [`Self::file_bytes`] with a precision name of `precision_len` bytes and a note
+    /// of `note_len`.
+    fn file_bytes_with(&self, precision_len: u64, note_len: u64, n_tokens: u64) -> Option<u64> {
         (FIXED_HEADER_BYTES + precision_len)
+            .checked_add(note_len)?
             .checked_add(n_tokens.checked_mul(4)?)?
             .checked_add(4)?
             .checked_add(self.kv_bytes(n_tokens)?)?
@@ -156,6 +159,8 @@ pub struct SessionHeader {
     /// the header checksum; still clamp it to your own ladder).
     pub window: usize,
     pub tokens: Vec<u32>,
+    /// What the writer kept beside the conversation (`pyramid chat`: its messages).
+    pub note: Vec<u8>,
     /// The whole file's size.
     pub file_bytes: u64,
 }
@@ -165,6 +170,7 @@ pub struct StoredSession {
     pub tokens: Vec<u32>,
     pub window: usize,
     pub kv: KvCache,
+    pub note: Vec<u8>,
 }
 
 /// A reader that checksums what passes through it.
@@ -273,6 +279,7 @@ fn parse_header<R: Read>(
     }
     let [n_layer, n_head_kv, head_dim, window, n_tokens] = u32s;
     let precision_len = u16::from_le_bytes(get(r).map_err(&eof)?);
+    let note_len = u32::from_le_bytes(get(r).map_err(&eof)?);
     let kv_type =
         kv_type_from_code(kv_code).ok_or_else(|| corrupt(format!("unknown KV type {kv_code}")))?;
     if window < n_tokens {
@@ -289,7 +296,7 @@ fn parse_header<R: Read>(
         head_dim: head_dim as usize,
     };
     // Every length is bounded by the file's size before anything is allocated from it.
-    let expected = identity.file_bytes_with(precision_len as u64, n_tokens as u64);
+    let expected = identity.file_bytes_with(precision_len as u64, note_len as u64, n_tokens as u64);
     if expected != Some(file_bytes) {
         return Err(corrupt(match expected {
             Some(b) => format!("the header describes {b} bytes, the file has {file_bytes}"),
@@ -300,6 +307,8 @@ fn parse_header<R: Read>(
     r.read_exact(&mut precision).map_err(&eof)?;
     identity.precision =
         String::from_utf8(precision).map_err(|_| corrupt("precision is not UTF-8".into()))?;
+    let mut note = vec![0; note_len as usize];
+    r.read_exact(&mut note).map_err(&eof)?;
     let mut token_bytes = vec![0; n_tokens as usize * 4];
     r.read_exact(&mut token_bytes).map_err(&eof)?;
     let tokens = token_bytes
@@ -317,6 +326,7 @@ fn parse_header<R: Read>(
         identity,
         window: window as usize,
         tokens,
+        note,
         file_bytes,
     })
 }
@@ -394,6 +404,7 @@ pub fn load_session(
         tokens: header.tokens,
         window: header.window,
         kv,
+        note: header.note,
     })
 }
 
@@ -420,6 +431,7 @@ fn write_file(
     tokens: &[u32],
     window: u32,
     kv: &KvCache,
+    note: &[u8],
 ) -> io::Result<u64> {
     let mut head = Vec::with_capacity(FIXED_HEADER_BYTES as usize + tokens.len() * 4 + 64);
     head.extend_from_slice(MAGIC);
@@ -437,7 +449,9 @@ fn write_file(
         head.extend_from_slice(&(x as u32).to_le_bytes());
     }
     head.extend_from_slice(&(identity.precision.len() as u16).to_le_bytes());
+    head.extend_from_slice(&(note.len() as u32).to_le_bytes());
     head.extend_from_slice(identity.precision.as_bytes());
+    head.extend_from_slice(note);
     for t in tokens {
         head.extend_from_slice(&t.to_le_bytes());
     }
@@ -461,13 +475,15 @@ fn write_file(
 
 /// Writes a conversation to `path` atomically: a temporary file beside it, synced, then
 /// renamed over it (the directory synced too, best effort). `kv` holds exactly the
-/// tokens' positions. Returns the bytes written.
+/// tokens' positions; `note` is kept beside them for the writer (empty for the
+/// server's store). Returns the bytes written.
 pub fn save_session(
     path: &Path,
     identity: &SessionIdentity,
     tokens: &[u32],
     window: usize,
     kv: &KvCache,
+    note: &[u8],
 ) -> Result<u64, StoreError> {
     let bad = |reason: String| StoreError::BadCache {
         path: path.to_path_buf(),
@@ -492,11 +508,11 @@ pub fn save_session(
             "window {window} or shape {shape:?} does not fit the format"
         )));
     }
-    if identity.precision.len() > u16::MAX as usize {
-        return Err(bad("the precision name is too long".to_string()));
+    if identity.precision.len() > u16::MAX as usize || u32::try_from(note.len()).is_err() {
+        return Err(bad("the precision name or the note is too long".to_string()));
     }
     let tmp = temp_path(path)?;
-    let written = write_file(&tmp, identity, tokens, window as u32, kv)
+    let written = write_file(&tmp, identity, tokens, window as u32, kv, note)
         .and_then(|bytes| fs::rename(&tmp, path).map(|()| bytes));
     match written {
         Ok(bytes) => {

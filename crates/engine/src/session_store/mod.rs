@@ -12,7 +12,10 @@
 //! n_layer, n_head_kv, head_dim    u32 each
 //! window       u32                positions of the cache the conversation ran on
 //! n_tokens     u32
-//! precision    u16 length + UTF-8 the weights' precision ("int8", ...)
+//! precision    u16 length         the weights' precision and route ("int8@cpu", ...)
+//! note         u32 length
+//! precision    UTF-8
+//! note         bytes              the writer's own (`pyramid chat`: its messages)
 //! tokens       u32 × n_tokens
 //! header_crc   u32                CRC32 of every byte before it
 //! kv           KvCache::write_live for n_tokens positions

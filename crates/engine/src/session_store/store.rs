@@ -230,7 +230,7 @@ impl SessionStore {
             }
         }
         let path = self.dir.join(file_name(&self.identity, tokens));
-        let bytes = save_session(&path, &self.identity, tokens, window, kv)?;
+        let bytes = save_session(&path, &self.identity, tokens, window, kv, &[])?;
         let mut superseded = 0;
         self.entries.retain(|e| {
             if e.path == path {

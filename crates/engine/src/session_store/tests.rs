@@ -86,7 +86,7 @@ fn session_store_file_round_trip_every_kv_type() {
         let tokens = conversation(11, 100);
         let kv = filled(&c, kind, 16, tokens.len(), 3.0);
         let path = dir.path().join(format!("{kind}.{SESSION_EXT}"));
-        let bytes = save_session(&path, &id, &tokens, 16, &kv).expect("save");
+        let bytes = save_session(&path, &id, &tokens, 16, &kv, &[]).expect("save");
         assert_eq!(bytes, fs::metadata(&path).expect("saved").len());
         assert_eq!(Some(bytes), id.file_bytes(tokens.len() as u64));
         let header = read_header(&path).expect("header");
@@ -111,7 +111,7 @@ fn session_store_load_refuses_a_cache_that_does_not_fit() {
     let tokens = conversation(10, 0);
     let path = dir.path().join(format!("a.{SESSION_EXT}"));
     let kv = filled(&tiny(), KvType::F16, 16, 10, 0.0);
-    save_session(&path, &id, &tokens, 16, &kv).expect("save");
+    save_session(&path, &id, &tokens, 16, &kv, &[]).expect("save");
     for wrong in [
         KvCache::new(&tiny(), 8, KvType::F16),
         KvCache::new(&tiny(), 16, KvType::F32),
@@ -121,7 +121,7 @@ fn session_store_load_refuses_a_cache_that_does_not_fit() {
         let err = load_session(&path, &id, wrong).err().expect("refused");
         assert!(matches!(err, StoreError::BadCache { .. }), "{err}");
     }
-    let err = save_session(&path, &id, &tokens[..9], 16, &kv).expect_err("mismatch");
+    let err = save_session(&path, &id, &tokens[..9], 16, &kv, &[]).expect_err("mismatch");
     assert!(matches!(err, StoreError::BadCache { .. }), "{err}");
 }
 
@@ -134,7 +134,7 @@ fn session_store_open_skips_other_setups_with_a_warning() {
         let shape = cfg(id.n_layer, id.n_head_kv, id.head_dim);
         let kv = filled(&shape, id.kv_type, 8, tokens.len(), 0.0);
         let path = dir.path().join(format!("{name}.{SESSION_EXT}"));
-        save_session(&path, id, &tokens, 8, &kv).expect("save");
+        save_session(&path, id, &tokens, 8, &kv, &[]).expect("save");
         path
     };
     write("ours", &identity(KvType::Int8));
@@ -369,7 +369,7 @@ fn session_store_refuses_huge_length_fields_without_allocating() {
     let id = identity(KvType::F32);
     let path = dir.path().join(format!("a.{SESSION_EXT}"));
     let kv = filled(&tiny(), KvType::F32, 8, 4, 0.0);
-    save_session(&path, &id, &[1, 2, 3, 4], 8, &kv).expect("save");
+    save_session(&path, &id, &[1, 2, 3, 4], 8, &kv, &[]).expect("save");
     let good = fs::read(&path).expect("read");
     // Offsets of window, n_tokens and n_layer in the fixed header.
     let (n_layer_at, window_at, n_tokens_at) = (21, 33, 37);
@@ -410,7 +410,7 @@ fn session_store_throughput_100mb() {
     let path = dir.path().join(format!("big.{SESSION_EXT}"));
     let mb = |b: u64, s: f64| b as f64 / s / 1e6;
     let t = std::time::Instant::now();
-    let bytes = save_session(&path, &id, &tokens, 4096, &kv).expect("save");
+    let bytes = save_session(&path, &id, &tokens, 4096, &kv, &[]).expect("save");
     let s = t.elapsed().as_secs_f64();
     println!(
         "save {:.1} MB in {:.0} ms: {:.0} MB/s (with fsync)",
@@ -450,4 +450,19 @@ fn session_store_throughput_100mb() {
         s * 1e3,
         mb(bytes, s)
     );
+}
+
+#[test]
+fn session_store_file_keeps_the_writers_note() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let c = tiny();
+    let id = identity(KvType::F16);
+    let tokens = conversation(5, 7);
+    let kv = filled(&c, KvType::F16, 8, tokens.len(), 1.0);
+    let path = dir.path().join(format!("note.{SESSION_EXT}"));
+    let note = br#"[{"role":"user","content":"hi"}]"#;
+    save_session(&path, &id, &tokens, 8, &kv, note).expect("save");
+    assert_eq!(read_header(&path).expect("header").note, note);
+    let stored = load_session(&path, &id, KvCache::new(&c, 8, KvType::F16)).expect("load");
+    assert_eq!((stored.note.as_slice(), stored.tokens), (&note[..], tokens));
 }
