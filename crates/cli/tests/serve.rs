@@ -49,6 +49,16 @@ impl Server {
     }
 
     fn start_model(model: &str, extra: &[&str]) -> Self {
+        Self::spawn(model, extra, Stdio::inherit())
+    }
+
+    /// A server whose stderr goes to `log`.
+    fn start_logged(extra: &[&str], log: &Path) -> Self {
+        let file = std::fs::File::create(log).expect("a log file");
+        Self::spawn(MODEL, extra, Stdio::from(file))
+    }
+
+    fn spawn(model: &str, extra: &[&str], stderr: Stdio) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
             .args(["serve", "-m", model, "--port", "0", "--windows", WINDOWS])
             .args(extra)
@@ -56,7 +66,7 @@ impl Server {
             .env_remove("PYRAMID_ISA")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("pyramid serve starts");
         let mut line = String::new();
@@ -99,6 +109,16 @@ impl Server {
         let value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{path} answered {status} with non-JSON ({e}): {text:?}"));
         (status, value)
+    }
+
+    /// SIGTERM, and the server's exit once its work is done.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        self.child.wait().unwrap()
     }
 
     /// One raw HTTP/1.1 exchange: (status, body).
@@ -154,6 +174,73 @@ fn tool_loop_calls_and_json_schemas_on_qwen() {
 fn agents_on_one_system_prompt_fork_it_instead_of_evicting_each_other() {
     let server = Server::start(&[]);
     server.run_script("test_agents.py", &[]);
+}
+
+#[test]
+fn urgent_requests_pause_background_ones_which_resume_with_the_same_text() {
+    let server = Server::start(&["--max-batch", "1", "--kv-budget", "30MiB"]);
+    server.run_script("test_priority.py", &[]);
+}
+
+/// The session files in `dir`.
+fn session_files(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pyrsession"))
+        .collect()
+}
+
+#[test]
+fn conversations_survive_a_restart_and_corrupt_files_are_skipped() {
+    let home = std::env::temp_dir().join(format!("pyramid-sessions-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let dir = home.join("sessions");
+    let dir_arg = dir.to_str().unwrap();
+    let state = home.join("state.json");
+    let log = home.join("server.log");
+    let phase = |server: &Server, phase: &str, fresh: Option<&Server>| {
+        let mut env = vec![
+            ("PYRAMID_PERSIST_STATE", state.to_str().unwrap()),
+            ("PYRAMID_PERSIST_PHASE", phase),
+        ];
+        if let Some(fresh) = fresh {
+            env.push(("PYRAMID_FRESH_BASE_URL", &fresh.url));
+        }
+        server.run_script("test_persist.py", &env);
+    };
+
+    let server = Server::start_logged(&["--session-dir", dir_arg], &log);
+    phase(&server, "first", None);
+    assert!(server.terminate().success(), "the server exits cleanly");
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(stderr.contains("kept 1 conversations"), "{stderr}");
+    assert_eq!(session_files(&dir).len(), 1);
+
+    let server = Server::start(&["--session-dir", dir_arg]);
+    let fresh = Server::start(&[]);
+    phase(&server, "resume", Some(&fresh));
+    drop(fresh);
+    assert!(server.terminate().success());
+    // The grown conversation replaced its earlier file.
+    let files = session_files(&dir);
+    assert_eq!(files.len(), 1);
+
+    // A flipped byte in the KV: the header still reads, the checksum does not.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x10;
+    std::fs::write(&files[0], bytes).unwrap();
+    let server = Server::start_logged(&["--session-dir", dir_arg], &log);
+    phase(&server, "corrupt", None);
+    assert!(server.terminate().success());
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        stderr.contains("warning: skipping") && stderr.contains("corrupt session file"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
 }
 
 #[test]
