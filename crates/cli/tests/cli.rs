@@ -177,6 +177,66 @@ fn streaming_chat_tokenize_inspect_and_models_work() {
     assert!(!reused[1].starts_with("[reused 0 "), "{err}");
 }
 
+/// `chat` with `lines` typed in; (exit ok, stderr).
+fn chat_with(f: &Fixture, args: &[&str], lines: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+        .arg("chat")
+        .args(args)
+        .env("PYRAMID_HOME", f.home())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(lines.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), stderr(&out))
+}
+
+#[test]
+fn chat_session_files_resume_a_conversation_and_refuse_bad_ones() {
+    let f = Fixture::new();
+    let model = f.tiny(&SyntheticSpec::tiny(Architecture::Llama));
+    let file = f.home().join("talk.pyrsession");
+    let session = file.to_str().unwrap();
+    let args = ["-m", &model, "-n", "4", "--stats", "--session", session];
+    let (ok, err) = chat_with(&f, &args, "hello\n\n");
+    assert!(ok && err.contains("Kept the conversation"), "{err}");
+    // A new process resumes the messages and the KV: the next turn prefills only itself.
+    let (ok, err) = chat_with(&f, &args, "and again\n\n");
+    assert!(ok && err.contains("Resumed 2 messages"), "{err}");
+    let reused: Vec<&str> = err.lines().filter(|l| l.starts_with("[reused")).collect();
+    assert_eq!(reused.len(), 1, "{err}");
+    assert!(!reused[0].starts_with("[reused 0 "), "{err}");
+
+    // Another model (other weights: another file) refuses the file, naming why.
+    let other = f.write(
+        "other.gguf",
+        &synthetic_gguf(&SyntheticSpec {
+            seed: 9,
+            ..SyntheticSpec::tiny(Architecture::Llama)
+        })
+        .unwrap()
+        .to_bytes(),
+    );
+    let (ok, err) = chat_with(&f, &["-m", &other, "--session", session], "hi\n\n");
+    assert!(!ok && err.contains("another setup"), "{err}");
+    // So does a corrupt file.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = bytes.len() - 10;
+    bytes[at] ^= 1;
+    std::fs::write(&file, bytes).unwrap();
+    let (ok, err) = chat_with(&f, &args, "hi\n\n");
+    assert!(!ok && err.contains("corrupt session file"), "{err}");
+    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+}
+
 /// Every bad input gives a one-line `error:` naming the problem and a failing exit code.
 #[test]
 fn bad_input_gives_one_line_errors() {

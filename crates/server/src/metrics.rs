@@ -53,10 +53,13 @@ impl Histogram {
             let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {c}");
         }
         let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", self.count);
-        let labels = labels.trim_end_matches(',');
+        let labels = match labels.trim_end_matches(',') {
+            "" => String::new(),
+            l => format!("{{{l}}}"),
+        };
         let _ = writeln!(
             out,
-            "{name}_sum{{{labels}}} {}\n{name}_count{{{labels}}} {}",
+            "{name}_sum{labels} {}\n{name}_count{labels} {}",
             self.sum, self.count
         );
     }
@@ -544,6 +547,15 @@ mod tests {
         assert!(text.contains("pyramid_batch_size_sum 11"));
         assert!(text.contains("pyramid_requests_total{status=\"200\"} 2"));
         assert!(text.contains("pyramid_requests_total{status=\"429\"} 1"));
+        // Latencies by priority: priority 0 is reported empty before any request.
+        assert!(text.contains("pyramid_ttft_seconds_count{priority=\"0\"} 0"));
+        m.observe_ttft(-1, Duration::from_millis(30));
+        m.observe_ttft(4, Duration::from_millis(300));
+        let text = m.render();
+        assert!(text.contains("pyramid_ttft_seconds_bucket{priority=\"-1\",le=\"0.05\"} 1"));
+        assert!(text.contains("pyramid_ttft_seconds_bucket{priority=\"4\",le=\"0.05\"} 0"));
+        assert!(text.contains("pyramid_ttft_seconds_count{priority=\"4\"} 1"));
+        assert!(!text.contains("pyramid_ttft_seconds_bucket{priority=\"0\""));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
