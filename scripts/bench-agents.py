@@ -77,7 +77,7 @@ async def stream(client, model: str, messages: list[dict], max_tokens: int, prio
         extra["extra_body"] = {"priority": priority}
     start = time.perf_counter()
     first = None
-    tokens = 0
+    tokens = prompt_tokens = cached = 0
     reply = []
     s = await client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens,
                                              temperature=0, stream=True,
@@ -88,8 +88,11 @@ async def stream(client, model: str, messages: list[dict], max_tokens: int, prio
             reply.append(chunk.choices[0].delta.content)
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
+            prompt_tokens = chunk.usage.prompt_tokens
+            details = chunk.usage.prompt_tokens_details
+            cached = (details.cached_tokens or 0) if details else 0
     return {"ttft": (first or time.perf_counter()) - start, "tokens": tokens, "reply": "".join(reply),
-            "end": time.perf_counter()}
+            "prompt_tokens": prompt_tokens, "cached_tokens": cached, "end": time.perf_counter()}
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -149,9 +152,9 @@ async def priority_phase(server: Server, model: str, name: str, agents: int, tur
 
 async def resume_phase(binary: str, model: str, context: int, extra: list[str]) -> dict:
     rng = random.Random(11)
-    # ~1.3 tokens per word of this vocabulary; the server reports the real count.
+    # About a token per word of this vocabulary; the server reports the real count.
     messages = [{"role": "system", "content": "You review agent logs."},
-                {"role": "user", "content": "Log follows. " + text(rng, int(context / 1.3)) + " Summarise in one line."}]
+                {"role": "user", "content": "Log follows. " + text(rng, context) + " Summarise in one line."}]
     with tempfile.TemporaryDirectory() as sessions:
         first = Server(binary, model, [*extra, "--session-dir", sessions])
         r = await stream(first.client, model, messages, 16, None, None)
@@ -164,7 +167,8 @@ async def resume_phase(binary: str, model: str, context: int, extra: list[str]) 
     fresh_server = Server(binary, model, extra)
     fresh = await stream(fresh_server.client, model, messages, 16, None, None)
     fresh_server.stop()
-    return {"context_tokens_approx": context, "session_file_bytes": stored,
+    return {"prompt_tokens": resumed["prompt_tokens"], "resumed_cached_tokens": resumed["cached_tokens"],
+            "reprefill_cached_tokens": fresh["cached_tokens"], "session_file_bytes": stored,
             "resume_ttft_ms": resumed["ttft"] * 1e3, "reprefill_ttft_ms": fresh["ttft"] * 1e3,
             "resume_over_reprefill": resumed["ttft"] / fresh["ttft"],
             "same_reply": resumed["reply"] == fresh["reply"]}
@@ -183,7 +187,32 @@ async def main_async(args) -> dict:
         print(json.dumps(phases[-1]), file=sys.stderr)
     server.stop()
     resume = await resume_phase(args.pyramid, model, args.context, args.serve_args)
-    return {"model": model, "agents": args.agents, "turns": args.turns, "phases": phases, "resume": resume}
+    return {"model": model, "agents": args.agents, "turns": args.turns, "phases": phases, "resume": resume,
+            "provenance": provenance(args)}
+
+
+def provenance(args) -> dict:
+    """Where and how the figures were measured."""
+    def run(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+    cpu = "unknown"
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and cpu == "unknown":
+                    cpu = line.split(":", 1)[1].strip()
+                if line.startswith("flags") and not flags:
+                    flags = [x for x in line.split(":", 1)[1].split() if x.startswith("avx")]
+    except OSError:
+        pass
+    dirty = run(["git", "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": run(["git", "rev-parse", "HEAD"]), "dirty": bool(dirty) and dirty != "unknown",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "cpu": cpu, "cores": os.cpu_count(),
+            "isa": flags, "command": " ".join(sys.argv)}
 
 
 def main() -> None:
@@ -214,7 +243,8 @@ def main() -> None:
                f"{p['background_tok_s']:.1f}" if p["background_tok_s"] else "-"]
         print(f"{p['phase']:<12} {row[0]:>12} {row[1]:>9} {row[2]:>8} {row[3]:>9}")
     r = summary["resume"]
-    print(f"\nresume from disk {r['resume_ttft_ms']:.0f} ms vs re-prefill {r['reprefill_ttft_ms']:.0f} ms "
+    print(f"\n{r['prompt_tokens']}-token conversation: resume from disk {r['resume_ttft_ms']:.0f} ms "
+          f"({r['resumed_cached_tokens']} cached) vs re-prefill {r['reprefill_ttft_ms']:.0f} ms "
           f"({100 * r['resume_over_reprefill']:.1f} %), same reply: {r['same_reply']}")
 
 
