@@ -193,7 +193,19 @@ fn session_files(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn conversations_survive_a_restart_and_corrupt_files_are_skipped() {
-    let home = std::env::temp_dir().join(format!("pyramid-sessions-{}", std::process::id()));
+    survive_restarts("native", &[]);
+}
+
+#[test]
+fn conversations_survive_a_restart_on_ov_cpu() {
+    survive_restarts("ov-cpu", &OV_CPU);
+}
+
+/// `test_persist.py`'s three phases on servers started with `route` flags: SIGTERM keeps
+/// the conversation, a restart resumes it (and replies as an uninterrupted server), and a
+/// corrupt file is skipped with a warning.
+fn survive_restarts(name: &str, route: &[&str]) {
+    let home = std::env::temp_dir().join(format!("pyramid-sessions-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&home);
     std::fs::create_dir_all(&home).unwrap();
     let dir = home.join("sessions");
@@ -211,15 +223,16 @@ fn conversations_survive_a_restart_and_corrupt_files_are_skipped() {
         server.run_script("test_persist.py", &env);
     };
 
-    let server = Server::start_logged(&["--session-dir", dir_arg], &log);
+    let with_dir = [route, &["--session-dir", dir_arg]].concat();
+    let server = Server::start_logged(&with_dir, &log);
     phase(&server, "first", None);
     assert!(server.terminate().success(), "the server exits cleanly");
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(stderr.contains("kept 1 conversations"), "{stderr}");
     assert_eq!(session_files(&dir).len(), 1);
 
-    let server = Server::start(&["--session-dir", dir_arg]);
-    let fresh = Server::start(&[]);
+    let server = Server::start(&with_dir);
+    let fresh = Server::start(route);
     phase(&server, "resume", Some(&fresh));
     drop(fresh);
     assert!(server.terminate().success());
@@ -232,7 +245,7 @@ fn conversations_survive_a_restart_and_corrupt_files_are_skipped() {
     let at = bytes.len() - 100;
     bytes[at] ^= 0x10;
     std::fs::write(&files[0], bytes).unwrap();
-    let server = Server::start_logged(&["--session-dir", dir_arg], &log);
+    let server = Server::start_logged(&with_dir, &log);
     phase(&server, "corrupt", None);
     assert!(server.terminate().success());
     let stderr = std::fs::read_to_string(&log).unwrap();
