@@ -234,7 +234,11 @@ fn chat_session_files_resume_a_conversation_and_refuse_bad_ones() {
     std::fs::write(&file, bytes).unwrap();
     let (ok, err) = chat_with(&f, &args, "hi\n\n");
     assert!(!ok && err.contains("corrupt session file"), "{err}");
-    assert_eq!(err.lines().filter(|l| l.starts_with("error:")).count(), 1, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("error:")).count(),
+        1,
+        "{err}"
+    );
 }
 
 /// Every bad input gives a one-line `error:` naming the problem and a failing exit code.

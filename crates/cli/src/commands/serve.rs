@@ -96,7 +96,7 @@ pub struct ServeArgs {
 /// Zero (no aging) or a positive, finite number of seconds.
 fn parse_aging(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
-        Ok(v) if v == 0.0 => Ok(0.0),
+        Ok(0.0) => Ok(0.0),
         _ => parse_seconds(s),
     }
 }
