@@ -305,6 +305,16 @@ fn bad_input_gives_one_line_errors() {
             pyramid_gguf::Value::U32(99_999),
             "99999",
         ),
+        (
+            "llama.rope.scaling.type",
+            pyramid_gguf::Value::String("yarn".into()),
+            "RoPE scaling 'yarn' (llama.rope.scaling.type) is not implemented",
+        ),
+        (
+            "llama.rope.scaling.type",
+            pyramid_gguf::Value::String("linear".into()),
+            "RoPE scaling 'linear' (llama.rope.scaling.type) is not implemented",
+        ),
     ];
     let header_files: Vec<(String, &str)> = header_cases
         .into_iter()
@@ -325,6 +335,11 @@ fn bad_input_gives_one_line_errors() {
     )
     .unwrap();
     let looping_template = f.write("looping.gguf", &w.to_bytes());
+    // A Llama 3.x file: per-frequency RoPE factors (head_dim 16: 8 of them).
+    let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
+    w.add_tensor_f32("rope_freqs.weight", &[8], pyramid_gguf::GgmlType::F32, &[1.0; 8])
+        .unwrap();
+    let llama3 = f.write("llama3.gguf", &w.to_bytes());
     let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
     let long_prompt = "x".repeat(40);
 
@@ -405,6 +420,10 @@ fn bad_input_gives_one_line_errors() {
     cases.push((
         vec!["run", "-m", &looping_template, "--chat", "--prompt", "hi"],
         "template steps",
+    ));
+    cases.push((
+        vec!["run", "-m", &llama3, "--prompt", "hi"],
+        "Llama 3 RoPE frequency scaling (tensor rope_freqs.weight), which is not implemented",
     ));
     for (file, expected) in &header_files {
         cases.push((vec!["run", "-m", file, "--prompt", "hi"], expected));

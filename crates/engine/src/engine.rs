@@ -153,7 +153,7 @@ pub struct EngineStats {
     #[serde(flatten)]
     pub persisted: PersistStats,
     pub cached_sessions: usize,
-    /// KV bytes of running and cached sessions: reserved (their windows) and used.
+    /// KV bytes of running, paused and cached sessions: reserved (their windows) and used.
     pub kv_bytes_reserved: usize,
     pub kv_bytes_used: usize,
     /// Bytes of pre-faulted caches kept for sessions' next windows (compact routes).

@@ -5,6 +5,9 @@ use pyramid_kernels::ops::RopeStyle;
 
 use crate::{ModelError, Result};
 
+/// The tensor of per-frequency RoPE factors Llama 3.x GGUF files carry.
+const LLAMA3_ROPE_FACTORS: &str = "rope_freqs.weight";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
@@ -98,7 +101,8 @@ impl ModelConfig {
         })? {
             if scaling != "none" {
                 return Err(ModelError::BadConfig(format!(
-                    "RoPE scaling '{scaling}' is not supported"
+                    "RoPE scaling '{scaling}' ({arch_name}.rope.scaling.type) is not \
+                     implemented: this model's output would be wrong"
                 )));
             }
         }
@@ -168,7 +172,8 @@ impl ModelConfig {
 
     /// [`ModelConfig::from_metadata`] checked against the tensors `file` holds, before
     /// anything is sized from it: a header claiming more blocks than the file has would
-    /// otherwise size per-layer state (calibration, caches) from a corrupt number.
+    /// otherwise size per-layer state (calibration, caches) from a corrupt number. A file
+    /// asking for a RoPE variant pyramid does not implement is refused, never run wrong.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let cfg = Self::from_metadata(file.metadata())?;
         let n_blocks = file
@@ -185,6 +190,13 @@ impl ModelConfig {
             .map(|i| i + 1)
             .max()
             .unwrap_or(0);
+        if file.tensor_info(LLAMA3_ROPE_FACTORS).is_ok() {
+            // Llama 3.x files carry per-frequency RoPE factors instead of a scaling type.
+            return Err(ModelError::BadConfig(format!(
+                "this model uses Llama 3 RoPE frequency scaling (tensor {LLAMA3_ROPE_FACTORS}), \
+                 which is not implemented: its output would be wrong"
+            )));
+        }
         if n_blocks != cfg.n_layer {
             return Err(ModelError::BadConfig(format!(
                 "block_count is {} but the file holds tensors for {n_blocks} blocks",
