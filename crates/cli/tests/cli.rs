@@ -337,8 +337,13 @@ fn bad_input_gives_one_line_errors() {
     let looping_template = f.write("looping.gguf", &w.to_bytes());
     // A Llama 3.x file: per-frequency RoPE factors (head_dim 16: 8 of them).
     let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
-    w.add_tensor_f32("rope_freqs.weight", &[8], pyramid_gguf::GgmlType::F32, &[1.0; 8])
-        .unwrap();
+    w.add_tensor_f32(
+        "rope_freqs.weight",
+        &[8],
+        pyramid_gguf::GgmlType::F32,
+        &[1.0; 8],
+    )
+    .unwrap();
     let llama3 = f.write("llama3.gguf", &w.to_bytes());
     let missing = f.home().join("nope.gguf").to_str().unwrap().to_string();
     let long_prompt = "x".repeat(40);
