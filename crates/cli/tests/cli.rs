@@ -152,24 +152,12 @@ fn streaming_chat_tokenize_inspect_and_models_work() {
     assert_ok(&out);
     assert!(stdout(&out).contains("smollm2-135m") && stdout(&out).contains("not cached"));
 
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pyramid"))
-        .args(["chat", "-m", &model, "-n", "4", "--stats"])
-        .env("PYRAMID_HOME", f.home())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"hello\nand again\n\n")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert_ok(&out);
-    let err = stderr(&out);
+    let (ok, err) = chat_with(
+        &f,
+        &["-m", &model, "-n", "4", "--stats"],
+        "hello\nand again\n\n",
+    );
+    assert!(ok, "{err}");
     // The second turn reuses the first turn's cached tokens.
     let reused: Vec<&str> = err.lines().filter(|l| l.starts_with("[reused")).collect();
     assert_eq!(reused.len(), 2, "{err}");

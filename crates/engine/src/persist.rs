@@ -14,10 +14,14 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use pyramid_model::KvCache;
+
 use crate::engine::Engine;
+use crate::pyramid::ArtifactPair;
 use crate::session::{Placement, Session};
 use crate::session_store::{
     load_session, read_header, save_session, SessionIdentity, SessionStore, StoreError,
+    StoredSession,
 };
 
 /// What the session store did, for `/metrics` and reports.
@@ -126,92 +130,89 @@ impl Engine {
             return;
         }
         let n_tokens = store.tokens(i).len();
-        let Some(window) = self.restore_window(n_tokens) else {
-            return;
+        let (window, artifacts, kv) = match self.restore_target(n_tokens) {
+            Ok(target) => target,
+            Err(reason) => {
+                self.warnings
+                    .push(format!("cannot resume a stored conversation: {reason}"));
+                return;
+            }
         };
-        let artifacts = match self.mixed {
-            Some(_) => None,
-            None => match self.pyramid.acquire_window(window) {
-                Ok((artifacts, _)) => Some(artifacts),
-                Err(e) => {
-                    self.warnings
-                        .push(format!("cannot resume a stored conversation: {e}"));
-                    return;
-                }
-            },
-        };
-        let (kv, _) = self.new_cache(window);
         let Some(store) = self.store.as_mut() else {
             return;
         };
-        match store.load(i, kv) {
-            Ok(stored) => {
-                self.persisted.n_loaded += 1;
-                self.persisted.loaded_tokens += stored.tokens.len();
-                self.cache.insert(Session::restored(
-                    stored.tokens,
-                    Placement {
-                        window,
-                        kv: stored.kv,
-                        artifacts,
-                    },
-                ));
-            }
+        let loaded = store.load(i, kv);
+        self.persisted.stored_sessions = store.len();
+        match loaded {
+            Ok(stored) => self.cache_restored(stored, window, artifacts),
             Err(e) => {
                 self.persisted.n_load_failed += 1;
                 self.warnings
                     .push(format!("skipping {e}; prefilling instead"));
             }
         }
-        self.persisted.stored_sessions = store.len();
     }
 
-    /// The window a restored conversation of `n_tokens` goes on: the smallest rung of
-    /// this engine's ladder holding it (the file's own window may not be one).
-    fn restore_window(&self, n_tokens: usize) -> Option<usize> {
+    /// Where a restored conversation of `n_tokens` goes: the smallest rung of this
+    /// engine's ladder holding it (the file's own window may not be one), that window's
+    /// artifacts on a static route, and an empty cache for it.
+    fn restore_target(
+        &self,
+        n_tokens: usize,
+    ) -> Result<(usize, Option<ArtifactPair>, KvCache), String> {
         let ladder = &self.config.pyramid.ladder;
-        let rung = ladder.rung_for(n_tokens.max(1)).ok()?;
-        Some(ladder.windows()[rung])
+        let rung = ladder.rung_for(n_tokens.max(1)).map_err(|_| {
+            format!(
+                "its {n_tokens} tokens exceed the largest window ({})",
+                ladder.largest()
+            )
+        })?;
+        let window = ladder.windows()[rung];
+        let artifacts = match self.mixed {
+            Some(_) => None,
+            None => Some(
+                self.pyramid
+                    .acquire_window(window)
+                    .map_err(|e| e.to_string())?
+                    .0,
+            ),
+        };
+        Ok((window, artifacts, self.new_cache(window).0))
+    }
+
+    /// Puts a conversation read from disk into the prefix cache (an admission taking it
+    /// next makes room for it by its own rules).
+    fn cache_restored(
+        &mut self,
+        stored: StoredSession,
+        window: usize,
+        artifacts: Option<ArtifactPair>,
+    ) {
+        self.persisted.n_loaded += 1;
+        self.persisted.loaded_tokens += stored.tokens.len();
+        let placement = Placement {
+            window,
+            kv: stored.kv,
+            artifacts,
+        };
+        self.cache
+            .insert(Session::restored(stored.tokens, placement));
     }
 
     /// Puts the conversation in the session file at `path` (`pyramid chat --session`)
     /// into the prefix cache; returns its tokens and the note saved with it.
     pub fn import_session_file(&mut self, path: &Path) -> Result<(Vec<u32>, Vec<u8>), StoreError> {
         let header = read_header(path)?;
-        let bad = |reason: String| StoreError::BadCache {
-            path: path.to_path_buf(),
-            reason,
-        };
-        let window = self.restore_window(header.tokens.len()).ok_or_else(|| {
-            bad(format!(
-                "its {} tokens exceed the largest window ({})",
-                header.tokens.len(),
-                self.max_context()
-            ))
-        })?;
-        let artifacts = match self.mixed {
-            Some(_) => None,
-            None => Some(
-                self.pyramid
-                    .acquire_window(window)
-                    .map_err(|e| bad(e.to_string()))?
-                    .0,
-            ),
-        };
-        let (kv, _) = self.new_cache(window);
-        let stored = load_session(path, &self.session_identity(), kv)?;
+        let (window, artifacts, kv) =
+            self.restore_target(header.tokens.len())
+                .map_err(|reason| StoreError::BadCache {
+                    path: path.to_path_buf(),
+                    reason,
+                })?;
+        let mut stored = load_session(path, &self.session_identity(), kv)?;
         let tokens = stored.tokens.clone();
-        let note = stored.note;
-        self.persisted.n_loaded += 1;
-        self.persisted.loaded_tokens += tokens.len();
-        self.cache.insert(Session::restored(
-            stored.tokens,
-            Placement {
-                window,
-                kv: stored.kv,
-                artifacts,
-            },
-        ));
+        let note = std::mem::take(&mut stored.note);
+        self.cache_restored(stored, window, artifacts);
         self.fit_budget(self.running_bytes(), self.max_cached());
         Ok((tokens, note))
     }
