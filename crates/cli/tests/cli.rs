@@ -437,6 +437,16 @@ fn bad_input_gives_one_line_errors() {
         );
     }
 
+    // Flag values clap refuses itself: its message (with its usage hint) names them.
+    for (value, expected) in [
+        ("agents", "'agents' is not KEY=PRIORITY"),
+        ("agents=soon", "the priority must be an integer"),
+    ] {
+        let out = f.run(&["serve", "-m", &model, "--api-key-priority", value]);
+        assert!(!out.status.success());
+        assert!(stderr(&out).contains(expected), "{}", stderr(&out));
+    }
+
     let out = Command::new(env!("CARGO_BIN_EXE_pyramid"))
         .args(["run", "-m", &model, "--prompt", "hi"])
         .env("PYRAMID_ISA", "sse9")

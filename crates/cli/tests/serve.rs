@@ -354,7 +354,7 @@ fn agent_conversation_on_ov_cpu_stalls_when_compiles_are_on_demand() {
 
 #[test]
 fn api_key_is_required_when_set() {
-    let server = Server::start(&["--api-key", "sesame"]);
+    let server = Server::start(&["--api-key", "sesame", "--api-key-priority", "agents=7"]);
     let (status, body) =
         server.raw("GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     assert_eq!(status, 401, "{body}");
@@ -364,6 +364,20 @@ fn api_key_is_required_when_set() {
     );
     assert_eq!(status, 200, "{body}");
     server.run_script("test_errors.py", &[("PYRAMID_API_KEY", "sesame")]);
+    // The second key is accepted too, and its requests take its priority.
+    let body = format!(r#"{{"model": "{MODEL}", "prompt": "Hello", "max_tokens": 2}}"#);
+    let (status, reply) = server.raw(&format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agents\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    assert_eq!(status, 200, "{reply}");
+    let (_, metrics) = server.raw(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer agents\r\nConnection: close\r\n\r\n",
+    );
+    assert!(
+        metrics.contains("pyramid_ttft_seconds_count{priority=\"7\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[test]

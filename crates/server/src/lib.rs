@@ -25,7 +25,7 @@ pub mod worker;
 
 pub use error::ApiError;
 pub use listen::{serve, Limits};
-pub use routes::{router, AppState};
+pub use routes::{router, ApiKey, AppState};
 pub use worker::EngineThread;
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

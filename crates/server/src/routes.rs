@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use futures_util::stream;
 use pyramid_grammar::{Constraint, GrammarVocab};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer, TokenizerError};
@@ -26,6 +26,19 @@ use crate::tools::{self, ParsedCall, Piece, ToolCallParser, ToolSet};
 use crate::worker::{EngineThread, Event, Job, TokenLogprob};
 use pyramid_engine::{FinishReason, Usage};
 
+/// An API key the server accepts, and the priority its requests take when they name
+/// none (for clients that cannot add a field or a header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    pub key: String,
+    pub priority: Option<i32>,
+}
+
+/// The priority the request's API key gives, put in the request's extensions by
+/// [`authenticate`].
+#[derive(Debug, Clone, Copy, Default)]
+struct KeyPriority(Option<i32>);
+
 /// What every handler shares.
 pub struct AppState {
     pub engine: EngineThread,
@@ -34,7 +47,8 @@ pub struct AppState {
     pub model_id: String,
     /// Positions of the largest window: prompt plus generation must fit.
     pub max_context: usize,
-    pub api_key: Option<String>,
+    /// Keys a request may authenticate with; none: no authentication.
+    pub api_keys: Vec<ApiKey>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub started: u64,
@@ -54,7 +68,7 @@ impl AppState {
         template: Option<ChatTemplate>,
         model_id: String,
         max_context: usize,
-        api_key: Option<String>,
+        api_keys: Vec<ApiKey>,
         limits: Limits,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -65,7 +79,7 @@ impl AppState {
             template,
             model_id,
             max_context,
-            api_key,
+            api_keys,
             tokenizing: Semaphore::new(limits.max_tokenizing.max(1)),
             limits,
             metrics,
@@ -128,10 +142,16 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// With an API key set, every endpoint but `/health` (for load balancers and supervisors)
-/// needs `Authorization: Bearer <key>`; the scheme is case-insensitive (RFC 7235).
-async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.api_key {
+/// With API keys set, every endpoint but `/health` (for load balancers and supervisors)
+/// needs `Authorization: Bearer <key>` with one of them; the scheme is case-insensitive
+/// (RFC 7235). The key's priority goes to the handler.
+async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let mut priority = KeyPriority::default();
+    if !state.api_keys.is_empty() {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -140,10 +160,19 @@ async fn authenticate(State(state): State<Arc<AppState>>, req: Request, next: Ne
                 let (scheme, token) = v.split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             });
-        if given != Some(key.as_str()) && req.uri().path() != "/health" {
-            return ApiError::unauthorized().into_response();
+        match state
+            .api_keys
+            .iter()
+            .find(|k| Some(k.key.as_str()) == given)
+        {
+            Some(key) => priority = KeyPriority(key.priority),
+            None if req.uri().path() != "/health" => {
+                return ApiError::unauthorized().into_response()
+            }
+            None => {}
         }
     }
+    req.extensions_mut().insert(priority);
     next.run(req).await
 }
 
@@ -207,31 +236,34 @@ async fn model(
 
 async fn chat_completions(
     State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyPriority>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    generate(state, Endpoint::Chat, &headers, body)
+    generate(state, Endpoint::Chat, key, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn completions(
     State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyPriority>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    generate(state, Endpoint::Completion, &headers, body)
+    generate(state, Endpoint::Completion, key, &headers, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-/// The header that sets a request's priority for clients that cannot add a body field;
-/// the body's `priority` wins over it.
+/// The header that sets a request's priority for clients that cannot add a body field:
+/// the body's `priority` wins over it, and it over the API key's.
 pub const PRIORITY_HEADER: &str = "x-priority";
 
 async fn generate(
     state: Arc<AppState>,
     endpoint: Endpoint,
+    key: KeyPriority,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -245,7 +277,7 @@ async fn generate(
     let body = read_body(&state.limits, body).await?;
     let mut request = api::parse(endpoint, &body)?;
     drop(body);
-    let priority = request.priority.or(header_priority).unwrap_or(0);
+    let priority = request.priority.or(header_priority).or(key.0).unwrap_or(0);
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
     }

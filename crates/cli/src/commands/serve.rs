@@ -11,7 +11,7 @@ use clap::Args;
 use pyramid_engine::{Arm, EngineConfig, PyramidConfig};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::Metrics;
-use pyramid_server::{AppState, EngineThread, Limits};
+use pyramid_server::{ApiKey, AppState, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
 use crate::route::{
@@ -29,9 +29,14 @@ pub struct ServeArgs {
     /// Port to listen on; 0 picks a free one (printed at start-up).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Require `Authorization: Bearer KEY` on every request.
+    /// Require `Authorization: Bearer KEY` on every request (repeat for several keys).
     #[arg(long)]
-    pub api_key: Option<String>,
+    pub api_key: Vec<String>,
+    /// Accept the API key KEY, whose requests take priority N when they name none (the
+    /// body's `priority` and the X-Priority header win): e.g. `background-agents=10` for
+    /// clients that cannot add either. Repeatable.
+    #[arg(long, value_name = "KEY=N", value_parser = parse_key_priority)]
+    pub api_key_priority: Vec<ApiKey>,
     /// Seconds a connection may take to send a request's headers, counted from when it
     /// connects or its last response ends (so also how long an idle keep-alive
     /// connection stays open).
@@ -91,6 +96,25 @@ pub struct ServeArgs {
     pub session_disk_budget: Option<usize>,
     #[command(flatten)]
     pub route: RouteArgs,
+}
+
+/// `KEY=N`: an API key and its requests' default priority (split at the last `=`, so a
+/// key may contain one).
+fn parse_key_priority(s: &str) -> Result<ApiKey, String> {
+    let (key, priority) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("'{s}' is not KEY=PRIORITY"))?;
+    let priority = priority
+        .trim()
+        .parse::<i32>()
+        .map_err(|_| format!("'{s}': the priority must be an integer (lower is more urgent)"))?;
+    if key.is_empty() {
+        return Err(format!("'{s}': the key is empty"));
+    }
+    Ok(ApiKey {
+        key: key.to_string(),
+        priority: Some(priority),
+    })
 }
 
 /// Zero (no aging) or a positive, finite number of seconds.
@@ -202,7 +226,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         template,
         model_id.clone(),
         max_context,
-        args.api_key,
+        args.api_key
+            .into_iter()
+            .map(|key| ApiKey {
+                key,
+                priority: None,
+            })
+            .chain(args.api_key_priority)
+            .collect(),
         Limits {
             header_timeout: Duration::from_secs_f64(args.header_timeout),
             body_timeout: Duration::from_secs_f64(args.body_timeout),
