@@ -70,22 +70,7 @@ pub struct PreemptionStats {
 }
 
 impl Engine {
-    /// The window a new request's session would start on, and its KV bytes.
-    pub(crate) fn first_window_bytes(&self, request: &Request) -> Option<usize> {
-        let ladder = &self.config.pyramid.ladder;
-        let reserve = request
-            .max_tokens
-            .min(self.config.pyramid.generation_reserve);
-        let horizon = request.prompt.len().saturating_add(reserve);
-        let window = if self.config.pyramid.arm == crate::Arm::Largest {
-            ladder.largest()
-        } else {
-            ladder.windows()[ladder.rung_for(horizon.min(ladder.largest())).ok()?]
-        };
-        Some(self.kv_bytes_for(window))
-    }
-
-    /// Why `request` can never run, if it cannot.
+    /// Why `request` can never run, if it cannot: checked once, when it is added.
     pub(crate) fn refusal(&self, request: &Request) -> Option<EngineError> {
         let largest = self.config.pyramid.ladder.largest();
         if request.prompt.is_empty() {
@@ -101,7 +86,8 @@ impl Engine {
                 largest,
             }))
         } else {
-            let bytes = self.first_window_bytes(request)?;
+            let window = self.first_window(request.prompt.len(), request.max_tokens)?;
+            let bytes = self.kv_bytes_for(window);
             (bytes > self.config.kv_budget).then_some(EngineError::OverBudget {
                 bytes,
                 budget: self.config.kv_budget,
@@ -184,7 +170,7 @@ impl Engine {
             let total = self.running_bytes().saturating_add(needed);
             if !self.make_room(total, cand_level, now, true) {
                 let holds_nothing = self.running.is_empty() && self.paused.is_empty();
-                if holds_nothing && seq.generated == 0 && seq.paused_since.is_none() {
+                if holds_nothing && matches!(candidate, Candidate::Queued(_)) {
                     // Nothing holds memory that could be freed: it never fits.
                     self.events.push(Event::Failed {
                         id: seq.request.id,
@@ -374,7 +360,8 @@ impl Engine {
 
     /// Takes queued request `i` out of the queue as a sequence on the cached session
     /// sharing its longest prefix (whether that is a fork is the second value); `None`
-    /// if it can never run (it failed).
+    /// if its sampling settings are refused (it failed). [`Engine::refusal`] passed it
+    /// when it was added.
     fn prepare(&mut self, i: usize, now: Instant) -> Option<(Sequence, bool)> {
         let Queued {
             mut request,
@@ -383,13 +370,13 @@ impl Engine {
         } = self.waiting.remove(i)?;
         let id = request.id;
         let request_priority = request.priority;
-        let sampler = match self
-            .refusal(&request)
-            .map_or_else(|| Ok(Sampler::new(request.sampler.clone())?), Err)
-        {
+        let sampler = match Sampler::new(request.sampler.clone()) {
             Ok(s) => s,
             Err(error) => {
-                self.events.push(Event::Failed { id, error });
+                self.events.push(Event::Failed {
+                    id,
+                    error: error.into(),
+                });
                 return None;
             }
         };

@@ -14,7 +14,7 @@
 //! cache and the growth predictor; it knows token ids only. A request's tokens do not
 //! depend on what else runs beside it: every row of a pass is computed on its own.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -479,21 +479,17 @@ impl Engine {
                 (self.cache.bytes(), self.cache.used_bytes()),
                 |(r, u), (a, b)| (r + a, u + b),
             );
-        let mut waiting_by_priority: Vec<(i32, usize)> = Vec::new();
+        let mut waiting_by_priority = BTreeMap::new();
         let priorities = self.waiting.iter().map(|q| q.request.priority);
         for p in priorities.chain(self.paused.iter().map(|s| s.request.priority)) {
-            match waiting_by_priority.iter_mut().find(|(q, _)| *q == p) {
-                Some((_, n)) => *n += 1,
-                None => waiting_by_priority.push((p, 1)),
-            }
+            *waiting_by_priority.entry(p).or_insert(0) += 1;
         }
-        waiting_by_priority.sort_unstable();
         EngineStats {
             pyramid: self.pyramid.stats(),
             running: self.running.len(),
             waiting: self.waiting.len(),
             paused: self.paused.len(),
-            waiting_by_priority,
+            waiting_by_priority: waiting_by_priority.into_iter().collect(),
             preemption: self.preemption,
             persisted: self.persisted,
             cached_sessions: self.cache.len(),

@@ -190,16 +190,33 @@ impl Engine {
             1
         };
         let needed = seq.session.len() + n;
-        if seq.session.window().is_none() && cfg.arm == Arm::Largest {
+        if seq.session.window().is_some() {
+            return self.window_for(needed, needed, seq.request.max_tokens);
+        }
+        if cfg.arm == Arm::Largest {
             return (needed <= ladder.largest()).then_some(ladder.largest());
         }
         // A new session reserves room for its whole prompt and some generation.
-        let horizon = if seq.session.window().is_none() {
-            needed.max(seq.input.len())
-        } else {
-            needed
-        };
-        let reserve = seq.request.max_tokens.min(cfg.generation_reserve);
+        self.window_for(needed, needed.max(seq.input.len()), seq.request.max_tokens)
+    }
+
+    /// The window a new request with a prompt of `prompt_len` tokens starts on (what
+    /// [`Engine::target_window`] gives its sequence before it runs); `None` beyond the
+    /// largest window.
+    pub(crate) fn first_window(&self, prompt_len: usize, max_tokens: usize) -> Option<usize> {
+        let largest = self.config.pyramid.ladder.largest();
+        if self.config.pyramid.arm == Arm::Largest {
+            return (prompt_len <= largest).then_some(largest);
+        }
+        self.window_for(prompt_len, prompt_len, max_tokens)
+    }
+
+    /// The smallest window holding `needed` positions, and `horizon` plus the generation
+    /// reserve (at most `max_tokens`) where the ladder allows.
+    fn window_for(&self, needed: usize, horizon: usize, max_tokens: usize) -> Option<usize> {
+        let cfg = &self.config.pyramid;
+        let ladder = &cfg.ladder;
+        let reserve = max_tokens.min(cfg.generation_reserve);
         let rung = ladder.rung_for(needed).ok()?.max(
             ladder
                 .rung_for(horizon.saturating_add(reserve).min(ladder.largest()))

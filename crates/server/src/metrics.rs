@@ -71,12 +71,12 @@ struct ByPriority(Vec<(i32, Histogram)>);
 
 impl ByPriority {
     fn observe(&mut self, priority: i32, v: f64) {
-        let i = match self.0.iter().position(|(p, _)| *p == priority) {
-            Some(i) => i,
-            None => {
-                self.0.push((priority, Histogram::new(&SECONDS_BUCKETS)));
-                self.0.sort_by_key(|(p, _)| *p);
-                self.0.iter().position(|(p, _)| *p == priority).unwrap_or(0)
+        let i = match self.0.binary_search_by_key(&priority, |(p, _)| *p) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0
+                    .insert(i, (priority, Histogram::new(&SECONDS_BUCKETS)));
+                i
             }
         };
         self.0[i].1.observe(v);
