@@ -69,7 +69,9 @@ fn prompts_share_the_chunk_budget_while_others_decode() {
 #[test]
 fn static_decode_runs_are_grouped_by_window_and_batch_sizes_compile_in_the_background() {
     let pool = ThreadPool::new(1).unwrap();
-    let fake = Fake::new(Duration::ZERO, false);
+    // Compiles take long enough that one started in a step is still running when the
+    // next schedule is made (an instant compile could finish in between, at random).
+    let fake = Fake::new(Duration::from_millis(50), false);
     let n_vocab = fake.model.config.n_vocab;
     let mut engine = engine(&fake, config(Arm::OnDemand, &[32, 64], 64, 4));
     // Two short conversations on window 32, one on 64.
