@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig, RouteAudit};
+use pyramid_engine::{
+    Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
+};
 use pyramid_model::{KvType, Model};
 use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
 use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
@@ -28,6 +30,52 @@ pub struct RouteArgs {
     /// INFERENCE_PRECISION_HINT=f16, INFERENCE_NUM_THREADS=4.
     #[arg(long = "ov-option", value_name = "KEY=VALUE")]
     pub ov_options: Vec<String>,
+}
+
+/// `--speculative`, `--draft-tokens`: prompt-lookup speculative decoding.
+#[derive(Args, Debug, Clone)]
+pub struct SpeculativeArgs {
+    /// Decoding with drafts looked up in the conversation's own tokens (ngram), verified
+    /// in one pass: the same tokens, fewer passes when the reply repeats its context.
+    /// Native route only (static artifacts verify no drafts). Default: ngram, except for
+    /// `bench`, whose random prompts measure plain decoding.
+    #[arg(long, value_name = "ngram|off")]
+    pub speculative: Option<Speculation>,
+    /// Draft tokens verified per pass at most.
+    #[arg(long, default_value_t = SpeculativeConfig::default().max_draft, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub draft_tokens: usize,
+}
+
+impl SpeculativeArgs {
+    /// The mode asked for, or `default`.
+    pub fn mode_or(&self, default: Speculation) -> Speculation {
+        self.speculative.unwrap_or(default)
+    }
+
+    /// The engine's drafts for `mode`: none when off.
+    pub fn config(&self, mode: Speculation) -> SpeculativeConfig {
+        match mode {
+            Speculation::Off => SpeculativeConfig::off(),
+            Speculation::Ngram => SpeculativeConfig {
+                max_draft: self.draft_tokens,
+                ..SpeculativeConfig::default()
+            },
+        }
+    }
+
+    /// The engine's drafts on `route` (`default` unless `--speculative` says): none on a
+    /// route that runs static artifacts, where asking for them is an error.
+    pub fn config_on(&self, route: &Route, default: Speculation) -> Result<SpeculativeConfig> {
+        if route.backend.runs_mixed_passes() {
+            return Ok(self.config(self.mode_or(default)));
+        }
+        if self.speculative == Some(Speculation::Ngram) {
+            bail!(
+                "--speculative ngram needs the native route (--device cpu): static artifacts return one row of logits per sequence and cannot verify a draft"
+            );
+        }
+        Ok(SpeculativeConfig::off())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,8 +205,13 @@ pub fn prefill_chunk_for(route: &Route, ladder: &WindowLadder, static_chunk: usi
 
 /// The engine settings for one conversation at a time (`run`, `chat`, `qualify`, `bench`):
 /// no memory limits beyond the windows, predictive compiles with `pyramid replay`'s
-/// margins.
-pub fn single_user(ladder: WindowLadder, prefill_chunk: usize, max_batch: usize) -> EngineConfig {
+/// margins, drafts as `speculative` says.
+pub fn single_user(
+    ladder: WindowLadder,
+    prefill_chunk: usize,
+    max_batch: usize,
+    speculative: SpeculativeConfig,
+) -> EngineConfig {
     EngineConfig {
         pyramid: PyramidConfig {
             ladder,
@@ -174,6 +227,7 @@ pub fn single_user(ladder: WindowLadder, prefill_chunk: usize, max_batch: usize)
         max_sessions: 4,
         static_shapes: false,
         aging: pyramid_engine::DEFAULT_AGING,
+        speculative,
     }
 }
 

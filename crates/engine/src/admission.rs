@@ -28,6 +28,7 @@ use pyramid_runtime::{RuntimeError, Sampler};
 use crate::engine::{Engine, Queued, Sequence};
 use crate::request::{Event, Request};
 use crate::session::Session;
+use crate::speculate::Drafter;
 use crate::EngineError;
 
 /// A request's level after waiting `waited`: lower runs first.
@@ -405,6 +406,7 @@ impl Engine {
             last_token: None,
             stalled_since: None,
             mask_time: Duration::ZERO,
+            drafter: Drafter::default(),
         };
         seq.session.truncate(reused);
         if seq.session.is_empty() {

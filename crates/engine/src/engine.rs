@@ -33,6 +33,7 @@ use crate::request::{Event, FinishReason, Request, RequestId, Timings, TokenLogp
 use crate::scheduler::Schedule;
 use crate::session::Session;
 use crate::session_store::SessionStore;
+use crate::speculate::{DraftStats, Drafter, SpeculativeConfig};
 use crate::{EngineError, Result};
 
 #[derive(Debug, Clone)]
@@ -51,6 +52,8 @@ pub struct EngineConfig {
     /// Waiting this long (queued, or paused) makes a request one priority level more
     /// urgent, so that nothing starves; zero turns aging off.
     pub aging: Duration,
+    /// Drafts for requests asking for speculation (verified on mixed passes only).
+    pub speculative: SpeculativeConfig,
 }
 
 /// How long a request waits before it is one level more urgent, by default.
@@ -99,6 +102,7 @@ pub(crate) struct Sequence {
     pub stalled_since: Option<Instant>,
     /// Time spent on the constraint's masks.
     pub mask_time: Duration,
+    pub drafter: Drafter,
 }
 
 impl Sequence {
@@ -161,6 +165,8 @@ pub struct EngineStats {
     /// Compiled artifacts by window: `(window, count, bytes)`.
     pub artifacts: Vec<(usize, usize, usize)>,
     pub compiling: usize,
+    /// Drafts verified and accepted, and passes that sampled, over every request.
+    pub speculative: DraftStats,
 }
 
 pub struct Engine {
@@ -185,6 +191,8 @@ pub struct Engine {
     pub(crate) store: Option<SessionStore>,
     pub(crate) persisted: PersistStats,
     pub(crate) warnings: Vec<String>,
+    /// What speculation did across every request.
+    pub(crate) speculative: DraftStats,
 }
 
 impl Engine {
@@ -203,9 +211,12 @@ impl Engine {
         let model = Arc::clone(backend.model());
         let pyramid = WindowPyramid::new(backend, model_id, kv_type, config.pyramid.clone())?;
         let mixed = if pyramid.backend().runs_mixed_passes() && !config.static_shapes {
+            // Every decoding sequence may verify a draft beside its next token.
+            let per_sequence = 1 + config.speculative.max_draft;
             let shape = ArtifactShape::Mixed {
-                rows: config.pyramid.prefill_chunk + config.max_batch,
+                rows: config.pyramid.prefill_chunk + config.max_batch * per_sequence,
                 batch: config.max_batch,
+                logits: config.max_batch * per_sequence,
                 window: config.pyramid.ladder.largest(),
             };
             Some(pyramid.acquire(shape)?.0)
@@ -239,6 +250,7 @@ impl Engine {
             store: None,
             persisted: PersistStats::default(),
             warnings: Vec::new(),
+            speculative: DraftStats::default(),
         })
     }
 
@@ -248,6 +260,12 @@ impl Engine {
 
     pub fn pyramid(&self) -> &Arc<WindowPyramid> {
         &self.pyramid
+    }
+
+    /// Whether requests asking for speculation get it: drafts are on
+    /// ([`SpeculativeConfig::max_draft`]) and the route runs mixed passes, which verify them.
+    pub fn speculates(&self) -> bool {
+        self.config.speculative.max_draft > 0 && self.mixed.is_some()
     }
 
     /// The largest context a request can reach.
@@ -370,6 +388,7 @@ impl Engine {
             self.events.push(Event::Failed { id, error });
         }
         let largest = self.config.pyramid.ladder.largest();
+        let n_vocab = self.pyramid.backend().model().config.n_vocab;
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut unmasked = executed.unmasked;
@@ -380,48 +399,76 @@ impl Engine {
             if seq.prefilling() {
                 continue; // more prompt to come: these logits are not sampled
             }
-            // Log-probabilities are of the model's distribution, before sampling (or a
-            // grammar) reshapes it.
-            let raw = seq.request.logprobs.map(|k| {
-                let unmasked = unmasked.iter_mut().find(|(u, _)| *u == id);
-                (
-                    k,
-                    unmasked.map_or_else(|| logits.clone(), |(_, raw)| std::mem::take(raw)),
-                )
-            });
-            let token = seq.sampler.sample(&mut logits, seq.session.tokens());
-            if let Some(constraint) = seq.request.constraint.as_mut() {
-                if let Err(error) = constraint.accept(token) {
-                    failed.push((id, error));
-                    continue;
+            // Row j follows the next input and the draft's first j tokens; each row is
+            // sampled as plain decoding would, and the draft is kept while it agrees.
+            let draft = schedule.draft_of(id);
+            let before = seq.session.len() - (1 + draft.len());
+            let mut kept = 0;
+            let mut outcome = None;
+            for (j, row) in logits.chunks_exact_mut(n_vocab).enumerate() {
+                // Log-probabilities are of the model's distribution, before sampling (or
+                // a grammar, which never drafts) reshapes it.
+                let raw = seq.request.logprobs.map(|k| {
+                    let unmasked = unmasked.iter_mut().find(|(u, _)| *u == id);
+                    let raw = unmasked.map_or_else(|| row.to_vec(), |(_, raw)| std::mem::take(raw));
+                    (k, raw)
+                });
+                let seen = &seq.session.tokens()[..before + 1 + j];
+                let token = seq.sampler.sample(row, seen);
+                if let Some(constraint) = seq.request.constraint.as_mut() {
+                    if let Err(error) = constraint.accept(token) {
+                        outcome = Some(Err(EngineError::Grammar(error)));
+                        break;
+                    }
+                }
+                let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
+                let now = Instant::now();
+                seq.first_token.get_or_insert(now);
+                seq.last_token = Some(now);
+                seq.generated += 1;
+                kept = j;
+                self.events.push(Event::Token {
+                    id,
+                    token,
+                    logprobs,
+                });
+                let complete = seq
+                    .request
+                    .constraint
+                    .as_ref()
+                    .is_some_and(|c| c.is_finished());
+                if seq.request.stop_tokens.contains(&token) || complete {
+                    outcome = Some(Ok(Some(FinishReason::Stop)));
+                } else if seq.generated >= seq.request.max_tokens || seen.len() + 1 > largest {
+                    // The next decode would need a position beyond the largest window.
+                    outcome = Some(Ok(Some(FinishReason::Length)));
+                } else if draft.get(j) != Some(&token) {
+                    seq.next_input = Some(token);
+                    outcome = Some(Ok(None));
+                }
+                if outcome.is_some() {
+                    break;
                 }
             }
-            let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
-            let now = Instant::now();
-            seq.first_token.get_or_insert(now);
-            seq.last_token = Some(now);
-            seq.generated += 1;
-            self.events.push(Event::Token {
-                id,
-                token,
-                logprobs,
+            seq.drafter.record(draft.len(), kept.min(draft.len()));
+            self.speculative.add(&DraftStats {
+                drafted_tokens: draft.len(),
+                accepted_tokens: kept.min(draft.len()),
+                decode_passes: 1,
+                verify_passes: usize::from(!draft.is_empty()),
             });
-            let complete = seq
-                .request
-                .constraint
-                .as_ref()
-                .is_some_and(|c| c.is_finished());
-            let reason = if seq.request.stop_tokens.contains(&token) || complete {
-                Some(FinishReason::Stop)
-            } else if seq.generated >= seq.request.max_tokens || seq.session.len() + 1 > largest {
-                // The next decode would need a position beyond the largest window.
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            match reason {
-                Some(reason) => finished.push((id, reason)),
-                None => seq.next_input = Some(token),
+            // The rejected part of the draft leaves the cache.
+            seq.session.truncate(before + 1 + kept);
+            match outcome {
+                Some(Err(error)) => failed.push((id, error)),
+                Some(Ok(Some(reason))) => finished.push((id, reason)),
+                Some(Ok(None)) => {}
+                // The last row's token never extends the draft, so only missing rows
+                // end here.
+                None => failed.push((
+                    id,
+                    EngineError::Pass(format!("{} rows of logits", logits.len() / n_vocab)),
+                )),
             }
         }
         for (id, error) in failed {
@@ -429,10 +476,7 @@ impl Engine {
                 let seq = self.running.swap_remove(i);
                 self.retire(seq.session);
             }
-            self.events.push(Event::Failed {
-                id,
-                error: EngineError::Grammar(error),
-            });
+            self.events.push(Event::Failed { id, error });
         }
         for (id, reason) in finished {
             let Some(i) = self.running.iter().position(|s| s.request.id == id) else {
@@ -498,6 +542,7 @@ impl Engine {
             kv_pool_bytes: self.pool_bytes(),
             artifacts: self.pyramid.resident(),
             compiling: self.pyramid.n_compiling(),
+            speculative: self.speculative,
         }
     }
 
@@ -668,6 +713,7 @@ pub(crate) fn usage_of(seq: &Sequence) -> Usage {
         prompt_tokens: seq.prompt_len,
         completion_tokens: seq.generated,
         cached_tokens: seq.cached_tokens,
+        speculative: seq.drafter.stats,
     }
 }
 

@@ -25,7 +25,8 @@ use crate::{EngineError, Result};
 /// What a step's passes produced.
 #[derive(Debug, Default)]
 pub struct Executed {
-    /// Logits after each sequence's last fed token, for the sequences that ran.
+    /// Logits after each sequence's last fed token, for the sequences that ran; after
+    /// each of its fed tokens for a sequence verifying a draft (`[1 + draft, n_vocab]`).
     pub logits: Vec<(RequestId, Vec<f32>)>,
     /// Sequences whose placement, pass or grammar mask failed.
     pub failed: Vec<(RequestId, EngineError)>,
@@ -37,8 +38,11 @@ pub struct Executed {
 /// What one sequence feeds this step.
 struct Feed {
     idx: usize,
+    /// A prompt chunk, or the next input and its draft.
     tokens: Vec<u32>,
     prefill: bool,
+    /// Rows of logits wanted: the last token's, or every token's to verify a draft.
+    n_logits: usize,
 }
 
 impl Engine {
@@ -66,12 +70,18 @@ impl Engine {
                             idx,
                             tokens: seq.input[seq.fed..seq.fed + n].to_vec(),
                             prefill: true,
+                            n_logits: 1,
                         },
-                        None => Feed {
-                            idx,
-                            tokens: vec![seq.next_input?],
-                            prefill: false,
-                        },
+                        None => {
+                            let mut tokens = vec![seq.next_input?];
+                            tokens.extend_from_slice(schedule.draft_of(id));
+                            Feed {
+                                idx,
+                                n_logits: tokens.len(),
+                                tokens,
+                                prefill: false,
+                            }
+                        }
                     })
                 })
                 .collect()
@@ -173,7 +183,7 @@ impl Engine {
                     let mut segments: Vec<Segment<'_>> = kvs
                         .into_iter()
                         .zip(&feeds)
-                        .map(|(kv, f)| Segment::new(&f.tokens, kv))
+                        .map(|(kv, f)| Segment::with_logits(&f.tokens, kv, f.n_logits))
                         .collect();
                     Ok(exe.run(pool, &mut segments, &mut logits)?)
                 })
@@ -193,8 +203,20 @@ impl Engine {
             return;
         }
         let elapsed = start.elapsed();
-        for (f, row) in feeds.iter().zip(logits.chunks_exact(n_vocab)) {
+        let mut offset = 0;
+        for f in &feeds {
             let seq = &mut self.running[f.idx];
+            let n = f.n_logits * n_vocab;
+            let Some(rows) = logits.get(offset..offset + n) else {
+                // The cache keeps only what the session records.
+                seq.session.truncate(seq.session.len());
+                out.failed.push((
+                    seq.request.id,
+                    EngineError::Pass(format!("{} returned too few logits", exe.shape())),
+                ));
+                continue;
+            };
+            offset += n;
             seq.session.extend(&f.tokens);
             if f.prefill {
                 seq.fed += f.tokens.len();
@@ -204,7 +226,7 @@ impl Engine {
                 seq.session.observe_decode(elapsed);
                 self.summary.n_decoded += 1;
             }
-            out.logits.push((seq.request.id, row.to_vec()));
+            out.logits.push((seq.request.id, rows.to_vec()));
         }
     }
 

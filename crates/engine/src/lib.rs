@@ -31,6 +31,7 @@ mod request;
 mod scheduler;
 mod session;
 mod session_store;
+mod speculate;
 
 pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
@@ -48,3 +49,4 @@ pub use session_store::{
     load_session, read_header, save_session, SaveReport, SessionHeader, SessionIdentity,
     SessionStore, StoreError, StoredSession, SESSION_EXT, SESSION_VERSION,
 };
+pub use speculate::{DraftStats, Speculation, SpeculativeConfig, MAX_COOL_DOWN};

@@ -288,6 +288,7 @@ pub fn run_arm(
         // The pyramid is measured as a static device sees it, whatever the backend.
         static_shapes: true,
         aging: crate::DEFAULT_AGING,
+        speculative: crate::SpeculativeConfig::off(),
     };
     let mut engine = Engine::new(
         Arc::clone(&setup.backend),

@@ -8,6 +8,7 @@ use pyramid_grammar::Constraint;
 use pyramid_runtime::SamplerConfig;
 use serde::Serialize;
 
+use crate::speculate::{DraftStats, Speculation};
 use crate::EngineError;
 
 /// Chosen by the caller; unique among the requests the engine holds.
@@ -32,6 +33,9 @@ pub struct Request {
     /// slots and the prefill chunk go to the most urgent first, and a less urgent
     /// sequence may be paused for a more urgent one (see the admission module).
     pub priority: i32,
+    /// Whether decoding verifies drafts looked up in the sequence's own tokens (see the
+    /// speculate module); the tokens are the same either way.
+    pub speculation: Speculation,
 }
 
 impl Request {
@@ -46,6 +50,7 @@ impl Request {
             logprobs: None,
             constraint: None,
             priority: 0,
+            speculation: Speculation::Off,
         }
     }
 }
@@ -78,6 +83,8 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV came from a cached conversation instead of a prefill.
     pub cached_tokens: usize,
+    /// Drafts verified and accepted, and decode passes run.
+    pub speculative: DraftStats,
 }
 
 /// Where a request's time went.

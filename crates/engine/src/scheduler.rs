@@ -20,6 +20,7 @@ use crate::engine::{Engine, Sequence};
 use crate::pyramid::Arm;
 use crate::request::{Event, RequestId};
 use crate::session::Session;
+use crate::speculate::Speculation;
 use crate::EngineError;
 
 /// How a sequence gets the window it runs on this step.
@@ -51,6 +52,8 @@ pub struct Schedule {
     pub prefills: Vec<(RequestId, usize)>,
     /// Decode runs, grouped by window.
     pub decodes: Vec<DecodeRun>,
+    /// Drafts that decoding sequences verify beside their next token: `(id, draft)`.
+    pub drafts: Vec<(RequestId, Vec<u32>)>,
     /// Sequences waiting for the artifacts (or the memory) of a window: `(id, window)`.
     pub stalled: Vec<(RequestId, usize)>,
     /// Artifacts to start compiling in the background.
@@ -70,6 +73,14 @@ impl Schedule {
     /// Sequences that feed tokens this step.
     pub fn n_scheduled(&self) -> usize {
         self.prefills.len() + self.decodes.iter().map(|d| d.ids.len()).sum::<usize>()
+    }
+
+    /// The draft sequence `id` verifies this step (empty if none).
+    pub fn draft_of(&self, id: RequestId) -> &[u32] {
+        self.drafts
+            .iter()
+            .find(|d| d.0 == id)
+            .map_or(&[], |d| d.1.as_slice())
     }
 }
 
@@ -150,6 +161,13 @@ impl Engine {
                 budget -= n;
                 schedule.prefills.push((id, n));
             } else {
+                // A draft rides only in the window the sequence already has.
+                if how.is_none() {
+                    let draft = self.draft_for(i, window);
+                    if !draft.is_empty() {
+                        schedule.drafts.push((id, draft));
+                    }
+                }
                 decoding.push((id, window));
             }
         }
@@ -223,6 +241,28 @@ impl Engine {
                 .ok()?,
         );
         Some(ladder.windows()[rung])
+    }
+
+    /// A draft for the decoding sequence `running[i]` on `window`: within the window, its
+    /// `max_tokens` and the engine's draft length; none on static artifacts (one row of
+    /// logits per sequence) or under a grammar constraint.
+    fn draft_for(&mut self, i: usize, window: usize) -> Vec<u32> {
+        let config = self.config.speculative;
+        let mixed = self.mixed.is_some();
+        let seq = &mut self.running[i];
+        let Some(next) = seq.next_input else {
+            return Vec::new();
+        };
+        if !mixed || seq.request.speculation == Speculation::Off || seq.request.constraint.is_some()
+        {
+            return Vec::new();
+        }
+        // The next input and the draft take positions len..=len+d; the draft's last
+        // token is sampled only if all of it is accepted, so it ends the reply at most.
+        let in_window = window.saturating_sub(seq.session.len() + 1);
+        let in_reply = seq.request.max_tokens.saturating_sub(seq.generated + 1);
+        seq.drafter
+            .propose(&config, seq.session.tokens(), next, in_window.min(in_reply))
     }
 
     /// Groups decoding sequences by window into runs of compiled batch sizes; a batch

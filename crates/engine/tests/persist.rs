@@ -34,6 +34,7 @@ impl Drop for TempDir {
 fn cfg(max_batch: usize) -> EngineConfig {
     EngineConfig {
         aging: Duration::ZERO,
+        speculative: pyramid_engine::SpeculativeConfig::default(),
         ..config(Arm::OnDemand, &[64, 128], 16, max_batch)
     }
 }

@@ -22,6 +22,7 @@ fn request(id: RequestId, seed: u32, n_prompt: usize, n_gen: usize, priority: i3
 fn strict(windows: &[usize], chunk: usize, max_batch: usize) -> EngineConfig {
     EngineConfig {
         aging: Duration::ZERO,
+        speculative: pyramid_engine::SpeculativeConfig::default(),
         ..config(Arm::OnDemand, windows, chunk, max_batch)
     }
 }

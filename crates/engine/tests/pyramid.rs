@@ -242,6 +242,7 @@ fn static_engine(backend: Arc<dyn Backend>, pyramid: PyramidConfig) -> Engine {
         max_sessions: 8,
         static_shapes: true,
         aging: pyramid_engine::DEFAULT_AGING,
+        speculative: pyramid_engine::SpeculativeConfig::default(),
     };
     Engine::new(backend, 1, KvType::F32, config).unwrap()
 }

@@ -20,6 +20,8 @@ pub enum ModelError {
     ContextLengthExceeded { needed: usize, n_ctx: usize },
     #[error("empty input: at least one token is needed")]
     EmptyInput,
+    #[error("logits of {n_logits} rows asked of a segment of {n_real} real tokens (1..={n_real} allowed)")]
+    BadLogitRows { n_logits: usize, n_real: usize },
     /// Reading a cache's rows back (`KvCache::read_live`) failed or ran out of input.
     #[error("reading KV cache rows: {0}")]
     KvIo(#[source] std::io::Error),

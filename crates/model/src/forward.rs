@@ -28,7 +28,8 @@ pub const MAX_PASS_TOKENS: usize = 512;
 /// Which positions of a forward pass need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitsFor {
-    /// Only the last token: what generation needs.
+    /// Each segment's last [`Segment::n_logits`] real tokens: the last one for
+    /// generation, more to verify a speculative draft.
     Last,
     /// Every token: what tests comparing prefill strategies need.
     All,
@@ -45,6 +46,9 @@ pub struct Segment<'a> {
     pub tokens: &'a [u32],
     pub n_padding: usize,
     pub kv: &'a mut KvCache,
+    /// Real tokens, ending with the last, whose logits [`LogitsFor::Last`] returns: 1 to
+    /// generate, a draft's length plus one to verify it in one pass.
+    pub n_logits: usize,
 }
 
 impl<'a> Segment<'a> {
@@ -53,6 +57,15 @@ impl<'a> Segment<'a> {
             tokens,
             n_padding: 0,
             kv,
+            n_logits: 1,
+        }
+    }
+
+    /// A segment returning the logits of its last `n_logits` tokens.
+    pub fn with_logits(tokens: &'a [u32], kv: &'a mut KvCache, n_logits: usize) -> Self {
+        Self {
+            n_logits,
+            ..Self::new(tokens, kv)
         }
     }
 
@@ -226,13 +239,19 @@ impl Model {
         let mut per_segment: Vec<Vec<f32>> = vec![Vec::new(); segments.len()];
         let mut done = 0;
         loop {
-            let (owners, mut chunks): (Vec<usize>, Vec<Segment<'_>>) = segments
+            // A chunk returns the rows of its segment's last `n_logits` it holds, and
+            // otherwise one row, which is dropped.
+            let (owners, mut chunks): (Vec<(usize, usize)>, Vec<Segment<'_>>) = segments
                 .iter_mut()
                 .enumerate()
                 .filter(|(_, s)| done < s.tokens.len())
                 .map(|(i, s)| {
-                    let end = (done + MAX_PASS_TOKENS).min(s.tokens.len());
-                    (i, Segment::new(&s.tokens[done..end], &mut *s.kv))
+                    let len = s.tokens.len();
+                    let end = (done + MAX_PASS_TOKENS).min(len);
+                    let wanted = end.saturating_sub(len - s.n_logits).min(end - done);
+                    let tokens = &s.tokens[done..end];
+                    let chunk = Segment::with_logits(tokens, &mut *s.kv, wanted.max(1));
+                    ((i, wanted), chunk)
                 })
                 .unzip();
             if chunks.is_empty() {
@@ -240,17 +259,13 @@ impl Model {
             }
             self.forward_into(pool, &mut chunks, scratch, which)?;
             let mut rows = scratch.logits.chunks_exact(n_vocab);
-            for (owner, chunk) in owners.into_iter().zip(&chunks) {
-                let n_rows = match which {
-                    LogitsFor::All => chunk.tokens.len(),
-                    LogitsFor::Last => 1,
+            for ((owner, wanted), chunk) in owners.into_iter().zip(&chunks) {
+                let (n_rows, kept) = match which {
+                    LogitsFor::All => (chunk.tokens.len(), chunk.tokens.len()),
+                    LogitsFor::Last => (chunk.n_logits, wanted),
                 };
-                let logits = &mut per_segment[owner];
-                if which == LogitsFor::Last {
-                    logits.clear();
-                }
-                for row in rows.by_ref().take(n_rows) {
-                    logits.extend_from_slice(row);
+                for row in rows.by_ref().take(n_rows).skip(n_rows - kept) {
+                    per_segment[owner].extend_from_slice(row);
                 }
             }
             done += MAX_PASS_TOKENS;
@@ -308,7 +323,8 @@ impl Model {
             LogitsFor::Last => {
                 let mut start = 0;
                 for seg in segments.iter() {
-                    rows.push(start + seg.n_real() - 1);
+                    let end = start + seg.n_real();
+                    rows.extend(end - seg.n_logits..end);
                     start += seg.tokens.len();
                 }
             }
@@ -366,6 +382,12 @@ impl Model {
         for seg in segments.iter() {
             if seg.n_padding >= seg.tokens.len() {
                 return Err(ModelError::EmptyInput);
+            }
+            if !(1..=seg.n_real()).contains(&seg.n_logits) {
+                return Err(ModelError::BadLogitRows {
+                    n_logits: seg.n_logits,
+                    n_real: seg.n_real(),
+                });
             }
             if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
                 return Err(ModelError::TokenOutOfRange {

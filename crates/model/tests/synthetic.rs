@@ -462,6 +462,7 @@ fn padded_chunks_equal_unpadded() {
                     tokens,
                     n_padding,
                     kv,
+                    n_logits: 1,
                 }];
                 model
                     .forward_batch(&pool, &mut seg, s, LogitsFor::Last)

@@ -28,11 +28,14 @@ pub enum ArtifactShape {
     Decode { batch: usize, window: usize },
     /// Up to `batch` sequences of any lengths, at most `rows` tokens in all, each cache
     /// at most `window` positions: prefill chunks and decode tokens of sequences on
-    /// different windows in one pass. Only backends whose kernels take any shape compile
-    /// it ([`Backend::runs_mixed_passes`]); a static device never sees it.
+    /// different windows in one pass, returning at most `logits` rows of logits (one per
+    /// sequence, more for a sequence verifying a speculative draft). Only backends whose
+    /// kernels take any shape compile it ([`Backend::runs_mixed_passes`]); a static device
+    /// never sees it.
     Mixed {
         rows: usize,
         batch: usize,
+        logits: usize,
         window: usize,
     },
 }
@@ -55,11 +58,12 @@ impl ArtifactShape {
         }
     }
 
-    /// Logit rows one run returns: one per sequence.
+    /// Logit rows one run returns at most: one per sequence on static shapes.
     pub fn outputs(self) -> usize {
         match self {
             ArtifactShape::Prefill { .. } => 1,
-            ArtifactShape::Decode { batch, .. } | ArtifactShape::Mixed { batch, .. } => batch,
+            ArtifactShape::Decode { batch, .. } => batch,
+            ArtifactShape::Mixed { logits, .. } => logits,
         }
     }
 }
@@ -72,8 +76,9 @@ impl std::fmt::Display for ArtifactShape {
             ArtifactShape::Mixed {
                 rows,
                 batch,
+                logits,
                 window,
-            } => write!(f, "mixed r{rows} b{batch} w{window}"),
+            } => write!(f, "mixed r{rows} b{batch} l{logits} w{window}"),
         }
     }
 }
@@ -111,8 +116,10 @@ pub trait Executable: Send + Sync {
     /// Where it really runs (for the route audit).
     fn executing_device(&self) -> String;
 
-    /// Runs one step and writes each segment's last-real-token logits to `logits`
-    /// (`[n_segments, n_vocab]`). The segments must fit the shape: see [`ArtifactShape`].
+    /// Runs one step and writes the logits of each segment's last
+    /// [`Segment::n_logits`] real tokens to `logits` (`[rows, n_vocab]`, in segment
+    /// order). The segments must fit the shape: see [`ArtifactShape`]; only mixed passes
+    /// return more than one row per segment.
     fn run(
         &self,
         pool: &ThreadPool,
@@ -275,7 +282,6 @@ impl Backend for CpuBackend {
                 reason: format!("rows and window must be in 1..={n_ctx}"),
             });
         }
-        // Executables return the logits of each segment's last real token only.
         let scratch =
             Scratch::for_shape(&self.model, rows, shape.outputs(), window, self.n_threads);
         Ok(Arc::new(CpuExecutable {
@@ -334,15 +340,23 @@ impl Executable for CpuExecutable {
 pub fn check_fits(shape: ArtifactShape, segments: &[Segment<'_>]) -> Result<()> {
     let bad = |reason: String| Err(RuntimeError::BadShape { shape, reason });
     let window = shape.window();
-    if let ArtifactShape::Mixed { rows, batch, .. } = shape {
+    if let ArtifactShape::Mixed {
+        rows,
+        batch,
+        logits,
+        ..
+    } = shape
+    {
         let n_rows: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        let n_logits: usize = segments.iter().map(|s| s.n_logits).sum();
         if segments.is_empty()
             || segments.len() > batch
             || n_rows > rows
+            || n_logits > logits
             || segments.iter().any(|s| s.n_padding > 0)
         {
             return bad(format!(
-                "{} segments of {n_rows} tokens (padding is for static shapes)",
+                "{} segments of {n_rows} tokens asking {n_logits} rows of logits (padding is for static shapes)",
                 segments.len()
             ));
         }
@@ -353,6 +367,9 @@ pub fn check_fits(shape: ArtifactShape, segments: &[Segment<'_>]) -> Result<()> 
     }
     if let Some(seg) = segments.iter().find(|s| s.kv.capacity() != window) {
         return bad(format!("a cache of {} positions", seg.kv.capacity()));
+    }
+    if segments.iter().any(|s| s.n_logits != 1) {
+        return bad("a static shape returns one row of logits per segment".to_string());
     }
     match shape {
         ArtifactShape::Prefill { chunk, .. } => {
@@ -406,6 +423,7 @@ pub fn prefill_chunked(
             tokens: &padded,
             n_padding: chunk - piece.len(),
             kv: &mut *kv,
+            n_logits: 1,
         }];
         if let Err(e) = executable.run(pool, &mut segments, logits) {
             // All or nothing: earlier chunks' positions leave with the failure.

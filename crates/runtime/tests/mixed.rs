@@ -68,6 +68,7 @@ fn a_mixed_pass_equals_each_sequence_alone_bit_for_bit() {
             .compile(ArtifactShape::Mixed {
                 rows: 32,
                 batch: 4,
+                logits: 4,
                 window: 128,
             })
             .unwrap();
@@ -97,6 +98,7 @@ fn a_mixed_pass_refuses_what_it_was_not_compiled_for() {
         .compile(ArtifactShape::Mixed {
             rows: 4,
             batch: 2,
+            logits: 2,
             window: 32,
         })
         .unwrap();

@@ -5,6 +5,7 @@
 //! (`messages[2].content`, `top_p`), where a derived deserialiser would report a line and
 //! column. A field pyramid does not implement is refused by name (see [`SHARED_FIELDS`]).
 
+use pyramid_engine::Speculation;
 use pyramid_grammar::Grammar;
 use pyramid_runtime::SamplerConfig;
 use pyramid_tokenizer::{ChatMessage, ToolCall};
@@ -60,6 +61,7 @@ const SHARED_FIELDS: &[&str] = &[
     "logit_bias",
     "user",
     "priority",
+    "speculative",
 ];
 const CHAT_FIELDS: &[&str] = &[
     "messages",
@@ -111,6 +113,9 @@ pub struct GenerationRequest {
     /// `priority`: lower is more urgent (vLLM's convention); `None` leaves it to the
     /// `X-Priority` header, else 0.
     pub priority: Option<i32>,
+    /// `speculative` (`"ngram"`/`true`, `"off"`/`false`): prompt-lookup speculative
+    /// decoding for this request; `None` leaves it to the server's `--speculative`.
+    pub speculation: Option<Speculation>,
 }
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -272,7 +277,26 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         tools,
         response_format,
         priority: opt_priority(obj.get("priority"), "priority")?,
+        speculation: opt_speculation(obj.get("speculative"))?,
     })
+}
+
+/// `speculative`: `"ngram"` or `true` drafts from the request's own tokens, `"off"` or
+/// `false` decodes one token per pass.
+fn opt_speculation(value: Option<&Value>) -> Result<Option<Speculation>, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
+            "speculative",
+            "'speculative' must be \"ngram\", \"off\", true or false",
+        )
+    };
+    match value {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(true)) => Ok(Some(Speculation::Ngram)),
+        Some(Value::Bool(false)) => Ok(Some(Speculation::Off)),
+        Some(Value::String(s)) => s.parse().map(Some).map_err(|_| bad()),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// A request priority: an integer within ±2^31, from the body's `priority` or (as text)

@@ -431,14 +431,56 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             d.n_load_failed as f64,
         ),
     ];
+    let sp = &stats.speculative;
+    let speculative: [(&str, &str, usize); 4] = [
+        (
+            "pyramid_speculative_drafted_tokens_total",
+            "Draft tokens looked up in sequences' own tokens and verified.",
+            sp.drafted_tokens,
+        ),
+        (
+            "pyramid_speculative_accepted_tokens_total",
+            "Draft tokens the model agreed with: each one a pass saved.",
+            sp.accepted_tokens,
+        ),
+        (
+            "pyramid_decode_passes_total",
+            "Passes that sampled tokens; generated tokens are these plus the accepted drafts.",
+            sp.decode_passes,
+        ),
+        (
+            "pyramid_speculative_verify_passes_total",
+            "Passes that verified a draft.",
+            sp.verify_passes,
+        ),
+    ];
     let counters = counters
         .into_iter()
         .chain(preemption.map(|(n, h, v)| (n, h, v as f64)))
-        .chain(persisted);
+        .chain(persisted)
+        .chain(speculative.map(|(n, h, v)| (n, h, v as f64)));
     for (name, help, value) in counters {
         let _ = writeln!(
             out,
             "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+        );
+    }
+    let gauges = [
+        (
+            "pyramid_speculative_acceptance_ratio",
+            "Accepted over drafted tokens since start (0 before any draft).",
+            sp.acceptance_rate(),
+        ),
+        (
+            "pyramid_tokens_per_decode_pass",
+            "Generated tokens per sampling pass since start (1 without speculation).",
+            sp.tokens_per_pass(),
+        ),
+    ];
+    for (name, help, value) in gauges {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
         );
     }
     let name = "pyramid_queue_depth_by_priority";

@@ -24,7 +24,7 @@ use crate::listen::Limits;
 use crate::metrics::Metrics;
 use crate::tools::{self, ParsedCall, Piece, ToolCallParser, ToolSet};
 use crate::worker::{EngineThread, Event, Job, TokenLogprob};
-use pyramid_engine::{FinishReason, Usage};
+use pyramid_engine::{FinishReason, Speculation, Usage};
 
 /// An API key the server accepts, and the priority its requests take when they name
 /// none (for clients that cannot add a field or a header).
@@ -285,6 +285,17 @@ async fn generate(
         .sampler
         .check_vocab(state.tokenizer.n_vocab())
         .map_err(|e| ApiError::bad_param("logit_bias", e.to_string()))?;
+    let speculation = match (request.speculation, state.engine.speculates()) {
+        (Some(Speculation::Ngram), false) => {
+            return Err(ApiError::bad_param(
+                "speculative",
+                "speculative decoding is off on this server: it runs with --speculative off, or on a route whose artifacts return one row of logits per sequence (static OpenVINO shapes)",
+            ))
+        }
+        (Some(asked), _) => asked,
+        (None, true) => Speculation::Ngram,
+        (None, false) => Speculation::Off,
+    };
     // Tokenising a long prompt (and compiling a grammar) is real work: keep it off the
     // async workers, a few at a time. The permit is dropped with the request if the
     // client leaves while waiting.
@@ -330,6 +341,7 @@ async fn generate(
         events,
         submitted: Instant::now(),
         priority,
+        speculation,
     })?;
     let id = format!(
         "{}-{:x}",
@@ -534,12 +546,26 @@ fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
     value
 }
 
+/// OpenAI's usage; speculation's drafts are reported under OpenAI's names for predicted
+/// tokens (`completion_tokens_details`), with pyramid's own counts in `speculative`.
 fn usage_json(u: &Usage) -> Value {
+    let s = &u.speculative;
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": s.accepted_tokens,
+            "rejected_prediction_tokens": s.drafted_tokens - s.accepted_tokens,
+        },
+        "speculative": {
+            "drafted_tokens": s.drafted_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate(),
+            "decode_passes": s.decode_passes,
+            "tokens_per_pass": s.tokens_per_pass(),
+        },
     })
 }
 

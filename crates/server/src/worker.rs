@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use pyramid_engine::{
-    Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId,
+    Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId, Speculation,
     TokenLogprobs, Usage,
 };
 use pyramid_grammar::Constraint;
@@ -48,6 +48,7 @@ pub struct Job {
     pub submitted: Instant,
     /// Lower is more urgent (the engine's convention).
     pub priority: i32,
+    pub speculation: Speculation,
 }
 
 /// What the engine thread tells a request's handler.
@@ -83,6 +84,8 @@ pub struct TokenLogprob {
 /// The handle request handlers submit jobs through.
 pub struct EngineThread {
     jobs: Option<Sender<Job>>,
+    /// Whether the engine drafts for requests that ask (`--speculative`).
+    speculates: bool,
     queued: Arc<AtomicUsize>,
     max_queue: usize,
     thread: Option<JoinHandle<()>>,
@@ -101,6 +104,7 @@ impl EngineThread {
         let queued = Arc::new(AtomicUsize::new(0));
         metrics.watch_pyramid(Arc::clone(core.pyramid()));
         metrics.publish_engine(core.stats());
+        let speculates = core.speculates();
         let worker = Worker {
             stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
             core,
@@ -116,10 +120,17 @@ impl EngineThread {
             .spawn(move || worker.run(rx))?;
         Ok(Self {
             jobs: Some(jobs),
+            speculates,
             queued,
             max_queue,
             thread: Some(thread),
         })
+    }
+
+    /// Whether requests can verify drafts: the server's `--speculative`, on a route whose
+    /// passes return logits for every drafted position.
+    pub fn speculates(&self) -> bool {
+        self.speculates
     }
 
     /// Queues a job, or refuses it when the queue is full (429) or the engine is gone.
@@ -258,6 +269,7 @@ impl Worker {
             logprobs: job.logprobs,
             constraint: job.constraint.take(),
             priority: job.priority,
+            speculation: job.speculation,
         });
         self.live.insert(
             id,

@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use pyramid_bench::results::Stat;
-use pyramid_engine::{Engine, EngineConfig, Event, Request, RouteAudit};
+use pyramid_engine::{Engine, EngineConfig, Event, Request, RouteAudit, Speculation};
 use pyramid_kernels::isa;
 use pyramid_runtime::WindowLadder;
 use serde::Serialize;
@@ -19,7 +19,7 @@ use crate::commands::qualify::Qualifier;
 /// Greedy tokens per prompt when a bench qualifies its route.
 const QUALIFY_TOKENS: usize = 16;
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
+use crate::route::{single_user, RouteArgs, SpeculativeArgs, DEFAULT_PREFILL_CHUNK};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -72,6 +72,8 @@ pub struct BenchArgs {
     /// Print a JSON list of records instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub speculation: SpeculativeArgs,
 }
 
 #[derive(Serialize)]
@@ -99,6 +101,10 @@ struct Record {
     qualified: Option<bool>,
     /// A random-weight model with a published model's shapes: speed only.
     synthetic: bool,
+    /// `ngram` or `off`; with drafts, generated tokens per sampling pass in the timed
+    /// repetitions (1 without).
+    speculative: &'static str,
+    tokens_per_pass: f64,
     avg_ts: f64,
     stddev_ts: f64,
     samples_ts: Vec<f64>,
@@ -113,6 +119,7 @@ fn run_once(
     batch: usize,
     (n_depth, n_prompt, n_gen): (usize, usize, usize),
     seed: u64,
+    speculation: Speculation,
 ) -> Result<f64> {
     let n_vocab = loaded.model.config.n_vocab;
     let seq_seed = |b: usize, what: u64| seed * 1_000 + b as u64 * 10 + what;
@@ -132,9 +139,13 @@ fn run_once(
             prompt.extend(random_tokens(n_prompt, n_vocab, seq_seed(b, 1)));
             Request::greedy(b as u64, prompt, 1)
         } else {
-            // One new token, then `n_gen - 1` decodes: `n_gen` passes, `n_gen` samples.
+            // One new token, then `n_gen - 1` decodes: `n_gen` passes, `n_gen` samples
+            // (fewer passes with accepted drafts).
             prompt.extend(random_tokens(1, n_vocab, seq_seed(b, 2)));
-            Request::greedy(b as u64, prompt, n_gen)
+            Request {
+                speculation,
+                ..Request::greedy(b as u64, prompt, n_gen)
+            }
         }
     });
     let start = Instant::now();
@@ -181,6 +192,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let on_artifacts = !native || args.window.is_some();
     if on_artifacts && args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
+    }
+    // Random prompts: plain decoding unless asked, as llama-bench measures it.
+    let speculation = args.speculation.mode_or(Speculation::Off);
+    let speculative = args.speculation.config_on(&route, Speculation::Off)?;
+    if args.window.is_some() && speculation == Speculation::Ngram {
+        bail!("--speculative ngram runs on the native growing cache, not with --window");
     }
     let n_ctx = loaded.model.config.n_ctx_train;
     let mut tests = Vec::new();
@@ -239,12 +256,14 @@ pub fn run(args: BenchArgs) -> Result<()> {
                     WindowLadder::new(vec![w], n_ctx)?,
                     args.prefill_chunk.min(w),
                     args.batch,
+                    speculative,
                 )
             },
             None => single_user(
                 WindowLadder::default_for(n_ctx),
                 pyramid_model::MAX_PASS_TOKENS.min(n_ctx),
                 args.batch,
+                speculative,
             ),
         };
         let mut engine = route.engine(
@@ -266,16 +285,32 @@ pub fn run(args: BenchArgs) -> Result<()> {
             _ => None,
         };
         let test = (n_depth, n_prompt, n_gen);
-        run_once(&mut engine, &loaded, args.batch, test, 0)?; // warm-up
-                                                              // Batch sizes the warm-up asked for compile in the background: wait for them.
+        run_once(&mut engine, &loaded, args.batch, test, 0, speculation)?; // warm-up
+                                                                           // Batch sizes the warm-up asked for compile in the background: wait for them.
         engine.pyramid().join_background();
+        let drafts_before = engine.stats().speculative;
         let compile_ms = window.map(|_| engine.stats().pyramid.compile_ms);
         let samples_ts: Vec<f64> = (0..args.repetitions)
             .map(|rep| {
-                run_once(&mut engine, &loaded, args.batch, test, rep as u64 + 1)
-                    .map(|s| n_tokens as f64 / s)
+                run_once(
+                    &mut engine,
+                    &loaded,
+                    args.batch,
+                    test,
+                    rep as u64 + 1,
+                    speculation,
+                )
+                .map(|s| n_tokens as f64 / s)
             })
             .collect::<Result<_>>()?;
+        let drafts = engine.stats().speculative;
+        let passes = drafts.decode_passes - drafts_before.decode_passes;
+        let accepted = drafts.accepted_tokens - drafts_before.accepted_tokens;
+        let tokens_per_pass = if passes == 0 {
+            1.0
+        } else {
+            (passes + accepted) as f64 / passes as f64
+        };
         let audit = route.audit_of(&engine);
         let Stat {
             mean: avg_ts,
@@ -307,6 +342,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             route: audit,
             qualified: cell_qualified,
             synthetic: loaded.synthetic,
+            speculative: speculation.as_str(),
+            tokens_per_pass,
             avg_ts,
             stddev_ts,
             samples_ts,

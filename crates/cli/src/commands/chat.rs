@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use clap::Args;
-use pyramid_engine::{Engine, FinishReason};
+use pyramid_engine::{Engine, FinishReason, Speculation};
 use pyramid_runtime::WindowLadder;
 use pyramid_tokenizer::{ChatMessage, StreamDecoder};
 use serde::{Deserialize, Serialize};
@@ -121,7 +121,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
-    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1))?;
+    let speculative = (args.sampling.speculation).config_on(&route, Speculation::Ngram)?;
+    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1, speculative))?;
     let tokenizer = &loaded.tokenizer;
     let mut messages: Vec<ChatMessage> = match &args.session {
         Some(path) if path.exists() => resume(&mut engine, path)?,

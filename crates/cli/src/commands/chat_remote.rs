@@ -63,6 +63,9 @@ pub fn run(
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if let Some(mode) = sampling.speculation.speculative {
+            body["speculative"] = json!(mode.as_str());
+        }
         if let Some(schema) = &schema {
             body["response_format"] = json!({
                 "type": "json_schema",

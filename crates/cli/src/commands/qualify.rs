@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_bench::results::Agreement;
-use pyramid_engine::{Engine, EngineConfig, Request, RouteAudit};
+use pyramid_engine::{Engine, EngineConfig, Request, RouteAudit, SpeculativeConfig};
 use pyramid_runtime::{CpuBackend, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
@@ -178,7 +178,7 @@ impl Qualifier {
             backend,
             crate::loader::file_model_id(&loaded.path)?,
             pyramid_model::KvType::F32,
-            single_user(ladder, chunk, 1),
+            single_user(ladder, chunk, 1, SpeculativeConfig::off()),
         )?;
         let reference = prompts
             .iter()
@@ -209,8 +209,7 @@ impl Qualifier {
             loaded,
             EngineConfig {
                 static_shapes: true,
-                aging: pyramid_engine::DEFAULT_AGING,
-                ..single_user(ladder, chunk, 1)
+                ..single_user(ladder, chunk, 1, SpeculativeConfig::off())
             },
         )?;
         let mut prompt_results = Vec::new();

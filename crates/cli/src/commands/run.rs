@@ -7,14 +7,16 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::sync::Arc;
 
-use pyramid_engine::{FinishReason, Request, RequestId, RouteAudit};
+use pyramid_engine::{DraftStats, FinishReason, Request, RequestId, RouteAudit, Speculation};
 use pyramid_grammar::{Constraint, Grammar, GrammarVocab};
 use pyramid_runtime::{SamplerConfig, WindowLadder};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
 use serde::Serialize;
 
 use crate::loader::{Loaded, ModelArgs};
-use crate::route::{prefill_chunk_for, single_user, RouteArgs, DEFAULT_PREFILL_CHUNK};
+use crate::route::{
+    prefill_chunk_for, single_user, RouteArgs, SpeculativeArgs, DEFAULT_PREFILL_CHUNK,
+};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "prompt_file", "prompt_tokens"])))]
@@ -78,6 +80,8 @@ pub struct SamplingArgs {
     /// `start: ...`, regexes in `/.../`, JSON schemas inline with `%json {...}`).
     #[arg(long, value_name = "FILE")]
     pub grammar: Option<PathBuf>,
+    #[command(flatten)]
+    pub speculation: SpeculativeArgs,
 }
 
 /// `--json-schema` or `--grammar`, read and compiled against the model's vocabulary once;
@@ -158,6 +162,8 @@ impl SamplingArgs {
             constraint: None,
             // One request at a time: nothing to be more urgent than.
             priority: 0,
+            // Drafts only where the engine makes them (see `SpeculativeArgs::config_on`).
+            speculation: self.speculation.mode_or(Speculation::Ngram),
         })
     }
 }
@@ -170,8 +176,28 @@ struct JsonOutput<'a> {
     text: String,
     finish_reason: &'static str,
     timings: JsonTimings,
+    /// Drafts verified and accepted, passes that sampled, and their ratios.
+    speculative: JsonSpeculative,
     /// Devices asked for and devices that really ran each stage.
     route: RouteAudit,
+}
+
+#[derive(Serialize)]
+struct JsonSpeculative {
+    #[serde(flatten)]
+    counts: DraftStats,
+    acceptance_rate: f64,
+    tokens_per_pass: f64,
+}
+
+impl From<DraftStats> for JsonSpeculative {
+    fn from(counts: DraftStats) -> Self {
+        Self {
+            counts,
+            acceptance_rate: counts.acceptance_rate(),
+            tokens_per_pass: counts.tokens_per_pass(),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -251,7 +277,8 @@ pub fn run(args: RunArgs) -> Result<()> {
     // devices static artifacts on the window pyramid.
     let ladder = WindowLadder::default_for(n_ctx);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
-    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1))?;
+    let speculative = (args.sampling.speculation).config_on(&route, Speculation::Ngram)?;
+    let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1, speculative))?;
 
     let tokenizer = &loaded.tokenizer;
     let mut stream = StreamDecoder::new();
@@ -312,6 +339,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 decode_tok_s: t.decode_tok_s(),
                 mask_ms: t.mask_ms,
             },
+            speculative: generation.usage.speculative.into(),
             route: route.audit_of(&engine),
         };
         serde_json::to_writer(&mut stdout, &out)?;

@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_engine::{Arm, EngineConfig, PyramidConfig};
+use pyramid_engine::{Arm, EngineConfig, PyramidConfig, Speculation};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::Metrics;
 use pyramid_server::{ApiKey, AppState, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
 use crate::route::{
-    RouteArgs, DEFAULT_GENERATION_RESERVE, DEFAULT_PREFILL_CHUNK, FIRST_COMPILE_ESTIMATE,
-    PREDICTION_MARGIN,
+    RouteArgs, SpeculativeArgs, DEFAULT_GENERATION_RESERVE, DEFAULT_PREFILL_CHUNK,
+    FIRST_COMPILE_ESTIMATE, PREDICTION_MARGIN,
 };
 
 #[derive(Args, Debug)]
@@ -86,6 +86,8 @@ pub struct ServeArgs {
     /// 0 turns aging off, and then a steady stream of urgent requests can starve others.
     #[arg(long, default_value_t = pyramid_engine::DEFAULT_AGING.as_secs_f64(), value_parser = parse_aging)]
     pub priority_aging: f64,
+    #[command(flatten)]
+    pub speculation: SpeculativeArgs,
     /// Keep conversations in this directory: written when they leave memory and at
     /// shutdown (SIGTERM, Ctrl-C), and resumed from there instead of prefilled, also by
     /// a restarted server. Files of other models, precisions or routes are skipped.
@@ -196,6 +198,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             max_sessions: args.max_sessions,
             static_shapes: false,
             aging: Duration::from_secs_f64(args.priority_aging),
+            speculative: args.speculation.config_on(&route, Speculation::Ngram)?,
         },
     )?;
     if let Some(dir) = &args.session_dir {

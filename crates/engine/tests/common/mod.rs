@@ -153,6 +153,7 @@ pub fn config(arm: Arm, windows: &[usize], chunk: usize, max_batch: usize) -> En
         max_sessions: 16,
         static_shapes: false,
         aging: pyramid_engine::DEFAULT_AGING,
+        speculative: pyramid_engine::SpeculativeConfig::default(),
     }
 }
 

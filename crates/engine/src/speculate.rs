@@ -1,0 +1,309 @@
+//! Prompt-lookup speculative decoding: drafts from the sequence's own tokens, verified
+//! in one pass.
+//!
+//! Agents re-emit their context (a file with one line changed, JSON they were given, a
+//! tool's arguments), so the tokens after the last few generated ones have often been
+//! seen before. [`draft`] finds the most recent earlier occurrence of the longest suffix
+//! (between [`SpeculativeConfig::min_ngram`] and `max_ngram` tokens) and proposes the
+//! tokens that followed it. The sequence then feeds its next token and the draft as one
+//! segment of a mixed pass, which returns logits after every one of them; `update`
+//! samples each position in turn and keeps the draft up to its first disagreement, plus
+//! the token sampled there. The rejected positions leave the cache.
+//!
+//! **Acceptance.** The standard rule (Leviathan et al.; Chen et al.) accepts a draft token
+//! `x` drawn from `q` with probability `min(1, p(x)/q(x))` and on rejection samples the
+//! normalised `max(0, p - q)`. A lookup draft is deterministic (`q` is a point mass), so
+//! this is: accept `x` with probability `p(x)`, else sample `p` without `x`. Sampling `p`
+//! and comparing with `x` does exactly that with one draw per position, which is also the
+//! draw plain decoding makes there: with equal logits (every row of a pass is computed on
+//! its own) and the same seed, speculative output is the plain output token for token,
+//! greedy or sampled.
+//!
+//! **Adaptive.** A draft nobody accepts costs a wider pass for one token. After a draft
+//! is wholly rejected the sequence stops drafting for 1, 2, 4 … (at most
+//! [`MAX_COOL_DOWN`]) decode steps; one accepted token resets it. Prose without
+//! repetition then pays for a few lookups and rare short drafts.
+//!
+//! Only passes that return logits for several rows of a segment can verify, i.e. the
+//! native backend's mixed pass; static artifacts (OpenVINO) return one row per segment,
+//! so sequences there decode plainly. A sequence under a grammar constraint does too: its
+//! mask depends on the accepted prefix, which is known only position by position.
+
+use serde::Serialize;
+
+/// Drafting for one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Speculation {
+    /// Plain decoding, one token per pass.
+    #[default]
+    Off,
+    /// Drafts looked up in the sequence's own prompt and output.
+    Ngram,
+}
+
+impl Speculation {
+    /// The name `--speculative` and the server's `speculative` field take.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Speculation::Off => "off",
+            Speculation::Ngram => "ngram",
+        }
+    }
+}
+
+impl std::str::FromStr for Speculation {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" | "none" => Ok(Speculation::Off),
+            "ngram" => Ok(Speculation::Ngram),
+            other => Err(format!("'{other}' is not a speculation mode (ngram, off)")),
+        }
+    }
+}
+
+/// How drafts are made, for every request of an engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeculativeConfig {
+    /// Draft tokens per verification at most; 0 turns speculation off for the engine.
+    pub max_draft: usize,
+    /// Suffix lengths matched, longest first.
+    pub min_ngram: usize,
+    pub max_ngram: usize,
+}
+
+impl Default for SpeculativeConfig {
+    fn default() -> Self {
+        Self {
+            max_draft: 8,
+            min_ngram: 2,
+            max_ngram: 4,
+        }
+    }
+}
+
+impl SpeculativeConfig {
+    /// No drafts at all.
+    pub fn off() -> Self {
+        Self {
+            max_draft: 0,
+            ..Self::default()
+        }
+    }
+}
+
+/// Decode steps a sequence skips drafting at most after wholly rejected drafts.
+pub const MAX_COOL_DOWN: u32 = 16;
+
+/// One sequence's drafting state and counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Drafter {
+    /// Decode steps left without a draft.
+    cool_down: u32,
+    /// Consecutive drafts with no token accepted.
+    misses: u32,
+    pub stats: DraftStats,
+}
+
+/// What speculation did for a request or an engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct DraftStats {
+    /// Draft tokens proposed and verified.
+    pub drafted_tokens: usize,
+    /// Draft tokens the model agreed with (each saved a pass).
+    pub accepted_tokens: usize,
+    /// Passes that sampled tokens (with or without a draft; a prompt's last included),
+    /// so tokens generated = `decode_passes + accepted_tokens`.
+    pub decode_passes: usize,
+    /// Of them, passes that verified a draft.
+    pub verify_passes: usize,
+}
+
+impl DraftStats {
+    pub fn add(&mut self, other: &DraftStats) {
+        self.drafted_tokens += other.drafted_tokens;
+        self.accepted_tokens += other.accepted_tokens;
+        self.decode_passes += other.decode_passes;
+        self.verify_passes += other.verify_passes;
+    }
+
+    /// Accepted ÷ drafted (0 without drafts).
+    pub fn acceptance_rate(&self) -> f64 {
+        ratio(self.accepted_tokens, self.drafted_tokens)
+    }
+
+    /// Tokens decoded per pass: 1 without speculation.
+    pub fn tokens_per_pass(&self) -> f64 {
+        ratio(
+            self.decode_passes + self.accepted_tokens,
+            self.decode_passes,
+        )
+    }
+}
+
+fn ratio(a: usize, b: usize) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl Drafter {
+    /// A draft to verify after `history` and `next` (the sequence's tokens and the input
+    /// it feeds next), at most `room` tokens; empty while cooling down or without a match.
+    pub fn propose(
+        &mut self,
+        config: &SpeculativeConfig,
+        history: &[u32],
+        next: u32,
+        room: usize,
+    ) -> Vec<u32> {
+        if self.cool_down > 0 {
+            self.cool_down -= 1;
+            return Vec::new();
+        }
+        draft(
+            config,
+            &Tokens { history, next },
+            room.min(config.max_draft),
+        )
+    }
+
+    /// Records a decode pass that verified `drafted` tokens and kept `accepted`.
+    pub fn record(&mut self, drafted: usize, accepted: usize) {
+        self.stats.decode_passes += 1;
+        if drafted == 0 {
+            return;
+        }
+        self.stats.verify_passes += 1;
+        self.stats.drafted_tokens += drafted;
+        self.stats.accepted_tokens += accepted;
+        if accepted == 0 {
+            self.misses += 1;
+            self.cool_down = 1u32
+                .checked_shl(self.misses - 1)
+                .unwrap_or(MAX_COOL_DOWN)
+                .min(MAX_COOL_DOWN);
+        } else {
+            self.misses = 0;
+        }
+    }
+}
+
+/// A sequence's tokens and the one it feeds next, read as one list without copying it.
+pub struct Tokens<'a> {
+    pub history: &'a [u32],
+    pub next: u32,
+}
+
+impl Tokens<'_> {
+    fn len(&self) -> usize {
+        self.history.len() + 1
+    }
+
+    fn at(&self, i: usize) -> u32 {
+        self.history.get(i).copied().unwrap_or(self.next)
+    }
+}
+
+/// The tokens that followed the most recent earlier occurrence of `tokens`' longest
+/// suffix of `min_ngram..=max_ngram` tokens, at most `limit` of them.
+pub fn draft(config: &SpeculativeConfig, tokens: &Tokens<'_>, limit: usize) -> Vec<u32> {
+    let len = tokens.len();
+    let max_n = config.max_ngram.min(len - 1);
+    if limit == 0 || config.min_ngram == 0 || max_n < config.min_ngram {
+        return Vec::new();
+    }
+    let last = tokens.next;
+    // `end` is where a match ends (exclusive), i.e. where its continuation starts.
+    let mut best: Option<(usize, usize)> = None; // (suffix length, end)
+    for end in (1..len).rev() {
+        if tokens.at(end - 1) != last {
+            continue;
+        }
+        let matched = (1..=max_n.min(end))
+            .take_while(|&i| tokens.at(end - i) == tokens.at(len - i))
+            .count();
+        if matched >= config.min_ngram && best.is_none_or(|(n, _)| matched > n) {
+            best = Some((matched, end));
+            if matched == max_n {
+                break;
+            }
+        }
+    }
+    best.map_or_else(Vec::new, |(_, end)| {
+        (end..(end + limit).min(len))
+            .map(|i| tokens.at(i))
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draft(config: &SpeculativeConfig, h: &[u32], limit: usize) -> Vec<u32> {
+        match h.split_last() {
+            Some((&next, history)) => super::draft(config, &Tokens { history, next }, limit),
+            None => Vec::new(),
+        }
+    }
+
+    fn cfg(min: usize, max: usize) -> SpeculativeConfig {
+        SpeculativeConfig {
+            max_draft: 8,
+            min_ngram: min,
+            max_ngram: max,
+        }
+    }
+
+    #[test]
+    fn drafts_what_followed_the_longest_most_recent_match() {
+        // "1 2 3" occurs twice before; the later one continues with 9.
+        let h = [1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 8, 7, 2, 3];
+        assert_eq!(draft(&cfg(2, 4), &h, 3), [9, 8, 7]);
+        // A longer match wins over a more recent shorter one.
+        let h = [7, 2, 3, 5, 6, 1, 2, 3, 4, 4, 0, 2, 3, 1, 7, 2, 3];
+        assert_eq!(draft(&cfg(2, 3), &h, 2), [5, 6]);
+        // The continuation never runs past what is known.
+        let h = [5, 6, 5, 6];
+        assert_eq!(draft(&cfg(2, 4), &h, 8), [5, 6]);
+    }
+
+    #[test]
+    fn no_draft_without_a_match_of_the_minimum_length() {
+        assert!(draft(&cfg(2, 4), &[1, 2, 3, 4, 5, 3], 4).is_empty());
+        assert_eq!(draft(&cfg(1, 4), &[1, 2, 3, 4, 5, 3], 4), [4, 5, 3]);
+        assert!(draft(&cfg(2, 4), &[], 4).is_empty());
+        assert!(draft(&cfg(2, 4), &[1], 4).is_empty());
+        assert!(draft(&cfg(2, 4), &[1, 2, 1, 2], 0).is_empty());
+    }
+
+    #[test]
+    fn rejected_drafts_cool_down_and_acceptance_resets() {
+        let c = cfg(1, 2);
+        let (h, next) = ([1, 2], 1);
+        let mut d = Drafter::default();
+        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        d.record(2, 0);
+        assert!(d.propose(&c, &h, next, 8).is_empty());
+        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        d.record(2, 0);
+        assert!(d.propose(&c, &h, next, 8).is_empty());
+        assert!(d.propose(&c, &h, next, 8).is_empty());
+        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        d.record(2, 1);
+        assert_eq!(d.propose(&c, &h, next, 1), [2]);
+        for _ in 0..40 {
+            d.record(1, 0);
+        }
+        assert_eq!(d.cool_down, MAX_COOL_DOWN);
+        let s = d.stats;
+        assert_eq!(
+            (s.verify_passes, s.drafted_tokens, s.accepted_tokens),
+            (43, 46, 1)
+        );
+    }
+}

@@ -1,0 +1,307 @@
+//! Prompt-lookup speculative decoding on tiny random-weight models: the same tokens as
+//! plain decoding (greedy and sampled, alone and in a batch beside plain sequences,
+//! across window crossings, stop tokens and length limits), drafts really verified, and
+//! the counts adding up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyramid_engine::{
+    Arm, Engine, EngineConfig, Event, FinishReason, PyramidConfig, Request, RequestId, Speculation,
+    SpeculativeConfig, Usage,
+};
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
+use pyramid_model::{Architecture, KvType, Model, Precision};
+use pyramid_runtime::{CpuBackend, SamplerConfig, WindowLadder};
+
+fn tiny(precision: Precision) -> Arc<Model> {
+    let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
+        .unwrap()
+        .to_bytes();
+    let model = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
+    Arc::new(model.into_precision(precision, None))
+}
+
+fn engine(model: &Arc<Model>, windows: &[usize], max_batch: usize, pool: &ThreadPool) -> Engine {
+    let config = EngineConfig {
+        pyramid: PyramidConfig {
+            ladder: WindowLadder::new(windows.to_vec(), 256).unwrap(),
+            prefill_chunk: 16,
+            arm: Arm::OnDemand,
+            generation_reserve: 0,
+            artifact_budget: usize::MAX,
+            margin: Duration::from_millis(5),
+            first_compile_estimate: Duration::from_millis(10),
+        },
+        max_batch,
+        kv_budget: usize::MAX,
+        max_sessions: 16,
+        static_shapes: false,
+        aging: Duration::ZERO,
+        speculative: SpeculativeConfig {
+            max_draft: 6,
+            min_ngram: 1,
+            max_ngram: 3,
+        },
+    };
+    let backend = Arc::new(CpuBackend::new(Arc::clone(model), pool.n_threads()));
+    Engine::new(backend, 7, KvType::F32, config).unwrap()
+}
+
+/// A prompt that repeats itself, so lookups find drafts from the start.
+fn looping_prompt(seed: u32, len: usize) -> Vec<u32> {
+    let phrase: Vec<u32> = (0..7).map(|i| (seed * 31 + i * 17 + 5) % 250 + 1).collect();
+    phrase.iter().copied().cycle().take(len).collect()
+}
+
+struct Outcome {
+    tokens: Vec<u32>,
+    reason: FinishReason,
+    usage: Usage,
+}
+
+/// Runs `requests` together to their ends.
+fn run_all(
+    engine: &mut Engine,
+    pool: &ThreadPool,
+    requests: Vec<Request>,
+) -> HashMap<RequestId, Outcome> {
+    for r in requests {
+        engine.add_request(r);
+    }
+    let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut done = HashMap::new();
+    while engine.has_work() {
+        for event in engine.step(pool) {
+            match event {
+                Event::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
+                Event::Finished {
+                    id, reason, usage, ..
+                } => {
+                    let outcome = Outcome {
+                        tokens: tokens.remove(&id).unwrap_or_default(),
+                        reason,
+                        usage,
+                    };
+                    done.insert(id, outcome);
+                }
+                Event::Failed { id, error } => panic!("request {id} failed: {error}"),
+                Event::Started { .. } => {}
+            }
+        }
+    }
+    done
+}
+
+fn request(
+    id: RequestId,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    speculation: Speculation,
+) -> Request {
+    Request {
+        speculation,
+        ..Request::greedy(id, prompt, max_tokens)
+    }
+}
+
+fn alone(model: &Arc<Model>, pool: &ThreadPool, r: Request) -> Outcome {
+    let id = r.id;
+    let mut e = engine(model, &[32, 64, 128, 256], 1, pool);
+    run_all(&mut e, pool, vec![r]).remove(&id).unwrap()
+}
+
+#[test]
+fn speculative_greedy_equals_plain_greedy_and_verifies_drafts() {
+    let pool = ThreadPool::new(2).unwrap();
+    let mut rejected = 0;
+    for precision in [Precision::F32, Precision::Int8, Precision::Int4] {
+        let model = tiny(precision);
+        let (mut drafted, mut accepted) = (0, 0);
+        for seed in 0..4 {
+            let prompt = looping_prompt(seed, 40);
+            let plain = alone(
+                &model,
+                &pool,
+                request(0, prompt.clone(), 60, Speculation::Off),
+            );
+            let spec = alone(&model, &pool, request(0, prompt, 60, Speculation::Ngram));
+            assert_eq!(spec.tokens, plain.tokens, "{precision} seed {seed}");
+            assert_eq!(spec.reason, plain.reason);
+            let s = spec.usage.speculative;
+            assert_eq!(
+                s.decode_passes + s.accepted_tokens,
+                spec.usage.completion_tokens
+            );
+            assert!(s.accepted_tokens <= s.drafted_tokens);
+            assert_eq!(plain.usage.speculative.drafted_tokens, 0);
+            assert_eq!(plain.usage.speculative.decode_passes, 60);
+            drafted += s.drafted_tokens;
+            accepted += s.accepted_tokens;
+        }
+        assert!(
+            drafted > 0 && accepted > 0,
+            "{precision}: {accepted}/{drafted}"
+        );
+        rejected += drafted - accepted;
+    }
+    assert!(rejected > 0, "some drafts should be rejected");
+}
+
+#[test]
+fn speculative_sampling_gives_the_plain_tokens_for_every_seed() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let settings = [
+        (1.0, 0, 1.0, 1.0),
+        (0.7, 40, 0.9, 1.0),
+        (1.3, 0, 0.95, 1.15),
+    ];
+    let mut accepted = 0;
+    for (temperature, top_k, top_p, repeat_penalty) in settings {
+        for seed in 0..12 {
+            let sampler = SamplerConfig {
+                temperature,
+                top_k,
+                top_p,
+                repeat_penalty,
+                seed,
+                ..SamplerConfig::greedy()
+            };
+            let prompt = looping_prompt(seed as u32, 30);
+            let mut plain = request(0, prompt.clone(), 40, Speculation::Off);
+            plain.sampler = sampler.clone();
+            let mut spec = request(0, prompt, 40, Speculation::Ngram);
+            spec.sampler = sampler;
+            let (plain, spec) = (alone(&model, &pool, plain), alone(&model, &pool, spec));
+            assert_eq!(spec.tokens, plain.tokens, "t={temperature} seed {seed}");
+            accepted += spec.usage.speculative.accepted_tokens;
+        }
+    }
+    assert!(accepted > 0, "no sampled draft was ever accepted");
+}
+
+#[test]
+fn a_batch_mixing_speculative_and_plain_sequences_gives_each_its_own_tokens() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::Int8);
+    let modes = [
+        Speculation::Ngram,
+        Speculation::Off,
+        Speculation::Ngram,
+        Speculation::Off,
+    ];
+    let requests: Vec<Request> = modes
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| request(i as u64, looping_prompt(i as u32 + 10, 20 + 9 * i), 50, m))
+        .collect();
+    let want: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            let plain = Request {
+                speculation: Speculation::Off,
+                ..r.clone()
+            };
+            alone(&model, &pool, plain).tokens
+        })
+        .collect();
+    let mut e = engine(&model, &[32, 64, 128, 256], 4, &pool);
+    let got = run_all(&mut e, &pool, requests);
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(&got[&(i as u64)].tokens, want, "request {i}");
+    }
+    let stats = e.stats().speculative;
+    assert!(stats.verify_passes > 0 && stats.accepted_tokens > 0);
+    assert_eq!(got[&1].usage.speculative.drafted_tokens, 0);
+}
+
+#[test]
+fn drafts_respect_windows_stop_tokens_and_length_limits() {
+    let pool = ThreadPool::new(1).unwrap();
+    let model = tiny(Precision::F32);
+    for seed in 0..6 {
+        // Crossing 32 -> 64 -> 128 while drafting.
+        let prompt = looping_prompt(seed, 25);
+        let plain = alone(
+            &model,
+            &pool,
+            request(0, prompt.clone(), 90, Speculation::Off),
+        );
+        let spec = alone(
+            &model,
+            &pool,
+            request(0, prompt.clone(), 90, Speculation::Ngram),
+        );
+        assert_eq!(spec.tokens, plain.tokens);
+        assert_eq!(spec.usage.completion_tokens, 90);
+        // A stop token the plain run samples part way: both end on it.
+        let stop = plain.tokens[plain.tokens.len() / 2];
+        let with_stop = |speculation| Request {
+            stop_tokens: vec![stop],
+            ..request(0, prompt.clone(), 90, speculation)
+        };
+        let plain = alone(&model, &pool, with_stop(Speculation::Off));
+        let spec = alone(&model, &pool, with_stop(Speculation::Ngram));
+        assert_eq!(spec.tokens, plain.tokens);
+        assert_eq!(
+            (spec.reason, plain.reason),
+            (FinishReason::Stop, FinishReason::Stop)
+        );
+        assert_eq!(spec.tokens.last(), Some(&stop));
+    }
+    // The largest window ends generation at the same token.
+    let mut e = engine(&model, &[32, 64], 1, &pool);
+    let prompt = looping_prompt(3, 30);
+    let spec = run_all(
+        &mut e,
+        &pool,
+        vec![request(1, prompt.clone(), 200, Speculation::Ngram)],
+    );
+    let mut e = engine(&model, &[32, 64], 1, &pool);
+    let plain = run_all(
+        &mut e,
+        &pool,
+        vec![request(1, prompt, 200, Speculation::Off)],
+    );
+    assert_eq!(spec[&1].tokens, plain[&1].tokens);
+    assert_eq!(spec[&1].reason, FinishReason::Length);
+    // The last token sampled fills the window; it is never fed.
+    assert_eq!(spec[&1].tokens.len(), 64 - 30 + 1);
+}
+
+#[test]
+fn a_conversation_continued_after_speculation_reuses_exactly_its_tokens() {
+    // Rejected draft positions must leave the cache: the next turn reuses the session.
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let prompt = looping_prompt(5, 30);
+    let mut e = engine(&model, &[32, 64, 128, 256], 1, &pool);
+    let mut sampled = request(1, prompt.clone(), 30, Speculation::Ngram);
+    sampled.sampler = SamplerConfig {
+        temperature: 1.0,
+        seed: 3,
+        ..SamplerConfig::greedy()
+    };
+    let first = run_all(&mut e, &pool, vec![sampled]);
+    let s = first[&1].usage.speculative;
+    assert!(
+        s.drafted_tokens > s.accepted_tokens,
+        "no draft was rejected"
+    );
+    let mut next = prompt;
+    next.extend(&first[&1].tokens);
+    next.extend([9, 8, 7]);
+    let second = run_all(
+        &mut e,
+        &pool,
+        vec![request(2, next.clone(), 30, Speculation::Ngram)],
+    );
+    // Everything but the reply's last token (sampled, never fed) is reused.
+    assert_eq!(second[&2].usage.cached_tokens, 30 + 30 - 1);
+    let fresh = alone(&model, &pool, request(2, next, 30, Speculation::Off));
+    assert_eq!(second[&2].tokens, fresh.tokens);
+}
