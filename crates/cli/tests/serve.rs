@@ -182,6 +182,14 @@ fn urgent_requests_pause_background_ones_which_resume_with_the_same_text() {
     server.run_script("test_priority.py", &[]);
 }
 
+#[test]
+fn speculative_requests_give_the_plain_text_and_count_their_drafts() {
+    let server = Server::start(&[]);
+    server.run_script("test_speculative.py", &[]);
+    let server = Server::start(&["--speculative", "off"]);
+    server.run_script("test_speculative.py", &[("PYRAMID_SPECULATIVE_OFF", "1")]);
+}
+
 /// The session files in `dir`.
 fn session_files(dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(dir)
