@@ -558,7 +558,10 @@ fn speculative_decoding_gives_the_plain_tokens_on_the_reference_prompts() {
     let mut accepted = 0;
     for (model, golden) in [
         ("smollm2-135m", "golden-smollm2-135m-public.json"),
-        ("qwen2.5-coder-0.5b", "golden-qwen2.5-coder-0.5b-public.json"),
+        (
+            "qwen2.5-coder-0.5b",
+            "golden-qwen2.5-coder-0.5b-public.json",
+        ),
     ] {
         let golden: Value = serde_json::from_str(
             &std::fs::read_to_string(
@@ -580,8 +583,19 @@ fn speculative_decoding_gives_the_plain_tokens_on_the_reference_prompts() {
             let run = |mode: &str| {
                 let out = pyramid(
                     &[
-                        "run", "-m", model, "--prompt-tokens", &ids, "--temperature", "0", "-n",
-                        "32", "--ignore-eos", "--json", "--speculative", mode,
+                        "run",
+                        "-m",
+                        model,
+                        "--prompt-tokens",
+                        &ids,
+                        "--temperature",
+                        "0",
+                        "-n",
+                        "32",
+                        "--ignore-eos",
+                        "--json",
+                        "--speculative",
+                        mode,
                     ],
                     &home,
                 );
@@ -598,7 +612,10 @@ fn speculative_decoding_gives_the_plain_tokens_on_the_reference_prompts() {
             accepted += taken;
         }
     }
-    assert!(accepted > 0, "no draft was accepted on any reference prompt");
+    assert!(
+        accepted > 0,
+        "no draft was accepted on any reference prompt"
+    );
 }
 
 #[test]
