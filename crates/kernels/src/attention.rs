@@ -1,11 +1,22 @@
 //! Attention of one token's query heads that share a KV head (grouped-query attention)
-//! over that head's cached rows.
+//! over that head's cached rows, and of a block of consecutive tokens at once.
 //!
 //! Walking the cache once per query head reads every key and value `group` times (seven
 //! for Qwen2.5) and, with an f16 or INT8 cache, widens each element as often. Taking the
 //! heads of a group together reads and widens each row once: a key row's eight-value
 //! chunks meet every head's query while in registers, and a value chunk meets every
 //! head's weight. That is what makes long contexts cost what reading their cache costs.
+//!
+//! A prompt chunk or a speculative draft has consecutive rows over the same cache: row `r`
+//! attends to the first `first_len + r` positions. Taken one row at a time, every row
+//! reads the whole cache again; past the last-level cache that is the cost of prefill at
+//! depth. [`attend_rows`] takes up to [`MAX_ROWS`] of them per call: each key row meets
+//! every query row while it is in L1, and the values are read in blocks of
+//! [`VALUE_BLOCK`] positions that every query row uses before the next block. Each row's
+//! arithmetic is exactly the single-row kernel's (the same products and sums in the same
+//! order; one row is the same code with `n_rows = 1`), so a row's result does not depend
+//! on the block it is in: chunked prefill equals whole prefill, and a verified draft's
+//! logits equal plain decoding's, bit for bit.
 //!
 //! The scalar oracle is the plain per-head path ([`attention_scores`], [`softmax_in_place`],
 //! [`weighted_sum`] and their f16 and INT8 forms). The AVX2 version computes the same
@@ -22,6 +33,17 @@ use crate::ops::{
 
 /// Query heads one call takes at most: the lanes of one AVX2 register of scores.
 pub const MAX_GROUP: usize = 8;
+
+/// Query rows [`attend_rows`] takes at most.
+pub const MAX_ROWS: usize = 8;
+
+/// Value positions read once for every query row of a block.
+pub const VALUE_BLOCK: usize = 64;
+
+/// Score floats a thread's scratch needs for rows over caches of up to `n_pos` positions.
+pub fn scratch_len(n_pos: usize) -> usize {
+    n_pos * MAX_GROUP * MAX_ROWS
+}
 
 /// One KV head's cached rows, `[n_pos, head_dim]`, in the cache's storage type.
 #[derive(Debug, Clone, Copy)]
@@ -43,13 +65,60 @@ pub enum KvRows<'a> {
     },
 }
 
-impl KvRows<'_> {
+impl<'a> KvRows<'a> {
     fn len(&self) -> usize {
         match self {
             KvRows::F32 { keys, .. } => keys.len(),
             KvRows::F16 { keys, .. } => keys.len(),
             KvRows::Int8 { keys, .. } => keys.len(),
         }
+    }
+
+    /// The first `n_pos` rows (at most all of them).
+    fn prefix(self, n_pos: usize, head_dim: usize) -> KvRows<'a> {
+        let n = (n_pos * head_dim).min(self.len());
+        let rows = n / head_dim;
+        match self {
+            KvRows::F32 { keys, values } => KvRows::F32 {
+                keys: &keys[..n],
+                values: &values[..n],
+            },
+            KvRows::F16 { keys, values } => KvRows::F16 {
+                keys: &keys[..n],
+                values: &values[..n],
+            },
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => KvRows::Int8 {
+                keys: &keys[..n],
+                key_scales: &key_scales[..rows],
+                values: &values[..n],
+                value_scales: &value_scales[..rows],
+            },
+        }
+    }
+
+    /// Whether keys, values and scales describe `len / head_dim` whole rows.
+    fn is_consistent(&self, head_dim: usize) -> bool {
+        let n_pos = self.len() / head_dim;
+        let same = match *self {
+            KvRows::F32 { keys, values } => keys.len() == values.len(),
+            KvRows::F16 { keys, values } => keys.len() == values.len(),
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => {
+                keys.len() == values.len()
+                    && key_scales.len() == n_pos
+                    && value_scales.len() == n_pos
+            }
+        };
+        same && self.len() == n_pos * head_dim
     }
 }
 
@@ -78,42 +147,103 @@ pub fn attend_group_with(
     out: &mut [f32],
 ) {
     assert!(head_dim > 0, "head_dim must be positive");
-    isa.assert_supported();
-    let n_q = q.len() / head_dim;
-    assert!(
-        q.len() == n_q * head_dim && out.len() == q.len() && n_q <= MAX_GROUP,
-        "q and out must be [n_q <= {MAX_GROUP}, head_dim]"
-    );
     let n_pos = kv.len() / head_dim;
-    let consistent = match kv {
-        KvRows::F32 { keys, values } => keys.len() == values.len(),
-        KvRows::F16 { keys, values } => keys.len() == values.len(),
-        KvRows::Int8 {
-            keys,
-            key_scales,
-            values,
-            value_scales,
-        } => keys.len() == values.len() && key_scales.len() == n_pos && value_scales.len() == n_pos,
-    };
+    attend_rows_with(isa, &[q], head_dim, kv, n_pos, scale, scratch, &mut [out]);
+}
+
+/// Causal attention of consecutive query rows over one KV head: row `r` (`q[r]`, `[n_q,
+/// head_dim]` with `n_q <= MAX_GROUP`, the same for every row) attends to the first
+/// `first_len + r` positions of `kv`, which holds at least `first_len + q.len() - 1`, and
+/// writes `out[r]`. At most [`MAX_ROWS`] rows; `scratch` is reused between calls
+/// ([`scratch_len`] floats for the longest row). Each row's result is exactly what
+/// [`attend_group`] gives it alone.
+pub fn attend_rows(
+    q: &[&[f32]],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    first_len: usize,
+    scale: f32,
+    scratch: &mut Vec<f32>,
+    out: &mut [&mut [f32]],
+) {
+    attend_rows_with(
+        isa::active(),
+        q,
+        head_dim,
+        kv,
+        first_len,
+        scale,
+        scratch,
+        out,
+    )
+}
+
+/// As [`attend_rows`] with an explicit ISA.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows_with(
+    isa: Isa,
+    q: &[&[f32]],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    first_len: usize,
+    scale: f32,
+    scratch: &mut Vec<f32>,
+    out: &mut [&mut [f32]],
+) {
+    assert!(head_dim > 0, "head_dim must be positive");
+    isa.assert_supported();
+    let n_rows = q.len();
     assert!(
-        consistent && kv.len() == n_pos * head_dim,
+        n_rows <= MAX_ROWS && out.len() == n_rows,
+        "at most {MAX_ROWS} rows, one output per query row"
+    );
+    let Some(first) = q.first() else {
+        return;
+    };
+    let n_q = first.len() / head_dim;
+    assert!(
+        first.len() == n_q * head_dim
+            && n_q <= MAX_GROUP
+            && q.iter().all(|r| r.len() == first.len())
+            && out.iter().all(|o| o.len() == first.len()),
+        "every query row and output must be [n_q <= {MAX_GROUP}, head_dim]"
+    );
+    assert!(
+        kv.is_consistent(head_dim),
         "keys and values must be [n_pos, head_dim] (with a scale per row)"
     );
-    if n_pos == 0 {
-        out.fill(0.0);
-        return;
-    }
+    let last_len = first_len + n_rows - 1;
+    assert!(
+        last_len <= kv.len() / head_dim,
+        "the last row attends to {last_len} positions but the cache holds {}",
+        kv.len() / head_dim
+    );
     if n_q == 0 {
         return;
     }
+    if last_len == 0 {
+        // Only a single row can see no position: it attends to nothing.
+        out.iter_mut().for_each(|o| o.fill(0.0));
+        return;
+    }
+    let kv = kv.prefix(last_len, head_dim);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for both `Isa::Avx2` and
-        // `Isa::Avx512`; the shapes were checked above.
-        Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) => unsafe {
-            x86::attend_group(q, head_dim, kv, scale, scratch, out)
+        // `Isa::Avx512`; the shapes were checked above, and every row sees a position.
+        Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
+            x86::attend_rows(q, head_dim, kv, first_len, scale, scratch, out)
         },
-        _ => attend_group_scalar(q, head_dim, kv, scale, scratch, out),
+        _ => {
+            for (r, (q_r, o)) in q.iter().zip(out.iter_mut()).enumerate() {
+                let seen = kv.prefix(first_len + r, head_dim);
+                if first_len + r == 0 {
+                    o.fill(0.0);
+                } else {
+                    attend_group_scalar(q_r, head_dim, seen, scale, scratch, o);
+                }
+            }
+        }
     }
 }
 
@@ -158,7 +288,7 @@ mod x86 {
 
     use half::f16;
 
-    use super::{KvRows, MAX_GROUP};
+    use super::{KvRows, MAX_GROUP, MAX_ROWS};
     use crate::ops::exp_avx2 as exp256;
 
     /// A cache element type: eight of them widen to one f32 vector.
@@ -194,30 +324,39 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; `head_dim` is a multiple of 8; the shapes are as
-    /// [`super::attend_group_with`] checks, with at least one position and one query head.
+    /// [`super::attend_rows_with`] checks, with at least one query head, `first_len >= 1`
+    /// and `kv` holding exactly the last row's positions.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend_group(
-        q: &[f32],
+    pub(super) unsafe fn attend_rows(
+        q: &[&[f32]],
         head_dim: usize,
         kv: KvRows<'_>,
+        first_len: usize,
         scale: f32,
         scratch: &mut Vec<f32>,
-        out: &mut [f32],
+        out: &mut [&mut [f32]],
     ) {
         macro_rules! by_group {
-            ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {
-                match q.len() / head_dim {
-                    1 => group::<_, 1>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    2 => group::<_, 2>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    3 => group::<_, 3>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    4 => group::<_, 4>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    5 => group::<_, 5>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    6 => group::<_, 6>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    7 => group::<_, 7>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
-                    8 => group::<_, 8>(q, head_dim, $keys, $ks, $values, $vs, scale, scratch, out),
+            ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {{
+                let cache = Cache {
+                    keys: $keys,
+                    key_scales: $ks,
+                    values: $values,
+                    value_scales: $vs,
+                    head_dim,
+                };
+                match q[0].len() / head_dim {
+                    1 => rows::<_, 1>(q, &cache, first_len, scale, scratch, out),
+                    2 => rows::<_, 2>(q, &cache, first_len, scale, scratch, out),
+                    3 => rows::<_, 3>(q, &cache, first_len, scale, scratch, out),
+                    4 => rows::<_, 4>(q, &cache, first_len, scale, scratch, out),
+                    5 => rows::<_, 5>(q, &cache, first_len, scale, scratch, out),
+                    6 => rows::<_, 6>(q, &cache, first_len, scale, scratch, out),
+                    7 => rows::<_, 7>(q, &cache, first_len, scale, scratch, out),
+                    8 => rows::<_, 8>(q, &cache, first_len, scale, scratch, out),
                     n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
                 }
-            };
+            }};
         }
         match kv {
             KvRows::F32 { keys, values } => by_group!(keys, None, values, None),
@@ -231,77 +370,107 @@ mod x86 {
         }
     }
 
-    /// Scores are kept position-major, `[n_pos][8]` with head `h` in lane `h`, so the
-    /// softmax of all heads runs on whole vectors.
-    #[allow(clippy::too_many_arguments)]
+    /// One KV head's rows in their storage type.
+    struct Cache<'a, T> {
+        keys: &'a [T],
+        key_scales: Option<&'a [f32]>,
+        values: &'a [T],
+        value_scales: Option<&'a [f32]>,
+        head_dim: usize,
+    }
+
+    /// Scores are kept position-major per row, `[n_rows][n_pos][8]` with head `h` in lane
+    /// `h`, so the softmax of all heads runs on whole vectors. Row `r`'s products, sums and
+    /// exponentials are the same operations in the same order whatever `n_rows` is: the
+    /// loops over rows only sit inside the loops over positions, so that a key row and a
+    /// block of value rows are read once for every query row.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn group<T: Widen, const NQ: usize>(
-        q: &[f32],
-        head_dim: usize,
-        keys: &[T],
-        key_scales: Option<&[f32]>,
-        values: &[T],
-        value_scales: Option<&[f32]>,
+    unsafe fn rows<T: Widen, const NQ: usize>(
+        q: &[&[f32]],
+        cache: &Cache<'_, T>,
+        first_len: usize,
         scale: f32,
         scratch: &mut Vec<f32>,
-        out: &mut [f32],
+        out: &mut [&mut [f32]],
     ) {
         const { assert!(NQ <= MAX_GROUP) };
-        let n_pos = keys.len() / head_dim;
+        let head_dim = cache.head_dim;
+        let n_rows = q.len();
+        let n_pos = cache.keys.len() / head_dim;
+        let len = |r: usize| first_len + r;
         let chunks = head_dim / 8;
         scratch.clear();
-        scratch.resize(n_pos * 8, 0.0);
+        scratch.resize(n_rows * n_pos * 8, 0.0);
         let scores = scratch.as_mut_ptr();
-        let (q, keys, values) = (q.as_ptr(), keys.as_ptr(), values.as_ptr());
+        let row_scores = |r: usize| scores.add(r * n_pos * 8);
+        let (keys, values) = (cache.keys.as_ptr(), cache.values.as_ptr());
 
-        // Scores, and their running maximum per head.
-        let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
+        // Scores, and their running maximum per row and head.
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); MAX_ROWS];
         for p in 0..n_pos {
-            let mut acc = [_mm256_setzero_ps(); 8];
             let row = keys.add(p * head_dim);
-            for c in 0..chunks {
-                let k = T::load8(row.add(c * 8));
-                for (h, acc_h) in acc.iter_mut().enumerate().take(NQ) {
-                    let q_hc = _mm256_loadu_ps(q.add(h * head_dim + c * 8));
-                    *acc_h = _mm256_fmadd_ps(q_hc, k, *acc_h);
+            let row_scale = cache
+                .key_scales
+                .map_or(scale, |s| scale * *s.get_unchecked(p));
+            // Rows from the first whose causal window holds position p.
+            for r in (p + 1).saturating_sub(first_len)..n_rows {
+                let q_r = q.get_unchecked(r).as_ptr();
+                let mut acc = [_mm256_setzero_ps(); 8];
+                for c in 0..chunks {
+                    let k = T::load8(row.add(c * 8));
+                    for (h, acc_h) in acc.iter_mut().enumerate().take(NQ) {
+                        let q_hc = _mm256_loadu_ps(q_r.add(h * head_dim + c * 8));
+                        *acc_h = _mm256_fmadd_ps(q_hc, k, *acc_h);
+                    }
                 }
+                let s = _mm256_mul_ps(sum_lanes(&acc), _mm256_set1_ps(row_scale));
+                _mm256_storeu_ps(row_scores(r).add(p * 8), s);
+                max[r] = _mm256_max_ps(max[r], s);
             }
-            let row_scale = key_scales.map_or(scale, |s| scale * *s.get_unchecked(p));
-            let s = _mm256_mul_ps(sum_lanes(&acc), _mm256_set1_ps(row_scale));
-            _mm256_storeu_ps(scores.add(p * 8), s);
-            max = _mm256_max_ps(max, s);
         }
 
         // exp(s - max) in place, a value row's scale folded in; the sum stays unscaled.
-        let mut sum = _mm256_setzero_ps();
-        for p in 0..n_pos {
-            let at = scores.add(p * 8);
-            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max));
-            sum = _mm256_add_ps(sum, e);
-            let weight = match value_scales {
-                Some(s) => _mm256_mul_ps(e, _mm256_set1_ps(*s.get_unchecked(p))),
-                None => e,
-            };
-            _mm256_storeu_ps(at, weight);
+        let mut inv = [[0.0f32; 8]; MAX_ROWS];
+        for r in 0..n_rows {
+            let mut sum = _mm256_setzero_ps();
+            for p in 0..len(r) {
+                let at = row_scores(r).add(p * 8);
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max[r]));
+                sum = _mm256_add_ps(sum, e);
+                let weight = match cache.value_scales {
+                    Some(s) => _mm256_mul_ps(e, _mm256_set1_ps(*s.get_unchecked(p))),
+                    None => e,
+                };
+                _mm256_storeu_ps(at, weight);
+            }
+            _mm256_storeu_ps(inv[r].as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
         }
-        let mut inv = [0.0f32; 8];
-        _mm256_storeu_ps(inv.as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
 
-        // Weighted sums, one 8-wide chunk of every head's output at a time.
-        let out = out.as_mut_ptr();
+        // Weighted sums, one 8-wide chunk of every head's output at a time; each row's
+        // sums carried across value blocks in `partial` (stored and reloaded exactly).
         for c in 0..chunks {
-            let mut acc = [_mm256_setzero_ps(); NQ];
-            for p in 0..n_pos {
-                let v = T::load8(values.add(p * head_dim + c * 8));
-                let w = scores.add(p * 8);
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    *acc_h = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, *acc_h);
+            let mut partial = [[_mm256_setzero_ps(); NQ]; MAX_ROWS];
+            for block in (0..n_pos).step_by(super::VALUE_BLOCK) {
+                for r in (block + 1).saturating_sub(first_len)..n_rows {
+                    let end = (block + super::VALUE_BLOCK).min(len(r));
+                    let mut acc = partial[r];
+                    for p in block..end {
+                        let v = T::load8(values.add(p * head_dim + c * 8));
+                        let w = row_scores(r).add(p * 8);
+                        for (h, acc_h) in acc.iter_mut().enumerate() {
+                            *acc_h = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, *acc_h);
+                        }
+                    }
+                    partial[r] = acc;
                 }
             }
-            for (h, acc_h) in acc.iter().enumerate() {
-                let o = _mm256_mul_ps(*acc_h, _mm256_set1_ps(inv[h]));
-                _mm256_storeu_ps(out.add(h * head_dim + c * 8), o);
+            for (r, o) in out.iter_mut().enumerate() {
+                let o = o.as_mut_ptr();
+                for (h, acc_h) in partial[r].iter().enumerate() {
+                    let scaled = _mm256_mul_ps(*acc_h, _mm256_set1_ps(inv[r][h]));
+                    _mm256_storeu_ps(o.add(h * head_dim + c * 8), scaled);
+                }
             }
         }
     }
@@ -389,6 +558,96 @@ mod tests {
         for (head_dim, n_q, n_pos) in [(8, 1, 1), (64, 7, 300), (64, 3, 17), (16, 8, 5), (24, 2, 9)]
         {
             check(head_dim, n_q, n_pos, head_dim as u64 + n_pos as u64);
+        }
+    }
+
+    /// A block of rows gives each row exactly what that row gives alone, on every ISA,
+    /// across value blocks and with rows starting anywhere.
+    #[test]
+    fn rows_together_equal_each_row_alone_bit_for_bit() {
+        for (head_dim, n_q, first_len, n_rows) in [
+            (64, 7, 1, 8),
+            (64, 2, 60, 8),
+            (16, 3, 127, 5),
+            (8, 8, 200, 3),
+            (64, 1, 64, 1),
+            (20, 4, 9, 6),
+        ] {
+            let n_pos = first_len + n_rows - 1 + 3; // the cache may hold more
+            let seed = (head_dim * 1000 + first_len) as u64;
+            let q = random(n_rows * n_q * head_dim, seed);
+            let keys = random(n_pos * head_dim, seed + 1);
+            let values = random(n_pos * head_dim, seed + 2);
+            let keys_h: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
+            let values_h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+            let keys_q: Vec<i8> = keys.iter().map(|&v| (v * 127.0) as i8).collect();
+            let values_q: Vec<i8> = values.iter().map(|&v| (v * 127.0) as i8).collect();
+            let scales: Vec<f32> = (0..n_pos).map(|p| 0.01 + 0.001 * p as f32).collect();
+            let caches = [
+                KvRows::F32 {
+                    keys: &keys,
+                    values: &values,
+                },
+                KvRows::F16 {
+                    keys: &keys_h,
+                    values: &values_h,
+                },
+                KvRows::Int8 {
+                    keys: &keys_q,
+                    key_scales: &scales,
+                    values: &values_q,
+                    value_scales: &scales,
+                },
+            ];
+            let width = n_q * head_dim;
+            let q_rows: Vec<&[f32]> = q.chunks_exact(width).collect();
+            for kv in caches {
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; n_rows * width];
+                    let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(width).collect();
+                    let mut scratch = Vec::new();
+                    attend_rows_with(
+                        isa,
+                        &q_rows,
+                        head_dim,
+                        kv,
+                        first_len,
+                        0.3,
+                        &mut scratch,
+                        &mut outs,
+                    );
+                    for (r, got) in got.chunks_exact(width).enumerate() {
+                        let seen = kv.prefix(first_len + r, head_dim);
+                        let mut alone = vec![0.0; width];
+                        attend_group_with(
+                            isa,
+                            q_rows[r],
+                            head_dim,
+                            seen,
+                            0.3,
+                            &mut scratch,
+                            &mut alone,
+                        );
+                        assert_eq!(got, alone, "{isa} hd={head_dim} first={first_len} row {r}");
+                        let mut oracle = vec![0.0; width];
+                        attend_group_with(
+                            Isa::Scalar,
+                            q_rows[r],
+                            head_dim,
+                            seen,
+                            0.3,
+                            &mut scratch,
+                            &mut oracle,
+                        );
+                        for (g, w) in got.iter().zip(&oracle) {
+                            assert!(
+                                (g - w).abs() <= 1e-5 + 1e-4 * w.abs(),
+                                "{isa} row {r}: {g} vs {w}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 

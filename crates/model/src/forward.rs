@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 
-use pyramid_kernels::attention::{attend_group, MAX_GROUP};
+use pyramid_kernels::attention::{attend_rows, scratch_len, MAX_GROUP, MAX_ROWS};
 use pyramid_kernels::ops::{add_in_place, rms_norm, rope_in_place, silu_mul_in_place};
 use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
@@ -98,11 +98,14 @@ struct RowPlace {
 /// every buffer up front, after which passes of at most that shape never allocate.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    places: Vec<RowPlace>,  // [n_tokens]
+    places: Vec<RowPlace>, // [n_tokens]
+    /// Runs of consecutive rows of one segment, all real or all padding, at most
+    /// `MAX_ROWS` each: `(first row, rows)`. Attention takes a run at a time.
+    blocks: Vec<(usize, usize)>,
     logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
     normed: Vec<f32>,       // [n_rows, n_embd]
     logits: Vec<f32>,       // [n_rows, n_vocab]
-    /// One attention-score buffer per pool thread: `[window, MAX_GROUP]` each.
+    /// One attention-score buffer per pool thread: `[MAX_ROWS, window, MAX_GROUP]` each.
     scores: Vec<Mutex<Vec<f32>>>,
     x: Vec<f32>,    // [n_tokens, n_embd] residual stream
     h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
@@ -139,11 +142,12 @@ impl Scratch {
         let with = |len: usize| Vec::with_capacity(len);
         Self {
             places: Vec::with_capacity(n_tokens),
+            blocks: Vec::with_capacity(n_tokens),
             logit_rows: Vec::with_capacity(n_outputs),
             normed: with(n_outputs * e),
             logits: with(n_outputs * cfg.n_vocab),
             scores: (0..n_threads)
-                .map(|_| Mutex::new(Vec::with_capacity(window * MAX_GROUP)))
+                .map(|_| Mutex::new(Vec::with_capacity(scratch_len(window))))
                 .collect(),
             x: with(n_tokens * e),
             h: with(n_tokens * e),
@@ -183,6 +187,7 @@ impl Scratch {
             .map(|s| cap(&s.lock().unwrap_or_else(|p| p.into_inner())))
             .sum();
         cap(&self.places)
+            + cap(&self.blocks)
             + cap(&self.logit_rows)
             + floats.into_iter().map(cap).sum::<usize>()
             + scores
@@ -316,6 +321,19 @@ impl Model {
                 }));
         }
         let n = scratch.places.len();
+        scratch.blocks.clear();
+        for (i, place) in scratch.places.iter().enumerate() {
+            match scratch.blocks.last_mut() {
+                Some((first, len))
+                    if *len < MAX_ROWS
+                        && scratch.places[*first].segment == place.segment
+                        && scratch.places[*first].padding == place.padding =>
+                {
+                    *len += 1
+                }
+                _ => scratch.blocks.push((i, 1)),
+            }
+        }
         let rows = &mut scratch.logit_rows;
         rows.clear();
         match which {
@@ -348,6 +366,7 @@ impl Model {
         };
         let pass = Pass {
             places: &s.places,
+            blocks: &s.blocks,
             logit_rows: &s.logit_rows,
             segments: Segments::new(segments),
             scores: &s.scores,
@@ -638,34 +657,52 @@ impl Model {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scores = &mut *scores;
-        // Work items are (row, KV head, run of that head's query heads), dealt round-robin
-        // rather than in contiguous runs: a causal row's work grows with its position, so
-        // contiguous runs would leave the last rows' thread with most of it. A KV head's
-        // query heads go together so its cache is read once; they split into more runs
-        // only where there would otherwise be fewer items than threads (decode).
+        // Work items are (block of rows, KV head, run of that head's query heads), dealt
+        // round-robin rather than in contiguous runs: a causal row's work grows with its
+        // position, so contiguous runs would leave the last rows' thread with most of it.
+        // A block's rows and a KV head's query heads go together so its cache is read
+        // once for all of them; heads split into more runs only where there would
+        // otherwise be fewer items than threads (decode).
         let n_kv = cfg.n_head_kv;
         let min_runs = group.div_ceil(MAX_GROUP);
-        let wanted = team.n_threads().div_ceil((pass.places.len() * n_kv).max(1));
+        let wanted = team.n_threads().div_ceil((pass.blocks.len() * n_kv).max(1));
         let runs = wanted.clamp(min_runs, group);
         let heads_per_run = group.div_ceil(runs);
         let runs = group.div_ceil(heads_per_run);
-        let n_items = pass.places.len() * n_kv * runs;
+        let n_items = pass.blocks.len() * n_kv * runs;
+        let mut q_rows: [&[f32]; MAX_ROWS] = Default::default();
+        let mut o_rows: [&mut [f32]; MAX_ROWS] = Default::default();
         for item in (team.idx()..n_items).step_by(team.n_threads()) {
-            let (t, rest) = (item / (n_kv * runs), item % (n_kv * runs));
+            let (b, rest) = (item / (n_kv * runs), item % (n_kv * runs));
             let (kv_head, run) = (rest / runs, rest % runs);
-            let place = pass.places[t];
+            let (t0, n_rows) = pass.blocks[b];
+            let place = pass.places[t0];
             let first = kv_head * group + run * heads_per_run;
             let last = (first + heads_per_run).min((kv_head + 1) * group);
-            let span = t * qd + first * head_dim..t * qd + last * head_dim;
-            let o = pass.bufs.attn.range_mut(span.clone());
+            for r in 0..n_rows {
+                let t = t0 + r;
+                let span = t * qd + first * head_dim..t * qd + last * head_dim;
+                q_rows[r] = &q[span.clone()];
+                o_rows[r] = pass.bufs.attn.range_mut(span);
+            }
+            let outs = &mut o_rows[..n_rows];
             if place.padding {
-                o.fill(0.0);
+                outs.iter_mut().for_each(|o| o.fill(0.0));
                 continue;
             }
             let kv: &KvCache = pass.segments.get(place.segment).kv;
-            // Causal: attend to itself and everything before.
-            let rows = kv.head(layer_idx, kv_head, place.pos + 1);
-            attend_group(&q[span], head_dim, rows, scale, scores, o);
+            // Causal: each row attends to itself and everything before.
+            let last_pos = place.pos + n_rows;
+            let rows = kv.head(layer_idx, kv_head, last_pos);
+            attend_rows(
+                &q_rows[..n_rows],
+                head_dim,
+                rows,
+                place.pos + 1,
+                scale,
+                scores,
+                outs,
+            );
         }
     }
 }
@@ -706,6 +743,7 @@ struct Buffers<'s> {
 /// Everything a region reads besides the weights.
 struct Pass<'s, 'a> {
     places: &'s [RowPlace],
+    blocks: &'s [(usize, usize)],
     logit_rows: &'s [usize],
     segments: Segments<'s, 'a>,
     /// Per-thread attention-score buffers.
