@@ -441,7 +441,8 @@ mod x86 {
                 .key_scales
                 .map_or(scale, |s| scale * *s.get_unchecked(p));
             // Rows from the first whose causal window holds position p.
-            for r in (p + 1).saturating_sub(first_len)..n_rows {
+            let first_row = (p + 1).saturating_sub(first_len);
+            for (r, max_r) in max.iter_mut().enumerate().take(n_rows).skip(first_row) {
                 let q_r = q.get_unchecked(r).as_ptr();
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for c in 0..chunks {
@@ -453,7 +454,7 @@ mod x86 {
                 }
                 let s = _mm256_mul_ps(sum_lanes(&acc), _mm256_set1_ps(row_scale));
                 _mm256_storeu_ps(row_scores(r).add(p * 8), s);
-                max[r] = _mm256_max_ps(max[r], s);
+                *max_r = _mm256_max_ps(*max_r, s);
             }
         }
 
@@ -527,9 +528,11 @@ mod x86 {
         for c in 0..head_dim / 8 {
             let mut partial = [[_mm256_setzero_ps(); NQ]; MAX_ROWS];
             for block in (0..weights.n_pos).step_by(super::VALUE_BLOCK) {
-                for r in weights.first_row_seeing(block)..weights.n_rows {
+                let first_row = weights.first_row_seeing(block);
+                let rows = partial.iter_mut().enumerate().take(weights.n_rows);
+                for (r, part) in rows.skip(first_row) {
                     let end = (block + super::VALUE_BLOCK).min(weights.first_len + r);
-                    let mut acc = partial[r];
+                    let mut acc = *part;
                     for p in block..end {
                         let v = T::load8(values.add(p * head_dim + c * 8));
                         let w = weights.at(r, p);
@@ -537,7 +540,7 @@ mod x86 {
                             *acc_h = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, *acc_h);
                         }
                     }
-                    partial[r] = acc;
+                    *part = acc;
                 }
             }
             for (r, o) in out.iter_mut().enumerate() {
@@ -587,9 +590,11 @@ mod x86 {
         let values = cache.values.as_ptr();
         let mut partial = [[[_mm512_setzero_ps(); Z]; NQ]; MAX_ROWS];
         for block in (0..weights.n_pos).step_by(super::VALUE_BLOCK) {
-            for r in weights.first_row_seeing(block)..weights.n_rows {
+            let first_row = weights.first_row_seeing(block);
+            let rows = partial.iter_mut().enumerate().take(weights.n_rows);
+            for (r, part) in rows.skip(first_row) {
                 let end = (block + super::VALUE_BLOCK).min(weights.first_len + r);
-                let mut acc = partial[r];
+                let mut acc = *part;
                 for p in block..end {
                     let row = values.add(p * head_dim + d0);
                     let v: [__m512; Z] = std::array::from_fn(|j| T::load16(row.add(16 * j)));
@@ -601,7 +606,7 @@ mod x86 {
                         }
                     }
                 }
-                partial[r] = acc;
+                *part = acc;
             }
         }
         for (r, o) in out.iter_mut().enumerate() {
@@ -788,6 +793,15 @@ mod tests {
                                 "{isa} row {r}: {g} vs {w}"
                             );
                         }
+                    }
+                    if isa != Isa::Scalar {
+                        vector_results.push((isa, got));
+                    }
+                }
+                // The 16-wide weighted sums equal the 8-wide ones, element for element.
+                if let [(a, first), rest @ ..] = vector_results.as_slice() {
+                    for (b, other) in rest {
+                        assert_eq!(first, other, "{a} and {b} differ (hd={head_dim})");
                     }
                 }
             }
