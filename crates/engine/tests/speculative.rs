@@ -305,3 +305,80 @@ fn a_conversation_continued_after_speculation_reuses_exactly_its_tokens() {
     let fresh = alone(&model, &pool, request(2, next, 30, Speculation::Off));
     assert_eq!(second[&2].tokens, fresh.tokens);
 }
+
+/// The acceptance rule keeps the sampling distribution: with independent seeds, the
+/// tokens a speculative run samples at several positions follow the plain run's
+/// distribution (two-sample chi-square tests at p = 0.001), and its tokens continue the
+/// context's earlier occurrences as often as plain tokens do (a two-proportion z-test):
+/// accepting drafts more often than the model's own probability (say, always) would make
+/// them continue their lookups far more often.
+#[test]
+fn speculative_sampling_keeps_the_distribution_with_independent_seeds() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let prompt = looping_prompt(2, 24);
+    let n = 300u64;
+    let runs = |speculation, seeds: std::ops::Range<u64>| {
+        let requests = seeds
+            .map(|seed| Request {
+                sampler: SamplerConfig {
+                    temperature: 1.5,
+                    top_k: 6,
+                    seed,
+                    ..SamplerConfig::greedy()
+                },
+                ..request(seed, prompt.clone(), 8, speculation)
+            })
+            .collect();
+        let mut e = engine(&model, &[64], 8, &pool);
+        let done = run_all(&mut e, &pool, requests);
+        (e.stats().speculative, done)
+    };
+    let (drafts, spec) = runs(Speculation::Ngram, 0..n);
+    let (_, plain) = runs(Speculation::Off, n..2 * n);
+    assert!(drafts.accepted_tokens > 100 && drafts.drafted_tokens > drafts.accepted_tokens);
+    for position in [1, 3, 5, 7] {
+        let mut counts: HashMap<u32, (f64, f64)> = HashMap::new();
+        for o in spec.values() {
+            counts.entry(o.tokens[position]).or_default().0 += 1.0;
+        }
+        for o in plain.values() {
+            counts.entry(o.tokens[position]).or_default().1 += 1.0;
+        }
+        // Equal sample sizes: sum of (a - b)^2 / (a + b) is chi-square with k - 1 df.
+        let statistic: f64 = counts
+            .values()
+            .map(|(a, b)| (a - b).powi(2) / (a + b))
+            .sum();
+        let df = (counts.len().max(2) - 1) as f64;
+        // Wilson-Hilferty: the 0.999 quantile of chi-square with `df` degrees of freedom.
+        let z = 3.09;
+        let critical = df * (1.0 - 2.0 / (9.0 * df) + z * (2.0 / (9.0 * df)).sqrt()).powi(3);
+        assert!(
+            statistic < critical,
+            "position {position}: chi-square {statistic:.1} >= {critical:.1} ({counts:?})"
+        );
+    }
+    // How often a token is what followed the last earlier occurrence of the token before.
+    let continuation_rate = |runs: &HashMap<RequestId, Outcome>| {
+        let (mut followed, mut total) = (0.0, 0.0);
+        for o in runs.values() {
+            let full: Vec<u32> = prompt.iter().chain(&o.tokens).copied().collect();
+            for j in prompt.len()..full.len() {
+                let last = full[j - 1];
+                if let Some(i) = (0..j - 1).rev().find(|&i| full[i] == last) {
+                    total += 1.0;
+                    followed += f64::from(u8::from(full[j] == full[i + 1]));
+                }
+            }
+        }
+        (followed / total, total)
+    };
+    let ((a, n_a), (b, n_b)) = (continuation_rate(&spec), continuation_rate(&plain));
+    let pooled = (a * n_a + b * n_b) / (n_a + n_b);
+    let z = (a - b) / (pooled * (1.0 - pooled) * (1.0 / n_a + 1.0 / n_b)).sqrt();
+    assert!(
+        z.abs() < 3.3,
+        "continuations: speculative {a:.3}, plain {b:.3}, z = {z:.1}"
+    );
+}
