@@ -40,9 +40,10 @@ pub const MAX_ROWS: usize = 8;
 /// Value positions read once for every query row of a block.
 pub const VALUE_BLOCK: usize = 64;
 
-/// Score floats a thread's scratch needs for rows over caches of up to `n_pos` positions.
-pub fn scratch_len(n_pos: usize) -> usize {
-    n_pos * MAX_GROUP * MAX_ROWS
+/// Score floats a thread's scratch needs for up to `n_rows` rows of one segment over
+/// caches of up to `n_pos` positions.
+pub fn scratch_len(n_pos: usize, n_rows: usize) -> usize {
+    n_pos * MAX_GROUP * n_rows.min(MAX_ROWS)
 }
 
 /// One KV head's cached rows, `[n_pos, head_dim]`, in the cache's storage type.
@@ -155,7 +156,7 @@ pub fn attend_group_with(
 /// head_dim]` with `n_q <= MAX_GROUP`, the same for every row) attends to the first
 /// `first_len + r` positions of `kv`, which holds at least `first_len + q.len() - 1`, and
 /// writes `out[r]`. At most [`MAX_ROWS`] rows; `scratch` is reused between calls
-/// ([`scratch_len`] floats for the longest row). Each row's result is exactly what
+/// ([`scratch_len`] floats). Each row's result is exactly what
 /// [`attend_group`] gives it alone.
 pub fn attend_rows(
     q: &[&[f32]],

@@ -105,7 +105,8 @@ pub struct Scratch {
     logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
     normed: Vec<f32>,       // [n_rows, n_embd]
     logits: Vec<f32>,       // [n_rows, n_vocab]
-    /// One attention-score buffer per pool thread: `[MAX_ROWS, window, MAX_GROUP]` each.
+    /// One attention-score buffer per pool thread: `[rows of a block, window, MAX_GROUP]`
+    /// each (a block is at most `MAX_ROWS` rows of one segment).
     scores: Vec<Mutex<Vec<f32>>>,
     x: Vec<f32>,    // [n_tokens, n_embd] residual stream
     h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
@@ -147,7 +148,7 @@ impl Scratch {
             normed: with(n_outputs * e),
             logits: with(n_outputs * cfg.n_vocab),
             scores: (0..n_threads)
-                .map(|_| Mutex::new(Vec::with_capacity(scratch_len(window))))
+                .map(|_| Mutex::new(Vec::with_capacity(scratch_len(window, n_tokens))))
                 .collect(),
             x: with(n_tokens * e),
             h: with(n_tokens * e),
