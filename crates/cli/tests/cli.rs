@@ -618,6 +618,54 @@ fn speculative_decoding_gives_the_plain_tokens_on_the_reference_prompts() {
     );
 }
 
+/// `run --prediction FILE`: the reply it predicts is drafted from the first decode step
+/// and accepted, and the tokens are the plain ones.
+#[test]
+fn a_prediction_file_drafts_the_reply_without_changing_it() {
+    let home = models_dir().parent().unwrap().to_path_buf();
+    let args = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--prompt",
+            "The three primary colours are",
+            "--temperature",
+            "0",
+            "-n",
+            "24",
+            "--ignore-eos",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = pyramid(&args, &home);
+        assert_ok(&out);
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap()
+    };
+    let plain = args(&["--speculative", "off"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prediction.txt");
+    std::fs::write(&file, plain["text"].as_str().unwrap()).unwrap();
+    let predicted = args(&["--prediction", file.to_str().unwrap()]);
+    assert_eq!(predicted["tokens"], plain["tokens"]);
+    let accepted = predicted["speculative"]["accepted_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(accepted >= 12, "{}", predicted["speculative"]);
+    let out = pyramid(
+        &[
+            "run",
+            "--prompt",
+            "Hi",
+            "--prediction",
+            file.to_str().unwrap(),
+            "--speculative",
+            "off",
+        ],
+        &home,
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--prediction"), "{}", stderr(&out));
+}
+
 #[test]
 fn bench_reports_llama_bench_style_records() {
     let f = Fixture::new();

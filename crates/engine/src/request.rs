@@ -36,6 +36,9 @@ pub struct Request {
     /// Whether decoding verifies drafts looked up in the sequence's own tokens (see the
     /// speculate module); the tokens are the same either way.
     pub speculation: Speculation,
+    /// Tokens the reply is expected to contain (OpenAI's predicted outputs, e.g. a file
+    /// being edited): drafts come from them too. Only speculation reads them.
+    pub prediction: Vec<u32>,
 }
 
 impl Request {
@@ -51,6 +54,7 @@ impl Request {
             constraint: None,
             priority: 0,
             speculation: Speculation::Off,
+            prediction: Vec::new(),
         }
     }
 }

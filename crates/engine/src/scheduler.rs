@@ -20,7 +20,7 @@ use crate::engine::{Engine, Sequence};
 use crate::pyramid::Arm;
 use crate::request::{Event, RequestId};
 use crate::session::Session;
-use crate::speculate::Speculation;
+use crate::speculate::{Speculation, Tokens};
 use crate::EngineError;
 
 /// How a sequence gets the window it runs on this step.
@@ -261,8 +261,14 @@ impl Engine {
         // token is sampled only if all of it is accepted, so it ends the reply at most.
         let in_window = window.saturating_sub(seq.session.len() + 1);
         let in_reply = seq.request.max_tokens.saturating_sub(seq.generated + 1);
+        let tokens = Tokens {
+            history: seq.session.tokens(),
+            next,
+            reply_len: seq.generated,
+        };
+        let room = in_window.min(in_reply);
         seq.drafter
-            .propose(&config, seq.session.tokens(), next, in_window.min(in_reply))
+            .propose(&config, &tokens, &seq.request.prediction, room)
     }
 
     /// Groups decoding sequences by window into runs of compiled batch sizes; a batch

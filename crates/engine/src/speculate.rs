@@ -5,7 +5,9 @@
 //! tool's arguments), so the tokens after the last few generated ones have often been
 //! seen before. [`draft`] finds the most recent earlier occurrence of the longest suffix
 //! (between [`SpeculativeConfig::min_ngram`] and `max_ngram` tokens) and proposes the
-//! tokens that followed it. The sequence then feeds its next token and the draft as one
+//! tokens that followed it; a request's `prediction` (text the client expects in the
+//! reply, OpenAI's predicted outputs) is searched as well, and drafted from directly while
+//! the reply follows it. The sequence then feeds its next token and the draft as one
 //! segment of a mixed pass, which returns logits after every one of them; `update`
 //! samples each position in turn and keeps the draft up to its first disagreement, plus
 //! the token sampled there. The rejected positions leave the cache.
@@ -151,24 +153,22 @@ fn ratio(a: usize, b: usize) -> f64 {
 }
 
 impl Drafter {
-    /// A draft to verify after `history` and `next` (the sequence's tokens and the input
-    /// it feeds next), at most `room` tokens; empty while cooling down or without a match.
+    /// A draft to verify after `tokens` (the sequence's tokens and the input it feeds
+    /// next, whose last `reply_len` are its reply so far), from them or from
+    /// `prediction` (text the client expects in the reply), at most `room` tokens; empty
+    /// while cooling down or without a match.
     pub fn propose(
         &mut self,
         config: &SpeculativeConfig,
-        history: &[u32],
-        next: u32,
+        tokens: &Tokens<'_>,
+        prediction: &[u32],
         room: usize,
     ) -> Vec<u32> {
         if self.cool_down > 0 {
             self.cool_down -= 1;
             return Vec::new();
         }
-        draft(
-            config,
-            &Tokens { history, next },
-            room.min(config.max_draft),
-        )
+        draft(config, tokens, prediction, room.min(config.max_draft))
     }
 
     /// Records a decode pass that verified `drafted` tokens and kept `accepted`.
@@ -192,10 +192,12 @@ impl Drafter {
     }
 }
 
-/// A sequence's tokens and the one it feeds next, read as one list without copying it.
+/// A sequence's tokens and the one it feeds next, read as one list without copying it;
+/// the last `reply_len` of them are its reply so far.
 pub struct Tokens<'a> {
     pub history: &'a [u32],
     pub next: u32,
+    pub reply_len: usize,
 }
 
 impl Tokens<'_> {
@@ -208,23 +210,65 @@ impl Tokens<'_> {
     }
 }
 
-/// The tokens that followed the most recent earlier occurrence of `tokens`' longest
-/// suffix of `min_ngram..=max_ngram` tokens, at most `limit` of them.
-pub fn draft(config: &SpeculativeConfig, tokens: &Tokens<'_>, limit: usize) -> Vec<u32> {
+/// A draft of at most `limit` tokens:
+/// - while the reply so far is a prefix of `prediction`, the prediction's next tokens;
+/// - otherwise what followed the most recent earlier occurrence of the tokens' longest
+///   suffix (`min_ngram..=max_ngram` tokens) in the tokens themselves or in the
+///   prediction, the longer match winning (the prediction on a tie).
+pub fn draft(
+    config: &SpeculativeConfig,
+    tokens: &Tokens<'_>,
+    prediction: &[u32],
+    limit: usize,
+) -> Vec<u32> {
     let len = tokens.len();
-    let max_n = config.max_ngram.min(len - 1);
-    if limit == 0 || config.min_ngram == 0 || max_n < config.min_ngram {
+    if limit == 0 {
         return Vec::new();
     }
+    let reply = len - tokens.reply_len.min(len);
+    if tokens.reply_len < prediction.len()
+        && (reply..len).all(|i| tokens.at(i) == prediction[i - reply])
+    {
+        let start = tokens.reply_len;
+        return prediction[start..(start + limit).min(prediction.len())].to_vec();
+    }
+    let own = longest_match(config, tokens, len, |i| tokens.at(i));
+    let predicted = longest_match(config, tokens, prediction.len(), |i| prediction[i]);
+    let from_prediction = match (own, predicted) {
+        (Some((n, _)), Some((m, end))) if m >= n => Some(end),
+        (None, Some((_, end))) => Some(end),
+        _ => None,
+    };
+    match (from_prediction, own) {
+        (Some(end), _) => continuation(prediction.len(), end, limit, |i| prediction[i]),
+        (None, Some((_, end))) => continuation(len, end, limit, |i| tokens.at(i)),
+        (None, None) => Vec::new(),
+    }
+}
+
+/// The most recent match in `source[..source_len]` of the longest suffix of `tokens`
+/// (`min_ngram..=max_ngram` tokens) that leaves at least one token after it:
+/// `(suffix length, end of the match)`.
+fn longest_match(
+    config: &SpeculativeConfig,
+    tokens: &Tokens<'_>,
+    source_len: usize,
+    source: impl Fn(usize) -> u32,
+) -> Option<(usize, usize)> {
+    let len = tokens.len();
+    let max_n = config.max_ngram.min(len - 1);
+    if config.min_ngram == 0 || max_n < config.min_ngram {
+        return None;
+    }
     let last = tokens.next;
+    let mut best: Option<(usize, usize)> = None;
     // `end` is where a match ends (exclusive), i.e. where its continuation starts.
-    let mut best: Option<(usize, usize)> = None; // (suffix length, end)
-    for end in (1..len).rev() {
-        if tokens.at(end - 1) != last {
+    for end in (1..source_len).rev() {
+        if source(end - 1) != last {
             continue;
         }
         let matched = (1..=max_n.min(end))
-            .take_while(|&i| tokens.at(end - i) == tokens.at(len - i))
+            .take_while(|&i| source(end - i) == tokens.at(len - i))
             .count();
         if matched >= config.min_ngram && best.is_none_or(|(n, _)| matched > n) {
             best = Some((matched, end));
@@ -233,11 +277,17 @@ pub fn draft(config: &SpeculativeConfig, tokens: &Tokens<'_>, limit: usize) -> V
             }
         }
     }
-    best.map_or_else(Vec::new, |(_, end)| {
-        (end..(end + limit).min(len))
-            .map(|i| tokens.at(i))
-            .collect()
-    })
+    best
+}
+
+/// At most `limit` tokens of `source[..source_len]` from `end`.
+fn continuation(
+    source_len: usize,
+    end: usize,
+    limit: usize,
+    source: impl Fn(usize) -> u32,
+) -> Vec<u32> {
+    (end..(end + limit).min(source_len)).map(source).collect()
 }
 
 #[cfg(test)]
@@ -246,7 +296,14 @@ mod tests {
 
     fn draft(config: &SpeculativeConfig, h: &[u32], limit: usize) -> Vec<u32> {
         match h.split_last() {
-            Some((&next, history)) => super::draft(config, &Tokens { history, next }, limit),
+            Some((&next, history)) => {
+                let tokens = Tokens {
+                    history,
+                    next,
+                    reply_len: 0,
+                };
+                super::draft(config, &tokens, &[], limit)
+            }
             None => Vec::new(),
         }
     }
@@ -270,6 +327,8 @@ mod tests {
         // The continuation never runs past what is known.
         let h = [5, 6, 5, 6];
         assert_eq!(draft(&cfg(2, 4), &h, 8), [5, 6]);
+        // A match ending right before the next input continues with that input.
+        assert_eq!(draft(&cfg(1, 2), &[4, 9, 9], 3), [9]);
     }
 
     #[test]
@@ -282,20 +341,55 @@ mod tests {
     }
 
     #[test]
+    fn a_prediction_drafts_while_the_reply_follows_it_and_by_lookup_after() {
+        let c = cfg(2, 3);
+        let prediction = [7, 8, 9, 10, 5, 7, 3, 4, 6];
+        let tokens = |history: &'static [u32], next, reply_len| Tokens {
+            history,
+            next,
+            reply_len,
+        };
+        // The reply so far (7 8) is the prediction's start: its next tokens.
+        assert_eq!(
+            super::draft(&c, &tokens(&[1, 2, 7], 8, 2), &prediction, 3),
+            [9, 10, 5]
+        );
+        // Diverged (7 3): the prediction's "7 3" continues with 4 6.
+        assert_eq!(
+            super::draft(&c, &tokens(&[1, 2, 7], 3, 2), &prediction, 8),
+            [4, 6]
+        );
+        // A match in the sequence's own tokens as long as the prediction's: the prediction.
+        assert_eq!(
+            super::draft(&c, &tokens(&[7, 3, 1, 1, 7], 3, 2), &prediction, 2),
+            [4, 6]
+        );
+        // A longer own match wins.
+        let own = tokens(&[2, 5, 7, 3, 9, 2, 5, 7], 3, 2);
+        assert_eq!(super::draft(&cfg(2, 4), &own, &prediction, 2), [9, 2]);
+        // Nothing predicted: lookups only.
+        assert!(super::draft(&c, &tokens(&[1, 2, 7], 3, 2), &[], 8).is_empty());
+    }
+
+    #[test]
     fn rejected_drafts_cool_down_and_acceptance_resets() {
         let c = cfg(1, 2);
-        let (h, next) = ([1, 2], 1);
+        let h = Tokens {
+            history: &[1, 2],
+            next: 1,
+            reply_len: 0,
+        };
         let mut d = Drafter::default();
-        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        assert_eq!(d.propose(&c, &h, &[], 8), [2, 1]);
         d.record(2, 0);
-        assert!(d.propose(&c, &h, next, 8).is_empty());
-        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        assert!(d.propose(&c, &h, &[], 8).is_empty());
+        assert_eq!(d.propose(&c, &h, &[], 8), [2, 1]);
         d.record(2, 0);
-        assert!(d.propose(&c, &h, next, 8).is_empty());
-        assert!(d.propose(&c, &h, next, 8).is_empty());
-        assert_eq!(d.propose(&c, &h, next, 8), [2, 1]);
+        assert!(d.propose(&c, &h, &[], 8).is_empty());
+        assert!(d.propose(&c, &h, &[], 8).is_empty());
+        assert_eq!(d.propose(&c, &h, &[], 8), [2, 1]);
         d.record(2, 1);
-        assert_eq!(d.propose(&c, &h, next, 1), [2]);
+        assert_eq!(d.propose(&c, &h, &[], 1), [2]);
         for _ in 0..40 {
             d.record(1, 0);
         }

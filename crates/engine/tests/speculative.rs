@@ -382,3 +382,31 @@ fn speculative_sampling_keeps_the_distribution_with_independent_seeds() {
         "continuations: speculative {a:.3}, plain {b:.3}, z = {z:.1}"
     );
 }
+
+/// A client's prediction of the reply (OpenAI's predicted outputs) drafts from the first
+/// decode step; right, nearly every token is accepted; wrong, the tokens are still plain.
+#[test]
+fn a_prediction_of_the_reply_is_verified_and_never_changes_a_token() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::F32);
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % 250 + 1).collect();
+    let plain = alone(
+        &model,
+        &pool,
+        request(0, prompt.clone(), 40, Speculation::Off),
+    );
+    let with = |prediction: Vec<u32>| Request {
+        prediction,
+        ..request(0, prompt.clone(), 40, Speculation::Ngram)
+    };
+    let right = alone(&model, &pool, with(plain.tokens.clone()));
+    assert_eq!(right.tokens, plain.tokens);
+    let s = right.usage.speculative;
+    assert_eq!(
+        s.drafted_tokens, s.accepted_tokens,
+        "a right prediction is all accepted"
+    );
+    assert!(s.accepted_tokens >= 30, "{s:?}");
+    let wrong: Vec<u32> = (0..40).map(|i| (i * 13 + 7) % 250 + 1).collect();
+    assert_eq!(alone(&model, &pool, with(wrong)).tokens, plain.tokens);
+}

@@ -72,6 +72,7 @@ const CHAT_FIELDS: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "response_format",
+    "prediction",
 ];
 const COMPLETION_FIELDS: &[&str] = &["prompt"];
 
@@ -82,9 +83,12 @@ fn unsupported(field: &str) -> Option<&'static str> {
             "the legacy functions API is not supported: use 'tools' and 'tool_choice'"
         }
         "echo" | "suffix" | "best_of" => "it is not supported",
-        "logprobs" | "tools" | "tool_choice" | "parallel_tool_calls" | "response_format" => {
-            "it is supported on /v1/chat/completions only"
-        }
+        "logprobs"
+        | "tools"
+        | "tool_choice"
+        | "parallel_tool_calls"
+        | "response_format"
+        | "prediction" => "it is supported on /v1/chat/completions only",
         _ => return None,
     })
 }
@@ -116,6 +120,9 @@ pub struct GenerationRequest {
     /// `speculative` (`"ngram"`/`true`, `"off"`/`false`): prompt-lookup speculative
     /// decoding for this request; `None` leaves it to the server's `--speculative`.
     pub speculation: Option<Speculation>,
+    /// `prediction` (chat only): text the reply is expected to contain, which
+    /// speculative decoding drafts from (OpenAI's predicted outputs).
+    pub prediction: Option<String>,
 }
 
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
@@ -278,7 +285,43 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         response_format,
         priority: opt_priority(obj.get("priority"), "priority")?,
         speculation: opt_speculation(obj.get("speculative"))?,
+        prediction: match endpoint {
+            Endpoint::Chat => prediction(obj.get("prediction"))?,
+            Endpoint::Completion => None,
+        },
     })
+}
+
+/// `prediction`: `{"type": "content", "content": TEXT}`, the content a string or an array
+/// of `{"type": "text", "text": ...}` parts (joined).
+fn prediction(value: Option<&Value>) -> Result<Option<String>, ApiError> {
+    let bad = || {
+        ApiError::bad_param(
+            "prediction",
+            "'prediction' must be {\"type\": \"content\", \"content\": a string or an array of text parts}",
+        )
+    };
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let obj = value.as_object().ok_or_else(bad)?;
+    if obj.get("type").and_then(Value::as_str) != Some("content") {
+        return Err(bad());
+    }
+    match obj.get("content") {
+        Some(Value::String(text)) => Ok(Some(text.clone())),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .map(
+                |p| match (p.get("type").and_then(Value::as_str), p.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => Ok(t.as_str()),
+                    _ => Err(bad()),
+                },
+            )
+            .collect::<Result<String, _>>()
+            .map(Some),
+        _ => Err(bad()),
+    }
 }
 
 /// `speculative`: `"ngram"` or `true` drafts from the request's own tokens, `"off"` or

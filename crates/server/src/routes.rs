@@ -296,11 +296,17 @@ async fn generate(
         (None, true) => Speculation::Ngram,
         (None, false) => Speculation::Off,
     };
+    if request.prediction.is_some() && speculation == Speculation::Off {
+        return Err(ApiError::bad_param(
+            "prediction",
+            "'prediction' is read by speculative decoding, which is off for this request or server",
+        ));
+    }
     // Tokenising a long prompt (and compiling a grammar) is real work: keep it off the
     // async workers, a few at a time. The permit is dropped with the request if the
     // client leaves while waiting.
     let prompt_param = request.prompt.param();
-    let (prompt, constraint) = {
+    let (prompt, constraint, prediction) = {
         let _permit = state
             .tokenizing
             .acquire()
@@ -311,10 +317,19 @@ async fn generate(
         let prompt = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
         let tools = request.tools.clone();
         let format = request.response_format.clone();
+        let predicted = request.prediction.take();
         tokio::task::spawn_blocking(move || {
             let ids = tokenize(&state, &prompt, tools.as_ref())?;
             let constraint = constrain(&state, tools.as_ref(), format.as_ref())?;
-            Ok::<_, ApiError>((ids, constraint))
+            // Plain text, as the reply would be written: no special tokens.
+            let prediction = match predicted {
+                Some(text) => state
+                    .tokenizer
+                    .encode(&text, false)
+                    .map_err(|e| ApiError::bad_param("prediction", e.to_string()))?,
+                None => Vec::new(),
+            };
+            Ok::<_, ApiError>((ids, constraint, prediction))
         })
         .await
         .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))??
@@ -342,6 +357,7 @@ async fn generate(
         submitted: Instant::now(),
         priority,
         speculation,
+        prediction,
     })?;
     let id = format!(
         "{}-{:x}",

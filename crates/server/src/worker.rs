@@ -49,6 +49,8 @@ pub struct Job {
     /// Lower is more urgent (the engine's convention).
     pub priority: i32,
     pub speculation: Speculation,
+    /// Tokens the reply is expected to contain (`prediction`), drafted from.
+    pub prediction: Vec<u32>,
 }
 
 /// What the engine thread tells a request's handler.
@@ -270,6 +272,7 @@ impl Worker {
             constraint: job.constraint.take(),
             priority: job.priority,
             speculation: job.speculation,
+            prediction: std::mem::take(&mut job.prediction),
         });
         self.live.insert(
             id,

@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// Print one JSON object with ids, text and timings instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Text the reply is expected to contain (a file being edited, say): speculative
+    /// decoding drafts from it as well, which changes no token.
+    #[arg(long, value_name = "FILE")]
+    pub prediction: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -164,6 +168,7 @@ impl SamplingArgs {
             priority: 0,
             // Drafts only where the engine makes them (see `SpeculativeArgs::config_on`).
             speculation: self.speculation.mode_or(Speculation::Ngram),
+            prediction: Vec::new(),
         })
     }
 }
@@ -272,6 +277,14 @@ pub fn run(args: RunArgs) -> Result<()> {
     request.sampler.check_vocab(loaded.tokenizer.n_vocab())?;
     if let Some(grammar) = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)? {
         request.constraint = Some(grammar.constraint()?);
+    }
+    if let Some(path) = &args.prediction {
+        if request.speculation == Speculation::Off {
+            bail!("--prediction is read by speculative decoding: drop --speculative off");
+        }
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--prediction: cannot read {}", path.display()))?;
+        request.prediction = loaded.tokenizer.encode(&text, false)?;
     }
     // Every route runs the engine core: natively one growing pass per step, on other
     // devices static artifacts on the window pyramid.

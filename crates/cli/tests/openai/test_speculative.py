@@ -7,9 +7,13 @@ Proves that:
   `speculative` with tokens per pass above 1), the plain one's are 0;
 - a speculative and a plain request running together each give their own text;
 - /metrics counts drafts, accepted tokens and passes, and reports tokens per pass;
+- a chat request's `prediction` (OpenAI's predicted outputs) of its own reply is accepted
+  almost whole and changes no token, a wrong one changes none either, and a malformed one
+  (or one on /v1/completions) is a 400 naming `prediction`;
 - a bad `speculative` value is a 400 naming it.
 With PYRAMID_SPECULATIVE_OFF=1 (a server started with --speculative off) it proves instead
-that a request asking for `ngram` is a 400 naming `speculative`, and one asking `off` runs.
+that a request asking for `ngram` (or sending a `prediction`) is a 400 naming the field,
+and one asking `off` runs.
 """
 
 from __future__ import annotations
@@ -27,6 +31,36 @@ PROMPT = f"Copy these lines exactly.\n\n{LINES}\n\nCopy:\n{LINES.splitlines()[0]
 # SmolLM2's end tokens (<|endoftext|>, <|im_end|>), banned so lengths are exact.
 BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": 96, "temperature": 0,
         "logit_bias": {"0": -100, "2": -100}}
+
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Describe the water cycle in three sentences."}],
+        "max_tokens": 64, "temperature": 0, "logit_bias": {"0": -100, "2": -100}}
+
+
+def chat(extra: dict) -> dict:
+    r = common.post("/v1/chat/completions", CHAT | extra)
+    expect_eq(r.status, 200, f"chat {list(extra)}: {common.short(r.body)}")
+    return r.json()
+
+
+def predictions() -> None:
+    plain = chat({"speculative": "off"})
+    text = plain["choices"][0]["message"]["content"]
+    right = chat({"prediction": {"type": "content", "content": text}})
+    expect_eq(right["choices"][0]["message"]["content"], text, "a right prediction changes no token")
+    details = right["usage"]["completion_tokens_details"]
+    expect(details["accepted_prediction_tokens"] >= right["usage"]["completion_tokens"] // 2,
+           f"most of a right prediction is accepted: {right['usage']}")
+    parts = [{"type": "text", "text": "The sun heats the sea. "}, {"type": "text", "text": "Rain falls."}]
+    wrong = chat({"prediction": {"type": "content", "content": parts}})
+    expect_eq(wrong["choices"][0]["message"]["content"], text, "a wrong prediction changes no token")
+    for bad in ("text", {"type": "content"}, {"type": "text", "content": "x"},
+                {"type": "content", "content": [{"type": "image_url"}]}):
+        r = common.post("/v1/chat/completions", CHAT | {"prediction": bad})
+        expect_eq(r.status, 400, f"prediction={bad!r}: {common.short(r.body)}")
+        expect_eq(r.json()["error"]["param"], "prediction", "the 400 names the field")
+    r = common.post("/v1/completions", BODY | {"prediction": {"type": "content", "content": "x"}})
+    expect_eq(r.status, 400, f"prediction on /v1/completions: {common.short(r.body)}")
 
 
 def complete(extra: dict) -> dict:
@@ -48,6 +82,9 @@ def server_off() -> None:
     reply = complete({})
     expect_eq(reply["usage"]["completion_tokens_details"]["accepted_prediction_tokens"], 0,
               "no drafts by default")
+    r = common.post("/v1/chat/completions", CHAT | {"prediction": {"type": "content", "content": "Paris"}})
+    expect_eq(r.status, 400, f"a prediction without speculation: {common.short(r.body)}")
+    expect_eq(r.json()["error"]["param"], "prediction", "the 400 names the field")
 
 
 def main() -> None:
@@ -103,6 +140,7 @@ def main() -> None:
         expect(after.sum(name) > before.sum(name), f"{name} grew")
     expect(after.sum("pyramid_tokens_per_decode_pass") > 1.0, "tokens per pass above 1 in /metrics")
 
+    predictions()
     for bad in ("fast", 3, {"type": "ngram"}):
         r = common.post("/v1/completions", BODY | {"speculative": bad})
         expect_eq(r.status, 400, f"speculative={bad!r}: {common.short(r.body)}")
