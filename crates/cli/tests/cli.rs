@@ -497,17 +497,18 @@ fn models_dir() -> PathBuf {
         .models_dir()
 }
 
+/// A reference file under testdata/refs.
+fn golden(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// Text in, the reference's ids out: tokenizer, chat template and greedy decode together.
 #[test]
 fn default_model_reproduces_reference_from_text() {
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../testdata/refs/golden-smollm2-135m-public.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
+    let golden = golden("golden-smollm2-135m-public.json");
     let home = models_dir().parent().unwrap().to_path_buf();
     assert!(
         models_dir()
@@ -556,22 +557,14 @@ fn default_model_reproduces_reference_from_text() {
 fn speculative_decoding_gives_the_plain_tokens_on_the_reference_prompts() {
     let home = models_dir().parent().unwrap().to_path_buf();
     let mut accepted = 0;
-    for (model, golden) in [
+    for (model, golden_file) in [
         ("smollm2-135m", "golden-smollm2-135m-public.json"),
         (
             "qwen2.5-coder-0.5b",
             "golden-qwen2.5-coder-0.5b-public.json",
         ),
     ] {
-        let golden: Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../testdata/refs")
-                    .join(golden),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let golden = golden(golden_file);
         for prompt in golden["prompts"].as_array().unwrap() {
             let ids: Vec<String> = prompt["prompt_token_ids"]
                 .as_array()

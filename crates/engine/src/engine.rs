@@ -450,13 +450,9 @@ impl Engine {
                     break;
                 }
             }
+            let counted = seq.drafter.stats;
             seq.drafter.record(draft.len(), kept.min(draft.len()));
-            self.speculative.add(&DraftStats {
-                drafted_tokens: draft.len(),
-                accepted_tokens: kept.min(draft.len()),
-                decode_passes: 1,
-                verify_passes: usize::from(!draft.is_empty()),
-            });
+            self.speculative.add(&seq.drafter.stats.since(&counted));
             // The rejected part of the draft leaves the cache.
             seq.session.truncate(before + 1 + kept);
             match outcome {

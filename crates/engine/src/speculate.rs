@@ -130,6 +130,16 @@ impl DraftStats {
         self.verify_passes += other.verify_passes;
     }
 
+    /// What happened since `earlier`, a snapshot of these counts.
+    pub fn since(&self, earlier: &DraftStats) -> DraftStats {
+        DraftStats {
+            drafted_tokens: self.drafted_tokens - earlier.drafted_tokens,
+            accepted_tokens: self.accepted_tokens - earlier.accepted_tokens,
+            decode_passes: self.decode_passes - earlier.decode_passes,
+            verify_passes: self.verify_passes - earlier.verify_passes,
+        }
+    }
+
     /// Accepted ÷ drafted (0 without drafts).
     pub fn acceptance_rate(&self) -> f64 {
         ratio(self.accepted_tokens, self.drafted_tokens)

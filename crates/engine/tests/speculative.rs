@@ -3,49 +3,30 @@
 //! across window crossings, stop tokens and length limits), drafts really verified, and
 //! the counts adding up.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::tiny_as as tiny;
 use pyramid_engine::{
-    Arm, Engine, EngineConfig, Event, FinishReason, PyramidConfig, Request, RequestId, Speculation,
+    Arm, Engine, EngineConfig, Event, FinishReason, Request, RequestId, Speculation,
     SpeculativeConfig, Usage,
 };
-use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
-use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, KvType, Model, Precision};
-use pyramid_runtime::{CpuBackend, SamplerConfig, WindowLadder};
-
-fn tiny(precision: Precision) -> Arc<Model> {
-    let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
-        .unwrap()
-        .to_bytes();
-    let model = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
-    Arc::new(model.into_precision(precision, None))
-}
+use pyramid_model::{KvType, Model, Precision};
+use pyramid_runtime::{CpuBackend, SamplerConfig};
 
 fn engine(model: &Arc<Model>, windows: &[usize], max_batch: usize, pool: &ThreadPool) -> Engine {
     let config = EngineConfig {
-        pyramid: PyramidConfig {
-            ladder: WindowLadder::new(windows.to_vec(), 256).unwrap(),
-            prefill_chunk: 16,
-            arm: Arm::OnDemand,
-            generation_reserve: 0,
-            artifact_budget: usize::MAX,
-            margin: Duration::from_millis(5),
-            first_compile_estimate: Duration::from_millis(10),
-        },
-        max_batch,
-        kv_budget: usize::MAX,
-        max_sessions: 16,
-        static_shapes: false,
         aging: Duration::ZERO,
         speculative: SpeculativeConfig {
             max_draft: 6,
             min_ngram: 1,
             max_ngram: 3,
         },
+        ..common::config(Arm::OnDemand, windows, 16, max_batch)
     };
     let backend = Arc::new(CpuBackend::new(Arc::clone(model), pool.n_threads()));
     Engine::new(backend, 7, KvType::F32, config).unwrap()

@@ -643,37 +643,62 @@ mod tests {
     use super::*;
     use crate::test_support::random;
 
+    /// One KV head's random rows in every storage type.
+    struct Caches {
+        keys: Vec<f32>,
+        values: Vec<f32>,
+        keys_h: Vec<f16>,
+        values_h: Vec<f16>,
+        keys_q: Vec<i8>,
+        values_q: Vec<i8>,
+        key_scales: Vec<f32>,
+        value_scales: Vec<f32>,
+    }
+
+    impl Caches {
+        fn random(n_pos: usize, head_dim: usize, seed: u64) -> Self {
+            let keys = random(n_pos * head_dim, seed);
+            let values = random(n_pos * head_dim, seed + 1);
+            Self {
+                keys_h: keys.iter().map(|&v| f16::from_f32(v)).collect(),
+                values_h: values.iter().map(|&v| f16::from_f32(v)).collect(),
+                keys_q: keys.iter().map(|&v| (v * 127.0) as i8).collect(),
+                values_q: values.iter().map(|&v| (v * 127.0) as i8).collect(),
+                key_scales: (0..n_pos).map(|p| 0.01 + 0.001 * p as f32).collect(),
+                value_scales: (0..n_pos).map(|p| 0.02 - 0.0001 * p as f32).collect(),
+                keys,
+                values,
+            }
+        }
+
+        fn all(&self) -> [KvRows<'_>; 3] {
+            [
+                KvRows::F32 {
+                    keys: &self.keys,
+                    values: &self.values,
+                },
+                KvRows::F16 {
+                    keys: &self.keys_h,
+                    values: &self.values_h,
+                },
+                KvRows::Int8 {
+                    keys: &self.keys_q,
+                    key_scales: &self.key_scales,
+                    values: &self.values_q,
+                    value_scales: &self.value_scales,
+                },
+            ]
+        }
+    }
+
     fn check(head_dim: usize, n_q: usize, n_pos: usize, seed: u64) {
         let q: Vec<f32> = random(n_q * head_dim, seed)
             .iter()
             .map(|v| v * 3.0)
             .collect();
-        let keys = random(n_pos * head_dim, seed + 1);
-        let values = random(n_pos * head_dim, seed + 2);
-        let keys_h: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
-        let values_h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-        let keys_q: Vec<i8> = keys.iter().map(|&v| (v * 127.0) as i8).collect();
-        let values_q: Vec<i8> = values.iter().map(|&v| (v * 127.0) as i8).collect();
-        let key_scales: Vec<f32> = (0..n_pos).map(|p| 0.01 + 0.001 * p as f32).collect();
-        let value_scales: Vec<f32> = (0..n_pos).map(|p| 0.02 - 0.0001 * p as f32).collect();
-        let caches = [
-            KvRows::F32 {
-                keys: &keys,
-                values: &values,
-            },
-            KvRows::F16 {
-                keys: &keys_h,
-                values: &values_h,
-            },
-            KvRows::Int8 {
-                keys: &keys_q,
-                key_scales: &key_scales,
-                values: &values_q,
-                value_scales: &value_scales,
-            },
-        ];
+        let caches = Caches::random(n_pos, head_dim, seed + 1);
         let scale = 1.0 / (head_dim as f32).sqrt();
-        for kv in caches {
+        for kv in caches.all() {
             let mut scratch = Vec::new();
             let mut want = vec![0.0; q.len()];
             attend_group_with(
@@ -724,32 +749,10 @@ mod tests {
             let n_pos = first_len + n_rows - 1 + 3; // the cache may hold more
             let seed = (head_dim * 1000 + first_len) as u64;
             let q = random(n_rows * n_q * head_dim, seed);
-            let keys = random(n_pos * head_dim, seed + 1);
-            let values = random(n_pos * head_dim, seed + 2);
-            let keys_h: Vec<f16> = keys.iter().map(|&v| f16::from_f32(v)).collect();
-            let values_h: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
-            let keys_q: Vec<i8> = keys.iter().map(|&v| (v * 127.0) as i8).collect();
-            let values_q: Vec<i8> = values.iter().map(|&v| (v * 127.0) as i8).collect();
-            let scales: Vec<f32> = (0..n_pos).map(|p| 0.01 + 0.001 * p as f32).collect();
-            let caches = [
-                KvRows::F32 {
-                    keys: &keys,
-                    values: &values,
-                },
-                KvRows::F16 {
-                    keys: &keys_h,
-                    values: &values_h,
-                },
-                KvRows::Int8 {
-                    keys: &keys_q,
-                    key_scales: &scales,
-                    values: &values_q,
-                    value_scales: &scales,
-                },
-            ];
+            let caches = Caches::random(n_pos, head_dim, seed + 1);
             let width = n_q * head_dim;
             let q_rows: Vec<&[f32]> = q.chunks_exact(width).collect();
-            for kv in caches {
+            for kv in caches.all() {
                 let mut vector_results: Vec<(Isa, Vec<f32>)> = Vec::new();
                 for isa in Isa::available() {
                     let mut got = vec![f32::NAN; n_rows * width];

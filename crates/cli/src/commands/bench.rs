@@ -303,14 +303,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .map(|s| n_tokens as f64 / s)
             })
             .collect::<Result<_>>()?;
-        let drafts = engine.stats().speculative;
-        let passes = drafts.decode_passes - drafts_before.decode_passes;
-        let accepted = drafts.accepted_tokens - drafts_before.accepted_tokens;
-        let tokens_per_pass = if passes == 0 {
-            1.0
-        } else {
-            (passes + accepted) as f64 / passes as f64
-        };
+        // Every request samples at least once, so the timed repetitions ran passes.
+        let tokens_per_pass = engine
+            .stats()
+            .speculative
+            .since(&drafts_before)
+            .tokens_per_pass();
         let audit = route.audit_of(&engine);
         let Stat {
             mean: avg_ts,

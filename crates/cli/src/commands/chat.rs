@@ -121,7 +121,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
     let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
-    let speculative = (args.sampling.speculation).config_on(&route, Speculation::Ngram)?;
+    let speculative = args
+        .sampling
+        .speculation
+        .config_on(&route, Speculation::Ngram)?;
     let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1, speculative))?;
     let tokenizer = &loaded.tokenizer;
     let mut messages: Vec<ChatMessage> = match &args.session {

@@ -290,7 +290,10 @@ pub fn run(args: RunArgs) -> Result<()> {
     // devices static artifacts on the window pyramid.
     let ladder = WindowLadder::default_for(n_ctx);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
-    let speculative = (args.sampling.speculation).config_on(&route, Speculation::Ngram)?;
+    let speculative = args
+        .sampling
+        .speculation
+        .config_on(&route, Speculation::Ngram)?;
     let mut engine = route.engine(&loaded, single_user(ladder, chunk, 1, speculative))?;
 
     let tokenizer = &loaded.tokenizer;

@@ -14,15 +14,24 @@ use pyramid_gguf::GgufFile;
 use pyramid_kernels::attention::KvRows;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, KvType, Model, Segment};
+use pyramid_model::{Architecture, KvType, Model, Precision, Segment};
 use pyramid_runtime::artifact::check_fits;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, WindowLadder};
 
 pub fn tiny() -> Arc<Model> {
+    Arc::new(tiny_model())
+}
+
+/// The tiny model in `precision`, for tests that run its real kernels.
+pub fn tiny_as(precision: Precision) -> Arc<Model> {
+    Arc::new(tiny_model().into_precision(precision, None))
+}
+
+fn tiny_model() -> Model {
     let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama))
         .unwrap()
         .to_bytes();
-    Arc::new(Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap())
+    Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap()
 }
 
 /// Compiles in `compile` time; counts compiles and runs per shape.
