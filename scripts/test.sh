@@ -17,7 +17,7 @@ fi
 
 echo "== fetching test models"
 cargo build --release -p pyramid-cli
-for model in smollm2-135m qwen2.5-coder-0.5b; do
+for model in smollm2-135m qwen2.5-coder-0.5b gemma3-270m; do
     ./target/release/pyramid fetch "$model"
 done
 

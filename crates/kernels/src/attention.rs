@@ -102,6 +102,34 @@ impl<'a> KvRows<'a> {
         }
     }
 
+    /// The rows from position `start` on (none if `start` is past the end): the span a
+    /// sliding-window layer attends to.
+    pub fn skip(self, start: usize, head_dim: usize) -> KvRows<'a> {
+        let n = (start * head_dim).min(self.len());
+        let rows = n / head_dim;
+        match self {
+            KvRows::F32 { keys, values } => KvRows::F32 {
+                keys: &keys[n..],
+                values: &values[n..],
+            },
+            KvRows::F16 { keys, values } => KvRows::F16 {
+                keys: &keys[n..],
+                values: &values[n..],
+            },
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => KvRows::Int8 {
+                keys: &keys[n..],
+                key_scales: &key_scales[rows.min(key_scales.len())..],
+                values: &values[n..],
+                value_scales: &value_scales[rows.min(value_scales.len())..],
+            },
+        }
+    }
+
     /// Whether keys, values and scales describe `len / head_dim` whole rows.
     fn is_consistent(&self, head_dim: usize) -> bool {
         let n_pos = self.len() / head_dim;

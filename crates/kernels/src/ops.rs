@@ -27,6 +27,20 @@ pub fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
     }
 }
 
+/// [`rms_norm`] of `x` into itself, with the same arithmetic: Gemma's per-head norms of
+/// queries and keys, and of a block's output before the residual add.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let n = weight.len();
+    debug_assert!(x.len().is_multiple_of(n));
+    for row in x.chunks_exact_mut(n) {
+        let mean_sq = dot(row, row) / n as f32;
+        let scale = 1.0 / (mean_sq + eps).sqrt();
+        for (v, &g) in row.iter_mut().zip(weight) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
 /// Dot product, vectorised for the active ISA (attention calls it once per cached position).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
@@ -545,6 +559,61 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     silu_mul_scalar(&mut gate[whole..], &up[whole..]);
 }
 
+/// GeGLU: `gate = gelu_tanh(gate) * up`, the feed-forward activation of Gemma, with GELU in
+/// its tanh approximation `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))` (PyTorch's
+/// `gelu(approximate="tanh")`). Vectorised like [`silu_mul_in_place`], which it matches in
+/// cost per element.
+pub fn gelu_tanh_mul_in_place(gate: &mut [f32], up: &[f32]) {
+    gelu_tanh_mul_in_place_with(isa::active(), gate, up)
+}
+
+/// As [`gelu_tanh_mul_in_place`] with an explicit ISA; [`Isa::Scalar`] is the oracle.
+pub fn gelu_tanh_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up differ in length");
+    isa.assert_supported();
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
+        Isa::Avx2 | Isa::Avx512 => unsafe { gelu_tanh_mul_avx2(gate, up) },
+        _ => gelu_tanh_mul_scalar(gate, up),
+    }
+}
+
+/// `√(2/π)`.
+const GELU_SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const GELU_CUBIC: f32 = 0.044_715;
+
+fn gelu_tanh_mul_scalar(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = GELU_SQRT_2_OVER_PI * (x + GELU_CUBIC * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
+/// `(1 + tanh y) / 2 = 1 / (1 + e^(-2y))`: one vector `exp` and a division per lane,
+/// without the cancellation `1 + tanh y` suffers for large negative `y`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    let whole = gate.len() / 8 * 8;
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    let (c, k) = (
+        _mm256_set1_ps(-2.0 * GELU_SQRT_2_OVER_PI),
+        _mm256_set1_ps(GELU_CUBIC),
+    );
+    for i in (0..whole).step_by(8) {
+        let x = _mm256_loadu_ps(g.add(i));
+        let x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        let minus_2y = _mm256_mul_ps(c, _mm256_fmadd_ps(k, x3, x));
+        let e = exp_avx2(minus_2y);
+        let gelu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0), e));
+        _mm256_storeu_ps(g.add(i), _mm256_mul_ps(gelu, _mm256_loadu_ps(u.add(i))));
+    }
+    gelu_tanh_mul_scalar(&mut gate[whole..], &up[whole..]);
+}
+
 /// `e^x` per lane: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-6
 /// polynomial (relative error about 2e-7); `x ≤ -88` gives 0, as softmax needs.
 #[cfg(target_arch = "x86_64")]
@@ -655,6 +724,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn vectorised_gelu_tanh_matches_scalar() {
+        for len in [1, 7, 8, 13, 96, 1000] {
+            let gate: Vec<f32> = crate::test_support::random(len, len as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 97 == 5 { v * 200.0 } else { v * 12.0 })
+                .collect();
+            let up = crate::test_support::random(len, len as u64 + 1);
+            let mut expected = gate.clone();
+            gelu_tanh_mul_in_place_with(Isa::Scalar, &mut expected, &up);
+            for isa in Isa::available() {
+                let mut got = gate.clone();
+                gelu_tanh_mul_in_place_with(isa, &mut got, &up);
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    // The oracle's `1 + tanh y` loses up to an ulp of 1 where it cancels:
+                    // an error of about `1e-7 · |x · up|`, however small the result.
+                    let tol = 1e-6 * e.abs() + 2e-7 * (gate[i] * up[i]).abs();
+                    assert!(
+                        (g - e).abs() <= tol,
+                        "{isa} len {len} at {i}: {g} vs {e} (gate {})",
+                        gate[i]
+                    );
+                }
+            }
+        }
+        // Known values of PyTorch's gelu(approximate="tanh").
+        let mut g = [0.0f32, 1.0, -1.0, 3.0];
+        gelu_tanh_mul_in_place_with(Isa::Scalar, &mut g, &[1.0; 4]);
+        for (got, want) in g.iter().zip([0.0, 0.841_192, -0.158_808, 2.996_363]) {
+            assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_in_place_equals_rms_norm() {
+        let x = crate::test_support::random(3 * 24, 7);
+        let w = crate::test_support::random(24, 8);
+        let mut out = vec![0.0; x.len()];
+        rms_norm(&mut out, &x, &w, 1e-6);
+        let mut y = x.clone();
+        rms_norm_in_place(&mut y, &w, 1e-6);
+        assert_eq!(y, out);
     }
 
     #[test]

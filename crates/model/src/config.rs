@@ -12,6 +12,9 @@ const LLAMA3_ROPE_FACTORS: &str = "rope_freqs.weight";
 pub enum Architecture {
     Llama,
     Qwen2,
+    /// Gemma 3 (text): scaled embeddings, QK-norm, norms after attention and FFN as well as
+    /// before, GeGLU, and sliding-window attention on five of every six layers.
+    Gemma3,
 }
 
 impl Architecture {
@@ -19,6 +22,7 @@ impl Architecture {
         match name {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
+            "gemma3" => Ok(Self::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -27,17 +31,45 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Gemma3 => "gemma3",
         }
     }
 
-    /// Llama GGUFs store Q/K rows permuted for interleaved pairs; Qwen2 keeps NeoX halves.
+    /// Llama GGUFs store Q/K rows permuted for interleaved pairs; Qwen2 and Gemma keep NeoX
+    /// halves.
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Self::Llama => RopeStyle::Interleaved,
-            Self::Qwen2 => RopeStyle::Neox,
+            Self::Qwen2 | Self::Gemma3 => RopeStyle::Neox,
         }
     }
 }
+
+/// The feed-forward block's gated activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU: `silu(gate) * up` (Llama, Qwen2).
+    Silu,
+    /// GeGLU: `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+/// Local attention: most layers see only the last `size` positions (their own included).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    pub size: usize,
+    /// Every `global_every`-th layer (counting from 1) attends to all positions instead.
+    pub global_every: usize,
+    /// The RoPE base of the local layers; global layers keep [`ModelConfig::rope_base`].
+    pub rope_base: f32,
+}
+
+/// Gemma 3's fixed layout, which its GGUF metadata does not spell out (llama.cpp hard-codes
+/// the same): one global layer in six, local layers on RoPE base 10,000.
+const GEMMA3_GLOBAL_EVERY: usize = 6;
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3 27B scales attention by `n_embd / n_head` rather than the head size.
+const GEMMA3_27B_LAYERS: usize = 62;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -55,6 +87,12 @@ pub struct ModelConfig {
     pub n_rot: usize,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// Token embeddings are multiplied by this (Gemma: `√n_embd`; 1 elsewhere).
+    pub embedding_scale: f32,
+    /// Attention scores are multiplied by this (`1/√head_dim` unless a family differs).
+    pub attention_scale: f32,
+    pub activation: Activation,
+    pub sliding_window: Option<SlidingWindow>,
 }
 
 impl ModelConfig {
@@ -106,6 +144,35 @@ impl ModelConfig {
                 )));
             }
         }
+        let sliding_window = match arch {
+            Architecture::Gemma3 => Some(SlidingWindow {
+                size: md.get_usize(&key("attention.sliding_window"))?,
+                global_every: GEMMA3_GLOBAL_EVERY,
+                rope_base: GEMMA3_LOCAL_ROPE_BASE,
+            }),
+            _ => None,
+        };
+        if sliding_window.is_some_and(|w| w.size == 0) {
+            return Err(ModelError::BadConfig(
+                "attention.sliding_window is 0".to_string(),
+            ));
+        }
+        let n_layer = md.get_usize(&key("block_count"))?;
+        let (embedding_scale, attention_scale, activation) = match arch {
+            Architecture::Gemma3 => {
+                let attention_dim = if n_layer == GEMMA3_27B_LAYERS {
+                    n_embd / n_head
+                } else {
+                    head_dim
+                };
+                (
+                    (n_embd as f32).sqrt(),
+                    1.0 / (attention_dim as f32).sqrt(),
+                    Activation::GeluTanh,
+                )
+            }
+            _ => (1.0, 1.0 / (head_dim as f32).sqrt(), Activation::Silu),
+        };
         let n_vocab = match md.get_array("tokenizer.ggml.tokens") {
             Ok(tokens) => tokens.len(),
             Err(_) => md.get_usize(&key("vocab_size"))?,
@@ -117,7 +184,7 @@ impl ModelConfig {
                 .unwrap_or_else(|| arch_name.to_string()),
             n_vocab,
             n_embd,
-            n_layer: md.get_usize(&key("block_count"))?,
+            n_layer,
             n_head,
             n_head_kv,
             head_dim,
@@ -128,6 +195,10 @@ impl ModelConfig {
                 .opt(&key("rope.freq_base"), |m, k| m.get_f32(k))?
                 .unwrap_or(10_000.0),
             rms_eps: md.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            embedding_scale,
+            attention_scale,
+            activation,
+            sliding_window,
         };
         if !(cfg.rope_base.is_finite() && cfg.rope_base > 0.0) {
             return Err(ModelError::BadConfig(format!(
@@ -204,6 +275,21 @@ impl ModelConfig {
             )));
         }
         Ok(cfg)
+    }
+
+    /// How many positions layer `layer` attends to, back from each query's own: `None`
+    /// for all of them.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        let w = self.sliding_window?;
+        (!(layer + 1).is_multiple_of(w.global_every)).then_some(w.size)
+    }
+
+    /// The RoPE base of layer `layer`.
+    pub fn layer_rope_base(&self, layer: usize) -> f32 {
+        match self.sliding_window {
+            Some(w) if self.layer_window(layer).is_some() => w.rope_base,
+            _ => self.rope_base,
+        }
     }
 
     pub fn q_dim(&self) -> usize {

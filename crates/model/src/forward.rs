@@ -14,9 +14,13 @@
 use std::sync::Mutex;
 
 use pyramid_kernels::attention::{attend_rows, scratch_len, MAX_GROUP, MAX_ROWS};
-use pyramid_kernels::ops::{add_in_place, rms_norm, rope_in_place, silu_mul_in_place};
+use pyramid_kernels::ops::{
+    add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, rope_in_place,
+    silu_mul_in_place,
+};
 use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
+use crate::config::Activation;
 use crate::kv_cache::KvCache;
 use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
 use crate::weights::LayerWeights;
@@ -102,6 +106,9 @@ pub struct Scratch {
     /// Runs of consecutive rows of one segment, all real or all padding, at most
     /// `MAX_ROWS` each: `(first row, rows)`. Attention takes a run at a time.
     blocks: Vec<(usize, usize)>,
+    /// Every row as a block of its own: what sliding-window layers attend by, since each
+    /// row's window starts at a different position.
+    single_rows: Vec<(usize, usize)>,
     logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
     normed: Vec<f32>,       // [n_rows, n_embd]
     logits: Vec<f32>,       // [n_rows, n_vocab]
@@ -144,6 +151,7 @@ impl Scratch {
         Self {
             places: Vec::with_capacity(n_tokens),
             blocks: Vec::with_capacity(n_tokens),
+            single_rows: Vec::with_capacity(n_tokens),
             logit_rows: Vec::with_capacity(n_outputs),
             normed: with(n_outputs * e),
             logits: with(n_outputs * cfg.n_vocab),
@@ -189,6 +197,7 @@ impl Scratch {
             .sum();
         cap(&self.places)
             + cap(&self.blocks)
+            + cap(&self.single_rows)
             + cap(&self.logit_rows)
             + floats.into_iter().map(cap).sum::<usize>()
             + scores
@@ -335,6 +344,10 @@ impl Model {
                 _ => scratch.blocks.push((i, 1)),
             }
         }
+        scratch.single_rows.clear();
+        if cfg.sliding_window.is_some() {
+            scratch.single_rows.extend((0..n).map(|r| (r, 1)));
+        }
         let rows = &mut scratch.logit_rows;
         rows.clear();
         match which {
@@ -368,6 +381,7 @@ impl Model {
         let pass = Pass {
             places: &s.places,
             blocks: &s.blocks,
+            single_rows: &s.single_rows,
             logit_rows: &s.logit_rows,
             segments: Segments::new(segments),
             scores: &s.scores,
@@ -443,9 +457,13 @@ impl Model {
     /// This thread's rows of the residual stream, set to their tokens' embeddings.
     fn embed_rows(&self, team: &Team, pass: &Pass<'_, '_>) {
         let e = self.config.n_embd;
+        let scale = self.config.embedding_scale;
         for r in team.split(pass.places.len(), 1) {
             let x = unsafe { pass.bufs.x.range_mut(r * e..(r + 1) * e) };
             self.weights.embed(pass.places[r].token as usize, x);
+            if scale != 1.0 {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
     }
 
@@ -479,6 +497,7 @@ impl Model {
         }
         team.sync();
         let style = cfg.arch.rope_style();
+        let inv_freq = self.layer_inv_freq(li);
         unsafe {
             for r in my_rows.clone() {
                 let pos = pass.places[r].pos;
@@ -486,8 +505,13 @@ impl Model {
                     b.q.range_mut(r * qd..(r + 1) * qd),
                     b.k.range_mut(r * kvd..(r + 1) * kvd),
                 );
-                rope_in_place(q_r, hd, pos, &self.rope_inv_freq, style);
-                rope_in_place(k_r, hd, pos, &self.rope_inv_freq, style);
+                // QK-norm (Gemma 3): each head normalised before it rotates.
+                if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                    rms_norm_in_place(q_r, qn, cfg.rms_eps);
+                    rms_norm_in_place(k_r, kn, cfg.rms_eps);
+                }
+                rope_in_place(q_r, hd, pos, inv_freq, style);
+                rope_in_place(k_r, hd, pos, inv_freq, style);
             }
         }
         team.sync();
@@ -516,6 +540,8 @@ impl Model {
         }
         self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
         team.sync();
+        // The post-attention norm's rows are the ones this thread adds next: no barrier.
+        unsafe { self.post_norm(b, my_rows.clone(), layer.post_attn_norm.as_deref()) };
         unsafe { self.residual_norm(b, my_rows.clone(), true, &layer.ffn_norm, &layer.w_gate) };
         team.sync();
         unsafe {
@@ -528,10 +554,15 @@ impl Model {
             layer
                 .w_up
                 .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
-            // SwiGLU on the columns this thread just produced: no extra pass over memory.
+            // The gated activation on the columns this thread just produced: no extra pass
+            // over memory.
             for r in 0..n {
                 let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
-                silu_mul_in_place(b.gate.range_mut(cols.clone()), b.up.range(cols));
+                let (gate, up) = (b.gate.range_mut(cols.clone()), b.up.range(cols));
+                match cfg.activation {
+                    Activation::Silu => silu_mul_in_place(gate, up),
+                    Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
+                }
             }
         }
         team.sync();
@@ -540,6 +571,39 @@ impl Model {
         }
         self.prepared_project(team, &layer.w_down, &b.gate, &b.o, n, pass);
         team.sync();
+        if let Some(norm) = layer.post_ffn_norm.as_deref() {
+            // The next reader of `o` (the next layer, or `finish`) may split rows otherwise.
+            unsafe { self.post_norm(b, my_rows, Some(norm)) };
+            team.sync();
+        }
+    }
+
+    /// For this thread's rows: `o = norm(o)` when the block has a post-norm (Gemma 3).
+    ///
+    /// # Safety
+    /// `o` was completed before the last barrier; these rows are this thread's alone.
+    unsafe fn post_norm(
+        &self,
+        b: &Buffers<'_>,
+        rows: std::ops::Range<usize>,
+        norm: Option<&[f32]>,
+    ) {
+        let Some(norm) = norm else {
+            return;
+        };
+        let e = self.config.n_embd;
+        for r in rows {
+            rms_norm_in_place(b.o.range_mut(r * e..(r + 1) * e), norm, self.config.rms_eps);
+        }
+    }
+
+    /// The RoPE frequencies of layer `li`: sliding-window layers have their own base.
+    fn layer_inv_freq(&self, li: usize) -> &[f32] {
+        if self.config.layer_window(li).is_some() {
+            &self.rope_inv_freq_local
+        } else {
+            &self.rope_inv_freq
+        }
     }
 
     /// The last residual, the final norm and the output projection, only for the rows
@@ -651,7 +715,13 @@ impl Model {
         let (n_head, head_dim) = (cfg.n_head, cfg.head_dim);
         let qd = n_head * head_dim;
         let group = n_head / cfg.n_head_kv;
-        let scale = 1.0 / (head_dim as f32).sqrt();
+        let scale = cfg.attention_scale;
+        let window = cfg.layer_window(layer_idx);
+        let blocks = if window.is_some() {
+            pass.single_rows
+        } else {
+            pass.blocks
+        };
         let q = pass.bufs.q.as_slice();
         // Each thread locks only its own buffer; an error here means a panic poisoned it.
         let mut scores = pass.scores[team.idx()]
@@ -666,17 +736,17 @@ impl Model {
         // otherwise be fewer items than threads (decode).
         let n_kv = cfg.n_head_kv;
         let min_runs = group.div_ceil(MAX_GROUP);
-        let wanted = team.n_threads().div_ceil((pass.blocks.len() * n_kv).max(1));
+        let wanted = team.n_threads().div_ceil((blocks.len() * n_kv).max(1));
         let runs = wanted.clamp(min_runs, group);
         let heads_per_run = group.div_ceil(runs);
         let runs = group.div_ceil(heads_per_run);
-        let n_items = pass.blocks.len() * n_kv * runs;
+        let n_items = blocks.len() * n_kv * runs;
         let mut q_rows: [&[f32]; MAX_ROWS] = Default::default();
         let mut o_rows: [&mut [f32]; MAX_ROWS] = Default::default();
         for item in (team.idx()..n_items).step_by(team.n_threads()) {
             let (b, rest) = (item / (n_kv * runs), item % (n_kv * runs));
             let (kv_head, run) = (rest / runs, rest % runs);
-            let (t0, n_rows) = pass.blocks[b];
+            let (t0, n_rows) = blocks[b];
             let place = pass.places[t0];
             let first = kv_head * group + run * heads_per_run;
             let last = (first + heads_per_run).min((kv_head + 1) * group);
@@ -692,14 +762,16 @@ impl Model {
                 continue;
             }
             let kv: &KvCache = pass.segments.get(place.segment).kv;
-            // Causal: each row attends to itself and everything before.
+            // Causal: each row attends to itself and everything before, back to the
+            // layer's window (a windowed block is one row).
             let last_pos = place.pos + n_rows;
-            let rows = kv.head(layer_idx, kv_head, last_pos);
+            let start = window.map_or(0, |w| last_pos.saturating_sub(w));
+            let rows = kv.head(layer_idx, kv_head, last_pos).skip(start, head_dim);
             attend_rows(
                 &q_rows[..n_rows],
                 head_dim,
                 rows,
-                place.pos + 1,
+                place.pos + 1 - start,
                 scale,
                 scores,
                 outs,
@@ -745,6 +817,7 @@ struct Buffers<'s> {
 struct Pass<'s, 'a> {
     places: &'s [RowPlace],
     blocks: &'s [(usize, usize)],
+    single_rows: &'s [(usize, usize)],
     logit_rows: &'s [usize],
     segments: Segments<'s, 'a>,
     /// Per-thread attention-score buffers.

@@ -742,7 +742,7 @@ impl KvCache {
 #[cfg(test)]
 mod kv_file_tests {
     use super::*;
-    use crate::Architecture;
+    use crate::{Activation, Architecture};
 
     fn cfg() -> ModelConfig {
         ModelConfig {
@@ -759,6 +759,10 @@ mod kv_file_tests {
             n_rot: 8,
             rope_base: 10_000.0,
             rms_eps: 1e-5,
+            embedding_scale: 1.0,
+            attention_scale: 0.125,
+            activation: Activation::Silu,
+            sliding_window: None,
         }
     }
 

@@ -1,6 +1,6 @@
 //! Model architectures read from GGUF, and the f32 reference forward pass.
 //!
-//! - [`ModelConfig`]: hyper-parameters from metadata (Llama and Qwen2 families).
+//! - [`ModelConfig`]: hyper-parameters from metadata (Llama, Qwen2 and Gemma 3 families).
 //! - [`ModelWeights`]: typed per-layer weights, dequantised to f32 at load.
 //! - [`Model::forward`]: prefill (many tokens in matrix form) and decode (one token) share
 //!   one readable code path; every fast path will be checked against it.
@@ -22,7 +22,7 @@ use std::path::Path;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ops::rope_inv_freq;
 
-pub use config::{Architecture, ModelConfig};
+pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
 use forward::Layers;
 pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
@@ -83,6 +83,8 @@ pub struct Model {
     pub weights: ModelWeights,
     pub precision: Precision,
     rope_inv_freq: Vec<f32>,
+    /// Sliding-window layers' frequencies (empty without such layers).
+    rope_inv_freq_local: Vec<f32>,
 }
 
 impl Model {
@@ -109,12 +111,16 @@ impl Model {
     }
 
     fn assemble(config: ModelConfig, weights: ModelWeights, precision: Precision) -> Self {
-        let rope_inv_freq = rope_inv_freq(config.n_rot, config.rope_base);
+        let rope_inv_freq_local = config
+            .sliding_window
+            .map(|w| rope_inv_freq(config.n_rot, w.rope_base))
+            .unwrap_or_default();
         Self {
+            rope_inv_freq: rope_inv_freq(config.n_rot, config.rope_base),
+            rope_inv_freq_local,
             config,
             weights,
             precision,
-            rope_inv_freq,
         }
     }
 

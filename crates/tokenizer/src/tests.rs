@@ -70,7 +70,7 @@ fn encode_prompt_adds_bos_eos_only_when_metadata_says_so() {
 fn decode_matches_the_tokenizers_crate_on_normal_tokens() {
     let tok = toy();
     let ids = tok.encode("the théâtre 🚀\n\t x", false).unwrap();
-    assert_eq!(tok.decode(&ids).unwrap(), tok.decode_reference(&ids));
+    assert_eq!(Some(tok.decode(&ids).unwrap()), tok.decode_reference(&ids));
     assert_eq!(tok.decode(&ids).unwrap(), "the théâtre 🚀\n\t x");
 }
 
@@ -125,13 +125,13 @@ fn end_of_generation_covers_eos_and_known_end_tokens() {
 #[test]
 fn unsupported_model_is_named() {
     let mut md = toy_metadata();
-    md.insert("tokenizer.ggml.model", Value::String("llama".into()));
+    md.insert("tokenizer.ggml.model", Value::String("rwkv".into()));
     let err = Tokenizer::from_gguf(&md).unwrap_err();
     assert!(
-        matches!(&err, TokenizerError::Unsupported(m) if m == "llama"),
+        matches!(&err, TokenizerError::Unsupported(m) if m == "rwkv"),
         "{err}"
     );
-    assert!(err.to_string().contains("'llama'"));
+    assert!(err.to_string().contains("'rwkv'"));
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use pyramid_gguf::Metadata;
 
+use crate::spm::{parse_byte_piece, SPACE_MARK};
 use crate::{Result, TokenizerError};
 
 pub(crate) const KEY_MODEL: &str = "tokenizer.ggml.model";
@@ -18,6 +19,7 @@ pub(crate) const KEY_PAD: &str = "tokenizer.ggml.padding_token_id";
 pub(crate) const KEY_UNK: &str = "tokenizer.ggml.unknown_token_id";
 pub(crate) const KEY_ADD_BOS: &str = "tokenizer.ggml.add_bos_token";
 pub(crate) const KEY_ADD_EOS: &str = "tokenizer.ggml.add_eos_token";
+pub(crate) const KEY_ADD_SPACE_PREFIX: &str = "tokenizer.ggml.add_space_prefix";
 pub(crate) const KEY_CHAT_TEMPLATE: &str = "tokenizer.chat_template";
 
 /// What a token is, as `tokenizer.ggml.token_type` says (llama.cpp's numbering).
@@ -124,12 +126,22 @@ pub(crate) struct Vocab {
     /// Bytes of the longest token (at least 1): no token covers more input than this.
     longest: usize,
     /// Which bytes have a token of their own: byte-level BPE drops the others from text,
-    /// as Hugging Face's tokenizer does (SmolLM2 lacks eight).
+    /// as Hugging Face's tokenizer does (SmolLM2 lacks eight); SentencePiece vocabularies
+    /// have all 256 as `<0xXX>` tokens.
     byte_has_token: [bool; 256],
 }
 
+/// How a vocabulary's pieces spell their bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PieceBytes {
+    /// GPT-2's byte-to-character alphabet (`tokenizer.ggml.model = gpt2`).
+    ByteLevel,
+    /// SentencePiece: `▁` for a space, `<0xXX>` byte tokens (`tokenizer.ggml.model = llama`).
+    SentencePiece,
+}
+
 impl Vocab {
-    pub fn from_gguf(md: &Metadata) -> Result<Vocab> {
+    pub fn from_gguf(md: &Metadata, spelling: PieceBytes) -> Result<Vocab> {
         let pieces: Vec<String> = md
             .get_str_array(KEY_TOKENS)?
             .into_iter()
@@ -146,19 +158,41 @@ impl Vocab {
             }
             None => vec![TokenType::Normal; n_vocab],
         };
-        // Scores matter only to SentencePiece vocabularies; checked so a corrupt file is caught.
-        if let Some(scores) = md.opt(KEY_SCORES, Metadata::get_f32_array)? {
-            check_len(KEY_SCORES, scores.len(), n_vocab)?;
-        }
+        Self::from_parts(pieces, types, spelling)
+    }
 
+    /// A vocabulary of `pieces` with their `types`, one each, spelled as `spelling` says.
+    pub fn from_parts(
+        pieces: Vec<String>,
+        types: Vec<TokenType>,
+        spelling: PieceBytes,
+    ) -> Result<Vocab> {
+        let n_vocab = pieces.len();
+        if n_vocab == 0 || u32::try_from(n_vocab).is_err() {
+            return Err(TokenizerError::BadVocabSize(n_vocab));
+        }
+        check_len(KEY_TOKEN_TYPE, types.len(), n_vocab)?;
         let mut bytes = Vec::new();
         let mut offsets = Vec::with_capacity(n_vocab + 1);
         offsets.push(0);
         for (piece, ty) in pieces.iter().zip(&types) {
-            // Added tokens are stored as the text they stand for; the rest are byte-level pieces.
-            match (ty.is_added(), byte_level_decode(piece)) {
-                (false, Some(decoded)) => bytes.extend_from_slice(&decoded),
-                _ => bytes.extend_from_slice(piece.as_bytes()),
+            // Added tokens are stored as the text they stand for.
+            if ty.is_added() {
+                bytes.extend_from_slice(piece.as_bytes());
+            } else {
+                match spelling {
+                    PieceBytes::ByteLevel => match byte_level_decode(piece) {
+                        Some(decoded) => bytes.extend_from_slice(&decoded),
+                        None => bytes.extend_from_slice(piece.as_bytes()),
+                    },
+                    PieceBytes::SentencePiece => match parse_byte_piece(piece) {
+                        Some(byte) if *ty == TokenType::Byte => bytes.push(byte),
+                        _ => {
+                            let text = piece.replace(SPACE_MARK, " ");
+                            bytes.extend_from_slice(text.as_bytes());
+                        }
+                    },
+                }
             }
             offsets.push(bytes.len());
         }
@@ -180,6 +214,15 @@ impl Vocab {
             longest,
             byte_has_token: single,
         })
+    }
+
+    /// `tokenizer.ggml.scores`, one per token; absent is an error only where they matter.
+    pub fn scores(&self, md: &Metadata) -> Result<Option<Vec<f32>>> {
+        let Some(scores) = md.opt(KEY_SCORES, Metadata::get_f32_array)? else {
+            return Ok(None);
+        };
+        check_len(KEY_SCORES, scores.len(), self.n_vocab())?;
+        Ok(Some(scores))
     }
 
     pub fn n_vocab(&self) -> usize {

@@ -44,8 +44,20 @@ fn missing_tokens_array_is_an_error() {
 }
 
 #[test]
+fn sentencepiece_without_scores_is_named() {
+    let md = edited(|k, v| match k {
+        "tokenizer.ggml.model" => Some(Value::String("llama".into())),
+        "tokenizer.ggml.scores" => None,
+        _ => Some(v.clone()),
+    });
+    let err = Tokenizer::from_gguf(&md).unwrap_err();
+    assert!(matches!(err, TokenizerError::MissingScores), "{err}");
+    assert!(err.to_string().contains("tokenizer.ggml.scores"), "{err}");
+}
+
+#[test]
 fn unsupported_model_type_is_named() {
-    for model in ["llama", "bert", "t5"] {
+    for model in ["bert", "t5", "rwkv"] {
         let md = edited(|k, v| {
             Some(if k == "tokenizer.ggml.model" {
                 Value::String(model.into())

@@ -27,6 +27,11 @@ fn qwen25_prompt_ids_match_reference() {
     check_prompt_ids(QWEN25);
 }
 
+#[test]
+fn gemma3_prompt_ids_match_reference() {
+    check_prompt_ids(GEMMA3);
+}
+
 fn check_chat_template(file: &str) {
     let template = ChatTemplate::from_gguf(&metadata(file)).unwrap();
     let via_tokenizer = tokenizer(file).chat_template().unwrap();

@@ -4,7 +4,7 @@ use std::fs;
 
 use std::path::{Path, PathBuf};
 
-use pyramid_model::{Architecture, KvCache, KvType, ModelConfig};
+use pyramid_model::{Activation, Architecture, KvCache, KvType, ModelConfig};
 
 use super::*;
 
@@ -23,6 +23,10 @@ fn cfg(n_layer: usize, n_head_kv: usize, head_dim: usize) -> ModelConfig {
         n_rot: head_dim,
         rope_base: 10_000.0,
         rms_eps: 1e-5,
+        embedding_scale: 1.0,
+        attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        activation: Activation::Silu,
+        sliding_window: None,
     }
 }
 

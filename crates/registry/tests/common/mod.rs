@@ -185,6 +185,7 @@ pub fn model(name: &str, sha256: &str, n_bytes: u64, parts: &[(&str, &str, &str)
         n_bytes,
         description: "test model",
         parts: Box::leak(parts.into_boxed_slice()),
+        terms: None,
     }
 }
 
@@ -199,6 +200,7 @@ pub enum Event {
     Start(String, u64),
     Advance(u64),
     Message(String),
+    Notice(String),
     Finish,
 }
 
@@ -221,6 +223,9 @@ impl FetchProgress for Recorder {
     }
     fn message(&self, msg: &str) {
         self.push(Event::Message(msg.to_string()));
+    }
+    fn notice(&self, text: &str) {
+        self.push(Event::Notice(text.to_string()));
     }
     fn finish(&self) {
         self.push(Event::Finish);

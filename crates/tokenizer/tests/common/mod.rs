@@ -11,6 +11,7 @@ use serde_json::Value as Json;
 
 pub const SMOLLM2: &str = "smollm2-135m-instruct-q4_1.gguf";
 pub const QWEN25: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+pub const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// `$PYRAMID_HOME/models/<file>`, with `PYRAMID_HOME` defaulting to `~/.cache/pyramid`,
 /// whether or not the file is there.
@@ -43,9 +44,11 @@ pub fn metadata(file: &str) -> Metadata {
 pub fn tokenizer(file: &str) -> &'static Tokenizer {
     static SMOL: OnceLock<Tokenizer> = OnceLock::new();
     static QWEN: OnceLock<Tokenizer> = OnceLock::new();
+    static GEMMA: OnceLock<Tokenizer> = OnceLock::new();
     let cell = match file {
         SMOLLM2 => &SMOL,
         QWEN25 => &QWEN,
+        GEMMA3 => &GEMMA,
         other => panic!("no cached tokenizer for {other}"),
     };
     cell.get_or_init(|| Tokenizer::from_gguf(&metadata(file)).expect("tokenizer loads"))
@@ -65,6 +68,7 @@ pub fn golden(file: &str) -> Json {
     refs_json(match file {
         SMOLLM2 => "golden-smollm2-135m-public.json",
         QWEN25 => "golden-qwen2.5-coder-0.5b-public.json",
+        GEMMA3 => "golden-gemma3-270m-public.json",
         other => panic!("no golden file for {other}"),
     })
 }
