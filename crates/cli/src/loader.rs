@@ -12,7 +12,7 @@ use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Calibration, KvType, Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
-use pyramid_tokenizer::Tokenizer;
+use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -31,6 +31,10 @@ pub struct ModelArgs {
     /// KV cache storage: f32, f16 (half the bytes), or int8 (about a quarter).
     #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
     pub kv: KvType,
+    /// A Jinja chat template (as in Hugging Face's `tokenizer_config.json`) to use
+    /// instead of the model's own: for a model whose file has none, such as gemma3-270m.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -190,6 +194,18 @@ fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
     Ok((path, file, tokenizer))
 }
 
+/// The chat template chat prompts are rendered with; a model without one is an error that
+/// says how to give one.
+pub fn chat_template(tokenizer: &Tokenizer) -> Result<ChatTemplate> {
+    if tokenizer.chat_template_source().is_none() {
+        bail!(
+            "the model has no chat template (its file has no 'tokenizer.chat_template'): \
+             give one with --chat-template FILE, or prompt it with plain text"
+        );
+    }
+    Ok(tokenizer.chat_template()?)
+}
+
 pub struct Loaded {
     pub name: String,
     /// Random weights with a published model's shapes: speed only, tokens mean nothing.
@@ -216,7 +232,14 @@ impl ModelArgs {
         };
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
-        let (path, file, tokenizer) = open_path(path)?;
+        let (path, file, mut tokenizer) = open_path(path)?;
+        if let Some(template) = &self.chat_template {
+            let source = std::fs::read_to_string(template)
+                .with_context(|| format!("reading chat template {}", template.display()))?;
+            tokenizer
+                .set_chat_template(source)
+                .with_context(|| format!("chat template {}", template.display()))?;
+        }
         let loading = || format!("loading {}", path.display());
         let f32_model = (keep_f32 && self.precision != Precision::F32)
             .then(|| Model::from_gguf(&file).map(Arc::new))

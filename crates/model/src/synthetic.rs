@@ -28,16 +28,21 @@ pub struct SyntheticSpec {
     /// The vocabulary is padded with filler tokens up to this size (a published model's
     /// vocabulary makes its embedding and output projection cost what they really do).
     pub min_vocab: usize,
+    /// Positions a sliding-window layer attends to (Gemma 3 only).
+    pub sliding_window: usize,
     pub seed: u64,
 }
 
 impl SyntheticSpec {
-    /// A model small enough to load and run in milliseconds.
+    /// A model small enough to load and run in milliseconds. A tiny Gemma 3 has six layers,
+    /// so that the last is a global one, and windows of 8 positions, so that short prompts
+    /// already cross them.
     pub fn tiny(arch: Architecture) -> Self {
+        let gemma = arch == Architecture::Gemma3;
         Self {
             arch,
             n_embd: 64,
-            n_layer: 2,
+            n_layer: if gemma { 6 } else { 2 },
             n_head: 4,
             n_head_kv: 2,
             n_ff: 96,
@@ -45,6 +50,7 @@ impl SyntheticSpec {
             weight_type: GgmlType::F32,
             untied_output: false,
             min_vocab: 0,
+            sliding_window: 8,
             seed: 0,
         }
     }
@@ -134,6 +140,7 @@ impl SyntheticSpec {
             weight_type: GgmlType::Q8_0,
             untied_output: untied,
             min_vocab: vocab,
+            sliding_window: 0,
             seed: 0,
         })
     }
@@ -274,6 +281,13 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
             Value::String(CHATML_TEMPLATE.into()),
         )?;
 
+    if spec.arch == Architecture::Gemma3 {
+        w.add_metadata(
+            format!("{arch}.attention.sliding_window"),
+            Value::U32(spec.sliding_window as u32),
+        )?;
+    }
+
     let mut random = |n: usize, scale: f32| -> Vec<f32> {
         (0..n).map(|_| rng.random_range(-scale..scale)).collect()
     };
@@ -314,6 +328,18 @@ pub fn synthetic_gguf(spec: &SyntheticSpec) -> Result<GgufWriter> {
             }
         }
         matrix(&mut w, &name("attn_output.weight"), spec.n_embd, q_dim, ty)?;
+        if spec.arch == Architecture::Gemma3 {
+            // Norm weights away from 1, so a norm applied twice or not at all shows.
+            for (t, n) in [
+                ("attn_q_norm.weight", head_dim),
+                ("attn_k_norm.weight", head_dim),
+                ("post_attention_norm.weight", spec.n_embd),
+                ("post_ffw_norm.weight", spec.n_embd),
+            ] {
+                let norm: Vec<f32> = (0..n).map(|j| 0.6 + (j % 5) as f32 * 0.2).collect();
+                w.add_tensor_f32(name(t), &[n as u64], GgmlType::F32, &norm)?;
+            }
+        }
         w.add_tensor_f32(
             name("ffn_norm.weight"),
             &[e],

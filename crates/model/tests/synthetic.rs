@@ -25,9 +25,13 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 const PROMPT: [u32; 12] = [72, 101, 108, 108, 111, 32, 116, 104, 101, 114, 101, 33];
 
 #[test]
-fn prefill_equals_token_by_token_decode_for_both_architectures() {
+fn prefill_equals_token_by_token_decode_for_every_architecture() {
     let pool = ThreadPool::new(2).unwrap();
-    for arch in [Architecture::Llama, Architecture::Qwen2] {
+    for arch in [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Gemma3,
+    ] {
         let model = build(&SyntheticSpec::tiny(arch));
         let n_vocab = model.config.n_vocab;
 
@@ -88,7 +92,13 @@ fn streamed_calibration_equals_the_resident_models() {
 /// split, so the results must be identical, not merely close.
 #[test]
 fn results_are_bit_identical_for_any_number_of_threads() {
-    let f32_model = build(&SyntheticSpec::tiny(Architecture::Qwen2));
+    for arch in [Architecture::Qwen2, Architecture::Gemma3] {
+        thread_invariance(arch);
+    }
+}
+
+fn thread_invariance(arch: Architecture) {
+    let f32_model = build(&SyntheticSpec::tiny(arch));
     let calibration = f32_model
         .calibrate(&ThreadPool::new(1).unwrap(), &PROMPT)
         .unwrap();
@@ -344,13 +354,19 @@ fn forced_outliers(spec: &SyntheticSpec) -> Calibration {
 /// anyone's output.
 #[test]
 fn batched_forward_equals_each_sequence_alone() {
+    for arch in [Architecture::Qwen2, Architecture::Gemma3] {
+        batch_independence(arch);
+    }
+}
+
+fn batch_independence(arch: Architecture) {
     use pyramid_model::Segment;
     let pool = ThreadPool::new(2).unwrap();
     for ty in [GgmlType::F32, GgmlType::Q8_0] {
         for precision in Precision::ALL {
             let spec = SyntheticSpec {
                 weight_type: ty,
-                ..SyntheticSpec::tiny(Architecture::Qwen2)
+                ..SyntheticSpec::tiny(arch)
             };
             let model = build(&spec).into_precision(precision, Some(&forced_outliers(&spec)));
             let n_vocab = model.config.n_vocab;
@@ -742,4 +758,41 @@ fn a_reserve_the_allocator_refuses_gives_a_compact_cache() {
         kv.grow_to(64).unwrap();
         assert_eq!(kv.capacity(), 64);
     }
+}
+
+/// Gemma 3's local layers see only their window: with local layers alone, a token more than
+/// `layers × (window − 1)` positions back cannot change the last position's logits, while
+/// one global layer lets it.
+#[test]
+fn sliding_window_layers_see_only_their_window() {
+    let pool = ThreadPool::new(2).unwrap();
+    let last_logits = |spec: &SyntheticSpec, first: u32| {
+        let model = build(spec);
+        let prompt: Vec<u32> = std::iter::once(first)
+            .chain((1..30).map(|i| 40 + i % 50))
+            .collect();
+        let mut kv = model.new_kv_cache(64);
+        model
+            .forward(
+                &pool,
+                &prompt,
+                &mut kv,
+                &mut Scratch::default(),
+                LogitsFor::Last,
+            )
+            .unwrap()
+    };
+    let local_only = SyntheticSpec {
+        n_layer: 2,
+        ..SyntheticSpec::tiny(Architecture::Gemma3)
+    };
+    assert_eq!(last_logits(&local_only, 65), last_logits(&local_only, 66));
+    // Within reach of the window, the first token matters.
+    let wide = SyntheticSpec {
+        sliding_window: 16,
+        ..local_only.clone()
+    };
+    assert_ne!(last_logits(&wide, 65), last_logits(&wide, 66));
+    let with_global = SyntheticSpec::tiny(Architecture::Gemma3);
+    assert_ne!(last_logits(&with_global, 65), last_logits(&with_global, 66));
 }

@@ -238,6 +238,10 @@ impl OvBackend {
             window,
             executed_on,
             inv_freq: rope_inv_freq(cfg.n_rot, cfg.rope_base),
+            inv_freq_local: cfg
+                .sliding_window
+                .map(|w| rope_inv_freq(cfg.n_rot, w.rope_base))
+                .unwrap_or_default(),
             state: Mutex::new(RunState {
                 request,
                 io,
@@ -271,12 +275,35 @@ impl Backend for OvBackend {
     }
 }
 
-/// Host buffers behind the graph's small inputs, bound once.
-struct Io {
-    ids: Vec<i64>,
+/// RoPE angles and the attention mask of one kind of layer.
+struct Positional {
     cos: Vec<f32>,
     sin: Vec<f32>,
     mask: Vec<f32>,
+}
+
+impl Positional {
+    fn new(layout: &GraphLayout, half: usize) -> Self {
+        let (seqs, rows) = (layout.seqs, layout.rows);
+        Self {
+            cos: vec![1.0; seqs * rows * half],
+            sin: vec![0.0; seqs * rows * half],
+            mask: vec![MASKED; seqs * rows * (layout.past + rows)],
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.cos.len() + self.sin.len() + self.mask.len()
+    }
+}
+
+/// Host buffers behind the graph's small inputs, bound once.
+struct Io {
+    ids: Vec<i64>,
+    /// For the layers attending to every position.
+    global: Positional,
+    /// For sliding-window layers, where the model has them.
+    local: Option<Positional>,
     last: Vec<i64>,
     /// Past keys and values when several sequences share a run (one sequence binds its
     /// cache directly): `[n_layer][seqs, n_head_kv, window, head_dim]`.
@@ -299,9 +326,8 @@ impl Io {
         };
         Self {
             ids: vec![0; seqs * rows],
-            cos: vec![1.0; seqs * rows * half],
-            sin: vec![0.0; seqs * rows * half],
-            mask: vec![MASKED; seqs * rows * (layout.past + rows)],
+            global: Positional::new(layout, half),
+            local: cfg.sliding_window.map(|_| Positional::new(layout, half)),
             last: vec![0; seqs * layout.outputs],
             staged_k: staged(),
             staged_v: staged(),
@@ -316,8 +342,8 @@ impl Io {
             .chain(&self.staged_v)
             .map(Vec::len)
             .sum();
-        (self.ids.len() + self.last.len()) * 8
-            + (self.cos.len() + self.sin.len() + self.mask.len() + staged) * 4
+        let positional = self.global.len() + self.local.as_ref().map_or(0, Positional::len);
+        (self.ids.len() + self.last.len()) * 8 + (positional + staged) * 4
     }
 }
 
@@ -354,6 +380,8 @@ pub struct OvExecutable {
     window: usize,
     executed_on: String,
     inv_freq: Vec<f32>,
+    /// Sliding-window layers' frequencies (empty without such layers).
+    inv_freq_local: Vec<f32>,
     state: Mutex<RunState>,
     /// Kept for as long as its request runs.
     _compiled: CompiledModel,
@@ -396,24 +424,28 @@ impl OvExecutable {
                 io.ids.as_mut_ptr().cast(),
             )?;
             let rope = self.rope_shape();
-            bind(
-                "rope_cos".into(),
-                Element::F32,
-                &rope,
-                io.cos.as_mut_ptr().cast(),
-            )?;
-            bind(
-                "rope_sin".into(),
-                Element::F32,
-                &rope,
-                io.sin.as_mut_ptr().cast(),
-            )?;
-            bind(
-                "attention_mask".into(),
-                Element::F32,
-                &[s, 1, 1, r, w + r],
-                io.mask.as_mut_ptr().cast(),
-            )?;
+            let kinds = [("", Some(&mut io.global)), ("_local", io.local.as_mut())];
+            for (suffix, positional) in kinds {
+                let Some(p) = positional else { continue };
+                bind(
+                    format!("rope_cos{suffix}"),
+                    Element::F32,
+                    &rope,
+                    p.cos.as_mut_ptr().cast(),
+                )?;
+                bind(
+                    format!("rope_sin{suffix}"),
+                    Element::F32,
+                    &rope,
+                    p.sin.as_mut_ptr().cast(),
+                )?;
+                bind(
+                    format!("attention_mask{suffix}"),
+                    Element::F32,
+                    &[s, 1, 1, r, w + r],
+                    p.mask.as_mut_ptr().cast(),
+                )?;
+            }
             bind(
                 "last_rows".into(),
                 Element::I64,
@@ -434,14 +466,48 @@ impl OvExecutable {
     /// Fills the small inputs for `segments` (sequence slots beyond them run a dummy
     /// token whose results are dropped).
     fn fill_inputs(&self, io: &mut Io, segments: &[Segment<'_>]) {
+        let GraphLayout { seqs, rows, .. } = self.layout;
+        if self.layout.packed {
+            // Row b is sequence b.
+            for b in 0..rows {
+                io.ids[b] = segments.get(b).map_or(0, |seg| i64::from(seg.tokens[0]));
+                io.last[b] = b as i64;
+            }
+        } else {
+            for s in 0..seqs {
+                let n_real = segments.get(s).map_or(1, |seg| seg.n_real());
+                for t in 0..rows {
+                    io.ids[s * rows + t] =
+                        segments.get(s).map_or(0, |seg| i64::from(seg.tokens[t]));
+                }
+                io.last[s] = (n_real - 1) as i64;
+            }
+        }
+        self.fill_positions(&mut io.global, &self.inv_freq, None, segments);
+        if let (Some(local), Some(w)) = (&mut io.local, self.shared.graph.config.sliding_window) {
+            self.fill_positions(local, &self.inv_freq_local, Some(w.size), segments);
+        }
+    }
+
+    /// RoPE angles and the additive mask for `segments`, each row seeing the positions up
+    /// to its own, and with `window` only the last `window` of them.
+    fn fill_positions(
+        &self,
+        io: &mut Positional,
+        inv_freq: &[f32],
+        window: Option<usize>,
+        segments: &[Segment<'_>],
+    ) {
         let GraphLayout {
             seqs, rows, past, ..
         } = self.layout;
-        let half = self.inv_freq.len();
+        let half = inv_freq.len();
         let width = past + rows;
+        // The first position a row at `pos` sees.
+        let first_seen = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
         io.mask.fill(MASKED);
         let mut rope = |row: usize, pos: usize| {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
+            for (i, &f) in inv_freq.iter().enumerate() {
                 let (sin, cos) = (pos as f32 * f).sin_cos();
                 io.cos[row * half + i] = cos;
                 io.sin[row * half + i] = sin;
@@ -452,29 +518,26 @@ impl OvExecutable {
             // key at column past + b; nothing else is visible to it.
             for b in 0..rows {
                 let start = segments.get(b).map_or(0, |seg| seg.kv.len());
-                io.ids[b] = segments.get(b).map_or(0, |seg| i64::from(seg.tokens[0]));
                 rope(b, start);
                 let mask = &mut io.mask[b * width..(b + 1) * width];
                 let own = b * self.window;
-                mask[own..own + start].fill(0.0);
+                let lo = first_seen(start).min(start);
+                mask[own + lo..own + start].fill(0.0);
                 mask[past + b] = 0.0;
-                io.last[b] = b as i64;
             }
             return;
         }
         for s in 0..seqs {
-            let (start, n_real) = segments
-                .get(s)
-                .map_or((0, 1), |seg| (seg.kv.len(), seg.n_real()));
+            let start = segments.get(s).map_or(0, |seg| seg.kv.len());
             for t in 0..rows {
                 let row = s * rows + t;
-                io.ids[row] = segments.get(s).map_or(0, |seg| i64::from(seg.tokens[t]));
-                rope(row, start + t);
+                let pos = start + t;
+                rope(row, pos);
+                let lo = first_seen(pos);
                 let mask = &mut io.mask[row * width..(row + 1) * width];
-                mask[..start].fill(0.0);
-                mask[past..=past + t].fill(0.0);
+                mask[lo.min(start)..start].fill(0.0);
+                mask[past + lo.saturating_sub(start)..=past + t].fill(0.0);
             }
-            io.last[s] = (n_real - 1) as i64;
         }
     }
 

@@ -10,7 +10,9 @@
 //!
 //! Inputs besides the caches: token ids `[seqs, rows]`; RoPE cos/sin for every row's
 //! position; an additive mask `[seqs, 1, 1, rows, window + rows]` that hides unused cache
-//! positions and future rows; and the rows whose logits are computed `[seqs, outputs]`
+//! positions and future rows (a model with sliding-window layers has a second cos/sin
+//! and mask for them, `*_local`, the mask also hiding positions beyond each row's
+//! window); and the rows whose logits are computed `[seqs, outputs]`
 //! (`logits`: `[seqs, outputs, n_vocab]`): each sequence's last real row, or, in a packed
 //! decode (one sequence whose rows are different sequences over their caches side by
 //! side, a block-diagonal mask keeping them apart), every row.
@@ -20,7 +22,7 @@
 
 use half::{bf16, f16};
 use pyramid_kernels::ops::RopeStyle;
-use pyramid_model::{Linear, Model, ModelConfig, Precision};
+use pyramid_model::{Activation, Linear, Model, ModelConfig, Precision};
 
 use crate::ir::{Blob, Et, Graph, Port};
 use crate::{OvError, Result};
@@ -104,6 +106,16 @@ impl ModelGraph {
             let e = cfg.n_embd;
             blob.add_f32(&format!("blk.{i}.attn_norm"), &[e], &l.attn_norm);
             blob.add_f32(&format!("blk.{i}.ffn_norm"), &[e], &l.ffn_norm);
+            for (name, norm) in [
+                ("q_norm", &l.q_norm),
+                ("k_norm", &l.k_norm),
+                ("post_attn_norm", &l.post_attn_norm),
+                ("post_ffn_norm", &l.post_ffn_norm),
+            ] {
+                if let Some(norm) = norm {
+                    blob.add_f32(&format!("blk.{i}.{name}"), &[norm.len()], norm);
+                }
+            }
             for (name, lin) in [
                 ("wq", &l.wq),
                 ("wk", &l.wk),
@@ -158,6 +170,17 @@ impl ModelGraph {
             &[seqs, 1, 1, rows, window + rows],
         );
         let last = g.parameter("last_rows", Et::I64, &[seqs, outputs]);
+        let local = cfg.sliding_window.map(|_| {
+            (
+                g.parameter("rope_cos_local", Et::F32, &rope_shape),
+                g.parameter("rope_sin_local", Et::F32, &rope_shape),
+                g.parameter(
+                    "attention_mask_local",
+                    Et::F32,
+                    &[seqs, 1, 1, rows, window + rows],
+                ),
+            )
+        });
 
         let table = self.weight(&mut g, "token_embd");
         let axis0 = g.constant("axis0");
@@ -171,7 +194,16 @@ impl ModelGraph {
             cfg,
             format: self.format,
         };
+        if cfg.embedding_scale != 1.0 {
+            let scale = g.constant("embed_scale");
+            x = b.binary(&mut g, "Multiply", x, scale);
+        }
         for layer in 0..cfg.n_layer {
+            let (cos, sin, mask) = match (local, cfg.layer_window(layer)) {
+                (Some(local), Some(_)) => local,
+                _ => (cos, sin, mask),
+            };
+            let norm = |name: &str| format!("blk.{layer}.{name}");
             let past_k = g.parameter(&format!("past_k_{layer}"), Et::F32, &[seqs, kv, window, hd]);
             let past_v = g.parameter(&format!("past_v_{layer}"), Et::F32, &[seqs, kv, window, hd]);
             let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.attn_norm"));
@@ -179,10 +211,12 @@ impl ModelGraph {
             let k = b.linear(&mut g, h, &format!("blk.{layer}.wk"), Some("bk"), layer);
             let v = b.linear(&mut g, h, &format!("blk.{layer}.wv"), Some("bv"), layer);
             let q = b.reshape(&mut g, q, "shape_q_heads");
+            let q = b.optional_norm(&mut g, q, &norm("q_norm"));
             let q = b.rope(&mut g, q, cos, sin);
             let q = b.reshape(&mut g, q, "shape_q_groups");
             let q = b.transpose(&mut g, q, "perm_q");
             let k = b.reshape(&mut g, k, "shape_kv_heads");
+            let k = b.optional_norm(&mut g, k, &norm("k_norm"));
             let k = b.rope(&mut g, k, cos, sin);
             let k = b.transpose(&mut g, k, "perm_kv");
             let v = b.reshape(&mut g, v, "shape_kv_heads");
@@ -213,14 +247,21 @@ impl ModelGraph {
             let ctx = b.transpose(&mut g, ctx, "perm_out");
             let ctx = b.reshape(&mut g, ctx, "shape_merge_heads");
             let o = b.linear(&mut g, ctx, &format!("blk.{layer}.wo"), None, layer);
+            let o = b.optional_norm(&mut g, o, &norm("post_attn_norm"));
             x = b.binary(&mut g, "Add", x, o);
 
             let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.ffn_norm"));
             let gate = b.linear(&mut g, h, &format!("blk.{layer}.gate"), None, layer);
             let up = b.linear(&mut g, h, &format!("blk.{layer}.up"), None, layer);
-            let act = g.op("Swish", "opset4", "", &[gate]);
+            let act = match cfg.activation {
+                Activation::Silu => g.op("Swish", "opset4", "", &[gate]),
+                Activation::GeluTanh => {
+                    g.op("Gelu", "opset7", r#"approximation_mode="tanh""#, &[gate])
+                }
+            };
             let act = b.binary(&mut g, "Multiply", act, up);
             let down = b.linear(&mut g, act, &format!("blk.{layer}.down"), None, layer);
+            let down = b.optional_norm(&mut g, down, &norm("post_ffn_norm"));
             x = b.binary(&mut g, "Add", x, down);
         }
         let axis1 = g.constant("axis1");
@@ -331,6 +372,16 @@ impl Builder<'_> {
         let n = self.binary(g, "Multiply", x, inv);
         let w = g.constant(weight);
         self.binary(g, "Multiply", n, w)
+    }
+
+    /// [`Builder::rms_norm`] with `weight` where the model has it (Gemma 3's QK- and
+    /// post-norms), else `x` unchanged.
+    fn optional_norm(&self, g: &mut Graph<'_>, x: Port, weight: &str) -> Port {
+        if g.has_constant(weight) {
+            self.rms_norm(g, x, weight)
+        } else {
+            x
+        }
     }
 
     /// Rotates `x` (`[seqs, rows, heads, head_dim]`) by the row positions' angles.
@@ -464,5 +515,6 @@ fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
     blob.add_i64("perm_kv", &[0, 2, 1, 3]);
     blob.add_f32("rms_eps", &[1], &[cfg.rms_eps]);
     blob.add_f32("one", &[1], &[1.0]);
-    blob.add_f32("attn_scale", &[1], &[1.0 / (cfg.head_dim as f32).sqrt()]);
+    blob.add_f32("attn_scale", &[1], &[cfg.attention_scale]);
+    blob.add_f32("embed_scale", &[1], &[cfg.embedding_scale]);
 }

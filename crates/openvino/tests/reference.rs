@@ -1,5 +1,6 @@
 //! Real models on `ov:CPU` (f32 weights, f32 inference): greedy tokens on the public
-//! reference prompts must equal the native f32 path's, for Llama (SmolLM2) and Qwen2.
+//! reference prompts must equal the native f32 path's, for Llama (SmolLM2), Qwen2 and
+//! Gemma 3.
 //!
 //! Needs OpenVINO (`scripts/setup-openvino.sh`) and the cached models (`pyramid fetch`);
 //! `scripts/test.sh` provides both.
@@ -16,7 +17,6 @@ use serde_json::Value;
 /// A reference step whose top-1/top-2 gap is below this may flip under another (equally
 /// valid) f32 summation order; comparison stops there, as in the model crate's golden test.
 const TIE_GAP: f64 = 0.01;
-const WINDOW: usize = 512;
 const CHUNK: usize = 128;
 
 fn load(file: &str) -> Arc<Model> {
@@ -68,7 +68,8 @@ fn greedy(
     out
 }
 
-fn check(file: &str, golden_name: &str) {
+/// Greedy tokens on `ov:CPU` against the native f32 path, caches of `window` positions.
+fn check(file: &str, golden_name: &str, window: usize) {
     let model = load(file);
     let pool = ThreadPool::with_available_parallelism();
     let options = OvOptions::for_device("CPU", Some(pool.n_threads()), &[]).unwrap();
@@ -77,12 +78,9 @@ fn check(file: &str, golden_name: &str) {
     let shapes = [
         ArtifactShape::Prefill {
             chunk: CHUNK,
-            window: WINDOW,
+            window,
         },
-        ArtifactShape::Decode {
-            batch: 1,
-            window: WINDOW,
-        },
+        ArtifactShape::Decode { batch: 1, window },
     ];
     let [ov_prefill, ov_decode] = shapes.map(|s| ov.compile(s).expect("compiles"));
     let [cpu_prefill, cpu_decode] = shapes.map(|s| native.compile(s).expect("compiles"));
@@ -99,7 +97,7 @@ fn check(file: &str, golden_name: &str) {
             .iter()
             .map(|v| v.as_f64().expect("gap"))
             .collect();
-        let mut kv = model.new_kv_cache_of(WINDOW, KvType::F32);
+        let mut kv = model.new_kv_cache_of(window, KvType::F32);
         let want = greedy(
             cpu_prefill.as_ref(),
             cpu_decode.as_ref(),
@@ -108,7 +106,7 @@ fn check(file: &str, golden_name: &str) {
             &prompt_ids,
             n,
         );
-        let mut kv = model.new_kv_cache_of(WINDOW, KvType::F32);
+        let mut kv = model.new_kv_cache_of(window, KvType::F32);
         let got = greedy(
             ov_prefill.as_ref(),
             ov_decode.as_ref(),
@@ -135,6 +133,7 @@ fn smollm2_on_openvino_cpu_matches_native_f32() {
     check(
         "smollm2-135m-instruct-q4_1.gguf",
         "golden-smollm2-135m-public.json",
+        512,
     );
 }
 
@@ -143,5 +142,26 @@ fn qwen2_on_openvino_cpu_matches_native_f32() {
     check(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "golden-qwen2.5-coder-0.5b-public.json",
+        512,
+    );
+}
+
+#[test]
+fn gemma3_on_openvino_cpu_matches_native_f32() {
+    check(
+        "gemma-3-270m-q4_k_m.gguf",
+        "golden-gemma3-270m-public.json",
+        512,
+    );
+}
+
+/// Prompts of 1,000 and 1,300 tokens: Gemma 3's local layers see 512 of them, through the
+/// graph's second mask.
+#[test]
+fn gemma3_long_prompts_on_openvino_cpu_match_native_f32() {
+    check(
+        "gemma-3-270m-q4_k_m.gguf",
+        "golden-gemma3-270m-long.json",
+        2048,
     );
 }

@@ -1,5 +1,5 @@
 //! The OpenVINO graphs against the native f32 path on tiny random-weight models of both
-//! RoPE styles, on OpenVINO's CPU plugin (f32): prefill chunks, batched decode with
+//! RoPE styles and of Gemma 3 (sliding windows of 8 positions), on OpenVINO's CPU plugin (f32): prefill chunks, batched decode with
 //! fewer sequences than slots, migration between windows, and a route that prefills on
 //! one backend and decodes on the other.
 //!
@@ -59,7 +59,11 @@ fn native_last_logits(model: &Model, pool: &ThreadPool, tokens: &[u32]) -> Vec<f
 #[test]
 fn prefill_and_decode_match_native_f32_for_both_rope_styles() {
     let pool = ThreadPool::new(2).unwrap();
-    for (arch, untied) in [(Architecture::Llama, true), (Architecture::Qwen2, false)] {
+    for (arch, untied) in [
+        (Architecture::Llama, true),
+        (Architecture::Qwen2, false),
+        (Architecture::Gemma3, false),
+    ] {
         let model = tiny(arch, untied);
         let ov = ov_cpu(&model, WeightFormat::F32);
         let window = 64;
@@ -96,8 +100,15 @@ fn prefill_and_decode_match_native_f32_for_both_rope_styles() {
 
 #[test]
 fn batched_decode_with_empty_slots_matches_each_sequence_alone() {
+    // Gemma 3's windows of 8 are crossed by every prompt here.
+    for arch in [Architecture::Qwen2, Architecture::Gemma3] {
+        batched_decode_with_empty_slots(arch);
+    }
+}
+
+fn batched_decode_with_empty_slots(arch: Architecture) {
     let pool = ThreadPool::new(2).unwrap();
-    let model = tiny(Architecture::Qwen2, false);
+    let model = tiny(arch, false);
     let ov = ov_cpu(&model, WeightFormat::F32);
     let window = 48;
     let prefill = ov
@@ -141,8 +152,14 @@ fn batched_decode_with_empty_slots_matches_each_sequence_alone() {
 /// and logits within rounding; an empty slot changes nothing.
 #[test]
 fn packed_batched_and_single_decode_give_the_same_tokens() {
+    for (arch, untied) in [(Architecture::Llama, true), (Architecture::Gemma3, false)] {
+        packed_batched_and_single_decode(arch, untied);
+    }
+}
+
+fn packed_batched_and_single_decode(arch: Architecture, untied: bool) {
     let pool = ThreadPool::new(2).unwrap();
-    let model = tiny(Architecture::Llama, true);
+    let model = tiny(arch, untied);
     let window = 40;
     let backend = |layout: &str| {
         let options =

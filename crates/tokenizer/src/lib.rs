@@ -346,6 +346,15 @@ impl Tokenizer {
         &self.eog_ids
     }
 
+    /// Uses `source` as the chat template instead of the model's own (a model may have
+    /// none); a template that does not parse is refused and the old one kept.
+    pub fn set_chat_template(&mut self, source: String) -> Result<()> {
+        let text = |id: Option<u32>| id.and_then(|id| self.token_piece(id)).unwrap_or("");
+        ChatTemplate::new(&source, text(self.bos_id), text(self.eos_id))?;
+        self.chat_template = Some(source);
+        Ok(())
+    }
+
     /// The Jinja source of `tokenizer.chat_template`, if the model has one.
     pub fn chat_template_source(&self) -> Option<&str> {
         self.chat_template.as_deref()

@@ -355,6 +355,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
                 threads: args.threads,
                 precision: Precision::parse(&key.precision).expect("checked above"),
                 kv,
+                chat_template: None,
             };
             // The f32 model serves qualification and OpenVINO's graphs; synthetic models
             // need it only for the latter.

@@ -111,7 +111,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
     }
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
-    let template = loaded.tokenizer.chat_template()?;
+    let template = crate::loader::chat_template(&loaded.tokenizer)?;
     // Checked now, so a bad flag is reported before the first turn.
     args.sampling
         .request(0, vec![0], &[])?

@@ -69,6 +69,8 @@ fn prompts(extra: &[PathBuf], loaded: &Loaded) -> Result<Vec<Prompt>> {
     let mut out = Vec::new();
     for p in set.prompts {
         let tokens = match (p.messages, p.text) {
+            // A model without a chat template (gemma3-270m) qualifies on the text prompts.
+            (Some(_), _) if tok.chat_template_source().is_none() => continue,
             (Some(messages), _) => {
                 let messages: Vec<ChatMessage> = messages
                     .into_iter()

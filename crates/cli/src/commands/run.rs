@@ -245,7 +245,7 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
         bail!("the prompt is empty");
     }
     let text = if args.chat {
-        let template = loaded.tokenizer.chat_template()?;
+        let template = crate::loader::chat_template(&loaded.tokenizer)?;
         // A rendered template carries its own BOS if it wants one (as Hugging Face's
         // `apply_chat_template` assumes), so nothing is added on top.
         let rendered = template.render(&[ChatMessage::new("user", text)], true)?;

@@ -212,6 +212,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         );
     }
     let template = loaded.tokenizer.chat_template().ok();
+    if template.is_none() {
+        eprintln!(
+            "pyramid serve: the model has no chat template, so /v1/chat/completions answers \
+             400; give one with --chat-template FILE"
+        );
+    }
     let model_id = model_id(&loaded.name);
     let tokenizer = Arc::new(loaded.tokenizer);
     let metrics = Arc::new(Metrics::default());
