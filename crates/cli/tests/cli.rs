@@ -1024,3 +1024,74 @@ fn json_schema_and_grammar_constrain_even_a_random_model() {
     let out = f.run(&["run", "-m", &model, "-p", "hi", "--json-schema", &model]);
     assert!(stderr(&out).contains("cannot read"), "{}", stderr(&out));
 }
+
+/// Gemma 3 by name: a text prompt gives the reference's tokens; `--chat` without a template
+/// is an error naming `--chat-template`, and with one renders Gemma's turns.
+#[test]
+fn gemma3_runs_by_name_and_chats_only_with_a_given_template() {
+    let golden = golden("golden-gemma3-270m-public.json");
+    let home = models_dir().parent().unwrap().to_path_buf();
+    let prompt = &golden["prompts"][0];
+    let text = prompt["prompt_text"].as_str().unwrap();
+    let out = pyramid(
+        &[
+            "run",
+            "-m",
+            "gemma3-270m",
+            "--precision",
+            "f32",
+            "--prompt",
+            text,
+            "--temperature",
+            "0",
+            "-n",
+            "32",
+            "--ignore-eos",
+            "--json",
+        ],
+        &home,
+    );
+    assert_ok(&out);
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(v["prompt_tokens"], prompt["prompt_token_ids"]);
+    assert_eq!(v["tokens"], prompt["generated_token_ids"]);
+
+    let chat = [
+        "run",
+        "-m",
+        "gemma3-270m",
+        "--chat",
+        "--prompt",
+        "Hi",
+        "-n",
+        "2",
+        "--json",
+    ];
+    let out = pyramid(&chat, &home);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--chat-template"), "{}", stderr(&out));
+
+    let template =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/templates/gemma3.jinja");
+    let mut with_template = chat.to_vec();
+    with_template.extend(["--chat-template", template.to_str().unwrap()]);
+    let out = pyramid(&with_template, &home);
+    assert_ok(&out);
+    let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let ids: Vec<u64> = v["prompt_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect();
+    // <bos> <start_of_turn> user \n Hi <end_of_turn> \n <start_of_turn> model \n
+    assert_eq!(ids, [2, 105, 2364, 107, 10979, 106, 107, 105, 4368, 107]);
+
+    let broken = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(broken.path(), "{% for %}").unwrap();
+    let mut bad = chat.to_vec();
+    bad.extend(["--chat-template", broken.path().to_str().unwrap()]);
+    let out = pyramid(&bad, &home);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("chat template"), "{}", stderr(&out));
+}

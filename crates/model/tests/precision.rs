@@ -158,6 +158,28 @@ const INT4: Claim = Claim {
     outliers: true,
 };
 
+/// INT8 on Gemma 3 270M, a base model whose next-token distributions are flatter than
+/// the instruct models' above: the KL is as small (at most 0.0014 measured), but greedy
+/// near-ties flip sooner (2 of 5 prompts agree for all 16 steps, 11.2 steps on average).
+const GEMMA3_INT8: Claim = Claim {
+    max_kl: 0.005,
+    min_full_agreement: 0.4,
+    min_mean_prefix: 10.0,
+    outliers: true,
+};
+
+/// INT4 on Gemma 3 270M loses much more than on the other models (KL 0.08 to 0.16
+/// measured, 0.15 to 0.35 without outlier channels): its file is mostly Q5_0, Q6_K and
+/// Q8_0, which a 4-bit re-pack rounds hardest, and the 262k-row head is 4-bit too. Greedy
+/// tokens leave f32's within the first steps (1.6 of 16 on average). INT8 is the precision
+/// for this model; the README says so.
+const GEMMA3_INT4: Claim = Claim {
+    max_kl: 0.2,
+    min_full_agreement: 0.0,
+    min_mean_prefix: 1.0,
+    outliers: true,
+};
+
 /// bf16: f32's greedy tokens for all 16 steps on at least 3 of 4 prompts (all measured),
 /// KL < 0.001 on each (at most 0.0001 measured).
 const BF16: Claim = Claim {
@@ -230,6 +252,8 @@ const QWEN2: (&str, &str) = (
     "golden-qwen2.5-coder-0.5b-public.json",
 );
 
+const GEMMA3: (&str, &str) = ("gemma-3-270m-q4_k_m.gguf", "golden-gemma3-270m-public.json");
+
 #[test]
 fn smollm2_int8_agrees_with_f32() {
     check(SMOLLM2.0, SMOLLM2.1, Precision::Int8, INT8);
@@ -238,6 +262,16 @@ fn smollm2_int8_agrees_with_f32() {
 #[test]
 fn qwen2_int8_agrees_with_f32() {
     check(QWEN2.0, QWEN2.1, Precision::Int8, INT8);
+}
+
+#[test]
+fn gemma3_int8_agrees_with_f32() {
+    check(GEMMA3.0, GEMMA3.1, Precision::Int8, GEMMA3_INT8);
+}
+
+#[test]
+fn gemma3_int4_stays_close_to_f32() {
+    check(GEMMA3.0, GEMMA3.1, Precision::Int4, GEMMA3_INT4);
 }
 
 /// Four-bit groups with a minimum re-pack the GGUF's Q4_1 blocks nearly exactly; what is
