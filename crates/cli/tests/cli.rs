@@ -323,13 +323,13 @@ fn bad_input_gives_one_line_errors() {
     )
     .unwrap();
     let looping_template = f.write("looping.gguf", &w.to_bytes());
-    // A Llama 3.x file: per-frequency RoPE factors (head_dim 16: 8 of them).
+    // A Llama 3.x file with a broken per-frequency RoPE factor (head_dim 16: 8 of them).
     let mut w = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Llama)).unwrap();
     w.add_tensor_f32(
         "rope_freqs.weight",
         &[8],
         pyramid_gguf::GgmlType::F32,
-        &[1.0; 8],
+        &[1.0, 1.0, 1.0, 0.0, 8.0, 8.0, 8.0, 8.0],
     )
     .unwrap();
     let llama3 = f.write("llama3.gguf", &w.to_bytes());
@@ -416,7 +416,7 @@ fn bad_input_gives_one_line_errors() {
     ));
     cases.push((
         vec!["run", "-m", &llama3, "--prompt", "hi"],
-        "Llama 3 RoPE frequency scaling (tensor rope_freqs.weight), which is not implemented",
+        "rope_freqs.weight holds 0: RoPE factors must be positive numbers",
     ));
     for (file, expected) in &header_files {
         cases.push((vec!["run", "-m", file, "--prompt", "hi"], expected));

@@ -1,7 +1,7 @@
 //! Hyper-parameters read from GGUF metadata.
 
 use pyramid_gguf::{GgufFile, Metadata};
-use pyramid_kernels::ops::RopeStyle;
+use pyramid_kernels::ops::{rope_inv_freq, RopeStyle};
 
 use crate::{ModelError, Result};
 
@@ -93,6 +93,9 @@ pub struct ModelConfig {
     pub attention_scale: f32,
     pub activation: Activation,
     pub sliding_window: Option<SlidingWindow>,
+    /// Llama 3 RoPE scaling: each frequency is divided by its factor (`rope_freqs.weight`,
+    /// one per rotated pair).
+    pub rope_factors: Option<Vec<f32>>,
 }
 
 impl ModelConfig {
@@ -199,6 +202,7 @@ impl ModelConfig {
             attention_scale,
             activation,
             sliding_window,
+            rope_factors: None,
         };
         if !(cfg.rope_base.is_finite() && cfg.rope_base > 0.0) {
             return Err(ModelError::BadConfig(format!(
@@ -244,9 +248,10 @@ impl ModelConfig {
     /// [`ModelConfig::from_metadata`] checked against the tensors `file` holds, before
     /// anything is sized from it: a header claiming more blocks than the file has would
     /// otherwise size per-layer state (calibration, caches) from a corrupt number. A file
-    /// asking for a RoPE variant pyramid does not implement is refused, never run wrong.
+    /// asking for a RoPE variant pyramid does not implement is refused, never run wrong;
+    /// Llama 3's frequency factors are read from their tensor.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        let cfg = Self::from_metadata(file.metadata())?;
+        let mut cfg = Self::from_metadata(file.metadata())?;
         let n_blocks = file
             .tensors()
             .iter()
@@ -263,10 +268,22 @@ impl ModelConfig {
             .unwrap_or(0);
         if file.tensor_info(LLAMA3_ROPE_FACTORS).is_ok() {
             // Llama 3.x files carry per-frequency RoPE factors instead of a scaling type.
-            return Err(ModelError::BadConfig(format!(
-                "this model uses Llama 3 RoPE frequency scaling (tensor {LLAMA3_ROPE_FACTORS}), \
-                 which is not implemented: its output would be wrong"
-            )));
+            let n_pairs = cfg.n_rot / 2;
+            let info = file.tensor_info(LLAMA3_ROPE_FACTORS)?;
+            if info.dims != [n_pairs as u64] {
+                return Err(ModelError::TensorShape {
+                    name: LLAMA3_ROPE_FACTORS.to_string(),
+                    expected: vec![n_pairs as u64],
+                    found: info.dims.clone(),
+                });
+            }
+            let factors = file.tensor_f32(LLAMA3_ROPE_FACTORS)?;
+            if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(ModelError::BadConfig(format!(
+                    "{LLAMA3_ROPE_FACTORS} holds {bad}: RoPE factors must be positive numbers"
+                )));
+            }
+            cfg.rope_factors = Some(factors);
         }
         if n_blocks != cfg.n_layer {
             return Err(ModelError::BadConfig(format!(
@@ -284,12 +301,22 @@ impl ModelConfig {
         (!(layer + 1).is_multiple_of(w.global_every)).then_some(w.size)
     }
 
-    /// The RoPE base of layer `layer`.
-    pub fn layer_rope_base(&self, layer: usize) -> f32 {
-        match self.sliding_window {
-            Some(w) if self.layer_window(layer).is_some() => w.rope_base,
-            _ => self.rope_base,
+    /// RoPE inverse frequencies `base^(-2i/n_rot)` of the layers attending to every
+    /// position, or with `local` of the sliding-window ones (empty if there are none),
+    /// divided by Llama 3's factors where the file has them. Every backend rotates by these.
+    pub fn rope_frequencies(&self, local: bool) -> Vec<f32> {
+        let base = match (local, self.sliding_window) {
+            (false, _) => self.rope_base,
+            (true, Some(w)) => w.rope_base,
+            (true, None) => return Vec::new(),
+        };
+        let mut inv_freq = rope_inv_freq(self.n_rot, base);
+        if let Some(factors) = &self.rope_factors {
+            for (f, d) in inv_freq.iter_mut().zip(factors) {
+                *f /= d;
+            }
         }
+        inv_freq
     }
 
     pub fn q_dim(&self) -> usize {

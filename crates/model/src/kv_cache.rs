@@ -763,6 +763,7 @@ mod kv_file_tests {
             attention_scale: 0.125,
             activation: Activation::Silu,
             sliding_window: None,
+            rope_factors: None,
         }
     }
 

@@ -20,7 +20,6 @@ mod weights;
 use std::path::Path;
 
 use pyramid_gguf::GgufFile;
-use pyramid_kernels::ops::rope_inv_freq;
 
 pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
@@ -111,13 +110,9 @@ impl Model {
     }
 
     fn assemble(config: ModelConfig, weights: ModelWeights, precision: Precision) -> Self {
-        let rope_inv_freq_local = config
-            .sliding_window
-            .map(|w| rope_inv_freq(config.n_rot, w.rope_base))
-            .unwrap_or_default();
         Self {
-            rope_inv_freq: rope_inv_freq(config.n_rot, config.rope_base),
-            rope_inv_freq_local,
+            rope_inv_freq: config.rope_frequencies(false),
+            rope_inv_freq_local: config.rope_frequencies(true),
             config,
             weights,
             precision,

@@ -3,7 +3,6 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use pyramid_kernels::ops::rope_inv_freq;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvType, Model, Segment};
 use pyramid_runtime::artifact::check_fits;
@@ -237,11 +236,8 @@ impl OvBackend {
             layout,
             window,
             executed_on,
-            inv_freq: rope_inv_freq(cfg.n_rot, cfg.rope_base),
-            inv_freq_local: cfg
-                .sliding_window
-                .map(|w| rope_inv_freq(cfg.n_rot, w.rope_base))
-                .unwrap_or_default(),
+            inv_freq: cfg.rope_frequencies(false),
+            inv_freq_local: cfg.rope_frequencies(true),
             state: Mutex::new(RunState {
                 request,
                 io,

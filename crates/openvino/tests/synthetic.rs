@@ -456,3 +456,28 @@ fn bad_devices_options_and_caches_are_clear_errors() {
     assert!(err.contains("f32 caches"), "{err}");
     assert!(kv.is_empty(), "a refused run leaves the cache untouched");
 }
+
+/// Llama 3 RoPE scaling reaches the graph through the host's RoPE angles: the tiny Llama 3
+/// fixture (`testdata/llama3-rope`) on ov:CPU equals the native f32 path.
+#[test]
+fn llama3_rope_scaling_matches_native_f32() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/llama3-rope/tiny-llama3.gguf");
+    let model = Arc::new(Model::load(&path).unwrap());
+    assert!(model.config.rope_factors.is_some());
+    let pool = ThreadPool::new(2).unwrap();
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let window = 64;
+    let prefill = ov
+        .compile(ArtifactShape::Prefill { chunk: 16, window })
+        .unwrap();
+    let tokens = prompt(40, 3)
+        .into_iter()
+        .map(|t| t % model.config.n_vocab as u32)
+        .collect::<Vec<_>>();
+    let mut kv = model.new_kv_cache_of(window, KvType::F32);
+    let mut logits = Vec::new();
+    prefill_chunked(prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+    let d = max_diff(&logits, &native_last_logits(&model, &pool, &tokens));
+    assert!(d < 1e-3, "ov:CPU differs from native by {d}");
+}

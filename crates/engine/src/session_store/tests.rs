@@ -27,6 +27,7 @@ fn cfg(n_layer: usize, n_head_kv: usize, head_dim: usize) -> ModelConfig {
         attention_scale: 1.0 / (head_dim as f32).sqrt(),
         activation: Activation::Silu,
         sliding_window: None,
+        rope_factors: None,
     }
 }
 
