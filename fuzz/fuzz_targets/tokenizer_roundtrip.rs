@@ -3,13 +3,14 @@
 //! Input: one selector byte, then the text (UTF-8; other bytes are replaced by U+FFFD) and,
 //! read again as little-endian `u16`s, a list of ids to decode. The selector's bit 0 is
 //! `parse_special`; the rest picks a tokenizer: the toy vocabulary under each pre-tokenizer
-//! rule set, then the real models in the pyramid cache if there are any.
+//! rule set, then the real models in the pyramid cache if there are any (byte-level BPE and,
+//! with Gemma 3, SentencePiece).
 //!
 //! Properties, for every tokenizer and text:
 //! - `encode` succeeds and every id is below `n_vocab`;
-//! - `decode(encode(text)) == text` (byte-level BPE and added tokens lose nothing but the
-//!   bytes a vocabulary has no token for), or for vocabularies that compose to NFC first,
-//!   the two agree after NFC;
+//! - `decode(encode(text)) == text` (byte-level BPE, SentencePiece with byte fallback and
+//!   added tokens lose nothing but the bytes a vocabulary has no token for), or for
+//!   vocabularies that compose to NFC first, the two agree after NFC;
 //! - a `StreamDecoder` fed the ids one at a time emits exactly `decode(ids)`;
 //! - `encode_prompt` adds BOS/EOS only as the metadata says;
 //! - `encode_within` / `encode_prompt_within` give the same ids at a limit the text fits,
@@ -18,16 +19,16 @@
 //! - decoding arbitrary ids fails exactly when one is out of range, and streams the same.
 #![no_main]
 
-use std::collections::HashSet;
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use pyramid_fuzz_common::{byte_level_encode, model_files, toy_metadata, PRE_TYPES};
+use pyramid_fuzz_common::{model_files, toy_metadata, PRE_TYPES};
 use pyramid_gguf::GgufFile;
-use pyramid_tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
+use pyramid_tokenizer::{StreamDecoder, TokenType, Tokenizer, TokenizerError};
 use unicode_normalization::UnicodeNormalization;
 
-/// A tokenizer under test, and which bytes its vocabulary has a byte-level token for.
+/// A tokenizer under test, and which bytes its vocabulary has a token of their own for
+/// (a byte-level piece, or SentencePiece's `<0xXX>`).
 struct Case {
     tok: Tokenizer,
     has_byte: [bool; 256],
@@ -35,11 +36,13 @@ struct Case {
 
 impl Case {
     fn new(tok: Tokenizer) -> Case {
-        let pieces: HashSet<&str> = (0..tok.n_vocab() as u32)
-            .filter_map(|id| tok.token_piece(id))
-            .collect();
-        let has_byte =
-            std::array::from_fn(|b| pieces.contains(byte_level_encode(&[b as u8]).as_str()));
+        let mut has_byte = [false; 256];
+        for id in 0..tok.n_vocab() as u32 {
+            let added = tok.token_type(id).is_some_and(TokenType::is_added);
+            if let (false, Some(&[b])) = (added, tok.token_bytes(id)) {
+                has_byte[usize::from(b)] = true;
+            }
+        }
         Case { tok, has_byte }
     }
 

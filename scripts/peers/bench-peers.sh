@@ -44,7 +44,7 @@ the engines within each repetition, and prints a markdown table of tok/s
 
 Options:
   --models LIST           Comma-separated known model names (smollm2-135m,
-                          qwen2.5-coder-0.5b) or paths to GGUF files
+                          qwen2.5-coder-0.5b, gemma3-270m) or paths to GGUF files
                           [default: $MODELS]
   -t, --threads N         Threads for every engine [default: $THREADS]
   -p N[,N...]             Prompt lengths (pp tests); 0 skips [default: $N_PROMPT]
@@ -335,8 +335,9 @@ resolve_models() {
         case "$entry" in
             smollm2-135m) path="$PYRAMID_HOME_DIR/models/smollm2-135m-instruct-q4_1.gguf"; name="$entry" ;;
             qwen2.5-coder-0.5b) path="$PYRAMID_HOME_DIR/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"; name="$entry" ;;
+            gemma3-270m) path="$PYRAMID_HOME_DIR/models/gemma-3-270m-q4_k_m.gguf"; name="$entry" ;;
             *.gguf) path="$entry"; name="$(basename "$entry" .gguf)" ;;
-            *) die "unknown model '$entry': use smollm2-135m, qwen2.5-coder-0.5b or a path to a .gguf file" ;;
+            *) die "unknown model '$entry': use smollm2-135m, qwen2.5-coder-0.5b, gemma3-270m or a path to a .gguf file" ;;
         esac
         if [[ ! -f "$path" ]]; then
             if [[ "$entry" == *.gguf ]]; then

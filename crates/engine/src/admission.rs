@@ -425,6 +425,8 @@ impl Engine {
     /// it; one that diverges from it (another agent on the same system prompt) gets a copy
     /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
     /// be made the conversation is taken and cut, as the last resort before a full prefill.
+    /// A conversation that cannot go on from the shared prefix (its sliding-window layers
+    /// gave back rows that far back) is not reused.
     pub(crate) fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
         self.load_stored_prefix(prompt);
         let Some((i, shared)) = self.cache.longest(prompt) else {
@@ -432,6 +434,10 @@ impl Engine {
         };
         let reused = shared.min(prompt.len() - 1);
         let cached = self.cache.session(i);
+        if !cached.resumable_at(reused) {
+            // Its sliding-window layers gave back what going on from there would read.
+            return (Session::default(), 0, false);
+        }
         if reused < cached.len() {
             if let Some(window) = cached.window() {
                 let (kv, _) = self.new_cache(window);

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::KvCache;
+use pyramid_model::KvFootprint;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
 use serde::Serialize;
 
@@ -174,7 +174,8 @@ pub struct Engine {
     pub(crate) config: EngineConfig,
     /// The one artifact of a backend that runs mixed passes; `None` on static routes.
     pub(crate) mixed: Option<Arc<dyn Executable>>,
-    pub(crate) kv_bytes_per_position: usize,
+    /// KV bytes of a session as a function of its window.
+    pub(crate) kv_footprint: KvFootprint,
     /// Pre-faulted compact caches, on backends that bind cache memory.
     pub(crate) kv_pool: Option<Arc<KvPool>>,
     pub(crate) waiting: VecDeque<Queued>,
@@ -223,20 +224,20 @@ impl Engine {
         } else {
             None
         };
-        let kv_bytes_per_position = KvCache::new(&model.config, 1, kv_type).bytes();
+        let kv_footprint = KvFootprint::of(&model.config, kv_type);
         let kv_pool = pyramid.backend().binds_kv_memory().then(|| {
             let largest = config.pyramid.ladder.largest();
             KvPool::new(
                 model.config.clone(),
                 kv_type,
-                2 * kv_bytes_per_position * largest,
+                2 * kv_footprint.bytes(largest),
             )
         });
         Ok(Self {
             pyramid,
             config,
             mixed,
-            kv_bytes_per_position,
+            kv_footprint,
             kv_pool,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -502,6 +503,10 @@ impl Engine {
             });
             self.retire(seq.session);
         }
+        // Sliding-window layers give back what their windows left behind, between steps.
+        for seq in &mut self.running {
+            seq.session.release_out_of_window();
+        }
     }
 
     /// What the last step ran.
@@ -597,7 +602,7 @@ impl Engine {
 
     /// KV bytes a session on `window` reserves.
     pub(crate) fn kv_bytes_for(&self, window: usize) -> usize {
-        self.kv_bytes_per_position.saturating_mul(window)
+        self.kv_footprint.bytes(window)
     }
 
     /// KV bytes the running and paused sessions reserve, counting running ones not yet

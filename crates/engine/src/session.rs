@@ -52,6 +52,21 @@ impl Session {
             .map_or((0, 0), |p| (p.kv.bytes(), p.kv.used_bytes()))
     }
 
+    /// Whether the session can go on from its first `len` tokens: its cache still holds
+    /// what sliding-window layers read from there on.
+    pub fn resumable_at(&self, len: usize) -> bool {
+        self.placement
+            .as_ref()
+            .is_none_or(|p| p.kv.resumable_at(len))
+    }
+
+    /// Gives back the cache rows sliding-window layers no longer read.
+    pub fn release_out_of_window(&mut self) {
+        if let Some(p) = &mut self.placement {
+            p.kv.release_out_of_window();
+        }
+    }
+
     /// Keeps the first `len` tokens and their cache.
     pub fn truncate(&mut self, len: usize) {
         self.tokens.truncate(len);

@@ -12,6 +12,13 @@
 //!   same memory with a new bound (no copy, no page faults at the crossing, which cost
 //!   ~95 % of a copy's time here: measured in docs/BENCHMARKS.md).
 //!
+//! A sliding-window layer (Gemma 3's local layers) reads only its last `window` positions,
+//! so [`KvCache::release_out_of_window`] gives the pages of its older rows back to the
+//! kernel (they read as zeros afterwards): its memory stays near the window whatever the
+//! context, while the layout, and every index, is unchanged. Only global layers grow with
+//! the window ladder. A cache cannot then resume from a length whose window reaches below
+//! the released rows ([`KvCache::resumable_at`]).
+//!
 //! With [`KvType::Int8`] each stored row (one position of one head) is symmetric INT8
 //! with its own f32 scale: a quarter of the bytes for long contexts, where decode is bound
 //! by reading the cache.
@@ -103,6 +110,95 @@ fn try_zeroed<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
     // what `Vec<T>` with capacity `n` frees with), and its `n` zeroed elements are valid
     // values by `ZeroBits`.
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// Gives the whole pages inside `elems` back to the kernel: their memory is uncommitted,
+/// and they read as zeros until written again.
+fn release_pages<T: ZeroBits>(elems: &mut [T]) {
+    const PAGE: usize = 4096;
+    let start = elems.as_mut_ptr() as usize;
+    let end = start + std::mem::size_of_val(elems);
+    let (first, last) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
+    if last <= first {
+        return;
+    }
+    // SAFETY: `[first, last)` lies inside `elems`, which this borrow owns exclusively; the
+    // pages are private anonymous memory (the allocator's), whose contents MADV_DONTNEED
+    // replaces with zeros, a valid value of `T` by `ZeroBits`. The allocator's own
+    // bookkeeping sits outside `elems`. A refusal leaves the memory as it was.
+    unsafe {
+        libc::madvise(
+            first as *mut libc::c_void,
+            last - first,
+            libc::MADV_DONTNEED,
+        );
+    }
+}
+
+/// Positions kept behind the window of a sliding-window layer, so that what the engine
+/// takes back after a step (a rejected speculative draft) is still there.
+const KEEP_BEHIND: usize = 256;
+/// Sliding-window rows are given back in steps of this many positions: whole pages, few
+/// system calls.
+const RELEASE_STEP: usize = 256;
+
+/// Which layers slide, and how far their rows have been given back.
+#[derive(Debug, Clone)]
+struct Sliding {
+    window: usize,
+    /// Per layer: whether it attends only to its last `window` positions.
+    local: Vec<bool>,
+    /// Local layers' rows below this position may have been given back (read as zeros).
+    released: usize,
+}
+
+impl Sliding {
+    fn of(cfg: &ModelConfig) -> Option<Self> {
+        let window = cfg.sliding_window?.size;
+        Some(Self {
+            window,
+            local: (0..cfg.n_layer)
+                .map(|l| cfg.layer_window(l).is_some())
+                .collect(),
+            released: 0,
+        })
+    }
+
+    /// Rows a local layer holds at most: its window, what is kept behind it, and a step
+    /// not yet given back.
+    fn local_rows(&self) -> usize {
+        self.window + KEEP_BEHIND + RELEASE_STEP
+    }
+}
+
+/// KV bytes of a model's cache as a function of its window: global layers grow with it,
+/// sliding-window layers stop at their window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvFootprint {
+    global_per_position: usize,
+    local_per_position: usize,
+    local_rows: usize,
+}
+
+impl KvFootprint {
+    pub fn of(cfg: &ModelConfig, kind: KvType) -> Self {
+        let per_layer = 2 * cfg.n_head_kv * row_bytes(kind, cfg.head_dim);
+        let sliding = Sliding::of(cfg);
+        let n_local = sliding
+            .as_ref()
+            .map_or(0, |s| s.local.iter().filter(|&&l| l).count());
+        Self {
+            global_per_position: per_layer * (cfg.n_layer - n_local),
+            local_per_position: per_layer * n_local,
+            local_rows: sliding.map_or(0, |s| s.local_rows()),
+        }
+    }
+
+    /// Bytes of a cache on `window` positions, as [`KvCache::bytes`] counts them.
+    pub fn bytes(&self, window: usize) -> usize {
+        self.global_per_position.saturating_mul(window)
+            + self.local_per_position * window.min(self.local_rows)
+    }
 }
 
 /// Elements stored on disk as their little-endian bytes ([`KvCache::write_live`]).
@@ -262,33 +358,41 @@ impl Store {
         }
     }
 
-    /// Writes one element of every page holding the first `rows` rows of each of
-    /// `n_runs` runs of `run` rows, so the kernel commits that memory now.
-    fn prefault(&mut self, n_runs: usize, run: usize, rows: usize, hd: usize) {
-        fn touch<T: Copy>(d: &mut [T], n_runs: usize, run: usize, rows: usize, zero: T) {
+    /// Writes one element of every page holding rows `firsts[r]..rows` of each run `r`
+    /// of `run` rows, so the kernel commits that memory now.
+    fn prefault(&mut self, firsts: &[usize], run: usize, rows: usize, hd: usize) {
+        fn touch<T: Copy>(
+            d: &mut [T],
+            firsts: &[usize],
+            run: usize,
+            rows: usize,
+            w: usize,
+            zero: T,
+        ) {
             let step = (4096 / std::mem::size_of::<T>()).max(1);
-            for r in 0..n_runs {
-                for x in d[r * run..r * run + rows].iter_mut().step_by(step) {
+            for (r, &first) in firsts.iter().enumerate() {
+                let span = (r * run + first) * w..(r * run + rows) * w;
+                for x in d[span].iter_mut().step_by(step) {
                     *x = zero;
                 }
             }
         }
         match self {
-            Store::F32(d) => touch(d, n_runs, run * hd, rows * hd, 0.0),
-            Store::F16(d) => touch(d, n_runs, run * hd, rows * hd, f16::ZERO),
+            Store::F32(d) => touch(d, firsts, run, rows, hd, 0.0),
+            Store::F16(d) => touch(d, firsts, run, rows, hd, f16::ZERO),
             Store::Int8 { q, scales } => {
-                touch(q, n_runs, run * hd, rows * hd, 0);
-                touch(scales, n_runs, run, rows, 0.0);
+                touch(q, firsts, run, rows, hd, 0);
+                touch(scales, firsts, run, rows, 1, 0.0);
             }
         }
     }
 
-    /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
-    /// into `out`'s runs of `new_run` rows.
+    /// Copies, for each run `r`, rows `starts[r]..live` from runs of `old_run` rows into
+    /// `out`'s runs of `new_run` rows (a run's rows before its start were given back).
     fn copy_runs_into(
         &self,
         out: &mut Store,
-        n_runs: usize,
+        starts: &[usize],
         old_run: usize,
         new_run: usize,
         live: usize,
@@ -297,41 +401,52 @@ impl Store {
         fn copy<T: Copy>(
             src: &[T],
             out: &mut [T],
-            n_runs: usize,
-            old: usize,
-            new: usize,
+            starts: &[usize],
+            (old, new, width): (usize, usize, usize),
             live: usize,
         ) {
-            for r in 0..n_runs {
-                out[r * new..r * new + live].copy_from_slice(&src[r * old..r * old + live]);
+            for (r, &start) in starts.iter().enumerate() {
+                let (from, to) = (start.min(live) * width, live * width);
+                out[r * new + from..r * new + to]
+                    .copy_from_slice(&src[r * old + from..r * old + to]);
             }
         }
-        let (old, new, rows) = (old_run * hd, new_run * hd, live * hd);
+        let (old, new) = (old_run * hd, new_run * hd);
         match (self, out) {
-            (Store::F32(d), Store::F32(o)) => copy(d, o, n_runs, old, new, rows),
-            (Store::F16(d), Store::F16(o)) => copy(d, o, n_runs, old, new, rows),
+            (Store::F32(d), Store::F32(o)) => copy(d, o, starts, (old, new, hd), live),
+            (Store::F16(d), Store::F16(o)) => copy(d, o, starts, (old, new, hd), live),
             (Store::Int8 { q, scales }, Store::Int8 { q: oq, scales: os }) => {
-                copy(q, oq, n_runs, old, new, rows);
-                copy(scales, os, n_runs, old_run, new_run, live);
+                copy(q, oq, starts, (old, new, hd), live);
+                copy(scales, os, starts, (old_run, new_run, 1), live);
             }
             _ => unreachable!("caches of one type copy into each other"),
         }
     }
 
-    /// Copies, for each of `n_runs` runs, the first `live` rows from runs of `old_run` rows
-    /// into runs of `new_run` rows of fresh zeroed storage (only the copied rows' pages
-    /// are touched).
+    /// As [`Store::copy_runs_into`], into fresh zeroed storage of runs of `new_run` rows
+    /// (only the copied rows' pages are touched).
     fn regrow(
         &self,
-        n_runs: usize,
+        starts: &[usize],
         old_run: usize,
         new_run: usize,
         live: usize,
         hd: usize,
     ) -> Self {
-        let mut out = Store::new(self.kind(), n_runs * new_run, hd);
-        self.copy_runs_into(&mut out, n_runs, old_run, new_run, live, hd);
+        let mut out = Store::new(self.kind(), starts.len() * new_run, hd);
+        self.copy_runs_into(&mut out, starts, old_run, new_run, live, hd);
         out
+    }
+
+    /// Gives back the pages of rows `rows` of run `r` (runs of `run` rows).
+    fn release_rows(&mut self, r: usize, run: usize, rows: std::ops::Range<usize>, hd: usize) {
+        let elems = (r * run + rows.start) * hd..(r * run + rows.end) * hd;
+        match self {
+            Store::F32(d) => release_pages(&mut d[elems]),
+            Store::F16(d) => release_pages(&mut d[elems]),
+            // The row scales are a 256th of the values: left committed.
+            Store::Int8 { q, .. } => release_pages(&mut q[elems]),
+        }
     }
 
     /// Writes the first `live` rows of each of `n_runs` runs of `run` rows, run by run
@@ -398,6 +513,7 @@ pub struct KvCache {
     len: usize,
     k: Store,
     v: Store,
+    sliding: Option<Sliding>,
 }
 
 impl KvCache {
@@ -434,6 +550,7 @@ impl KvCache {
             len: 0,
             k,
             v,
+            sliding: Sliding::of(cfg),
         }
     }
 
@@ -454,10 +571,72 @@ impl KvCache {
         self.capacity
     }
 
-    /// Bytes of the window (`capacity` positions of keys and values): what a budget
-    /// counts. A reserved cache's memory is at most this, committed as positions fill.
+    /// Bytes of the window (`capacity` positions of keys and values, a sliding-window
+    /// layer's at most its window and what it keeps behind): what a budget counts. A
+    /// reserved cache's memory is at most this, committed as positions fill.
     pub fn bytes(&self) -> usize {
-        2 * self.n_layer * self.n_head_kv * self.capacity * row_bytes(self.kind, self.head_dim)
+        let per_layer = 2 * self.n_head_kv * row_bytes(self.kind, self.head_dim);
+        (0..self.n_layer)
+            .map(|l| per_layer * self.rows_held(l, self.capacity))
+            .sum()
+    }
+
+    /// Rows layer `l` holds of `positions`: a sliding-window layer at most its window
+    /// and what it keeps behind.
+    fn rows_held(&self, l: usize, positions: usize) -> usize {
+        match &self.sliding {
+            Some(s) if s.local[l] => positions.min(s.local_rows()),
+            _ => positions,
+        }
+    }
+
+    /// First row of each (layer, head) run still held: local layers' rows below the
+    /// released position are gone.
+    fn run_starts(&self) -> Vec<usize> {
+        let released = |l: usize| match &self.sliding {
+            Some(s) if s.local[l] => s.released,
+            _ => 0,
+        };
+        (0..self.n_layer)
+            .flat_map(|l| std::iter::repeat_n(released(l), self.n_head_kv))
+            .collect()
+    }
+
+    /// Gives back the pages of sliding-window layers' rows older than their window (and
+    /// what is kept behind it), in steps; returns the bytes given back. The engine calls
+    /// it between steps, never inside a pass, so a pass that fails and rolls the cache back
+    /// finds its rows where they were.
+    pub fn release_out_of_window(&mut self) -> usize {
+        let Some(s) = &self.sliding else {
+            return 0;
+        };
+        let keep_from =
+            self.len.saturating_sub(s.window + KEEP_BEHIND) / RELEASE_STEP * RELEASE_STEP;
+        if keep_from <= s.released {
+            return 0;
+        }
+        let (from, hd, stride) = (s.released, self.head_dim, self.stride);
+        let local: Vec<usize> = (0..self.n_layer).filter(|&l| s.local[l]).collect();
+        for &l in &local {
+            for h in 0..self.n_head_kv {
+                let r = l * self.n_head_kv + h;
+                self.k.release_rows(r, stride, from..keep_from, hd);
+                self.v.release_rows(r, stride, from..keep_from, hd);
+            }
+        }
+        if let Some(s) = &mut self.sliding {
+            s.released = keep_from;
+        }
+        2 * local.len() * self.n_head_kv * (keep_from - from) * row_bytes(self.kind, hd)
+    }
+
+    /// Whether the cache can go on from length `len` (after [`KvCache::truncate`]): every
+    /// row a sliding-window layer reads from there on is still held.
+    pub fn resumable_at(&self, len: usize) -> bool {
+        match &self.sliding {
+            Some(s) if s.released > 0 => len + 1 >= s.released + s.window,
+            _ => true,
+        }
     }
 
     /// Whether each (layer, head) run is exactly the window, as a device binding the
@@ -467,7 +646,13 @@ impl KvCache {
     }
 
     /// Forgets positions from `len` on (e.g. a chat turn that diverged from the cache).
+    /// The caller checks [`KvCache::resumable_at`] first where rows may have been given
+    /// back.
     pub fn truncate(&mut self, len: usize) {
+        debug_assert!(
+            self.resumable_at(len.min(self.len)),
+            "truncated below released rows"
+        );
         self.len = self.len.min(len);
     }
 
@@ -521,9 +706,9 @@ impl KvCache {
             return 0;
         }
         let copied = self.used_bytes();
-        let n_runs = self.n_layer * self.n_head_kv;
+        let starts = self.run_starts();
         for store in [&mut self.k, &mut self.v] {
-            *store = store.regrow(n_runs, self.stride, capacity, self.len, self.head_dim);
+            *store = store.regrow(&starts, self.stride, capacity, self.len, self.head_dim);
         }
         self.capacity = capacity;
         self.stride = capacity;
@@ -534,10 +719,16 @@ impl KvCache {
     /// write (see [`KvCache::with_reserve`]): for a window a session will move into, the
     /// rows its copy will fill, faulted in before the crossing.
     pub fn prefault(&mut self, positions: usize) {
-        let (n_runs, hd) = (self.n_layer * self.n_head_kv, self.head_dim);
         let rows = positions.min(self.capacity);
-        self.k.prefault(n_runs, self.stride, rows, hd);
-        self.v.prefault(n_runs, self.stride, rows, hd);
+        // A sliding-window layer's copy fills only its last rows.
+        let firsts: Vec<usize> = (0..self.n_layer)
+            .flat_map(|l| {
+                let first = rows - self.rows_held(l, rows);
+                std::iter::repeat_n(first, self.n_head_kv)
+            })
+            .collect();
+        self.k.prefault(&firsts, self.stride, rows, self.head_dim);
+        self.v.prefault(&firsts, self.stride, rows, self.head_dim);
     }
 
     /// Copies the live positions into `dst` (which must hold as many, be compact and of
@@ -566,22 +757,42 @@ impl KvCache {
                 dst.capacity, dst.kind, self.len, self.kind
             )));
         }
-        let n_runs = self.n_layer * self.n_head_kv;
+        if !self.resumable_at(n) {
+            return Err(ModelError::BadConfig(format!(
+                "positions before {n} of this cache's sliding-window layers were given back"
+            )));
+        }
         let hd = self.head_dim;
+        let starts = self.run_starts();
         self.k
-            .copy_runs_into(&mut dst.k, n_runs, self.stride, dst.stride, n, hd);
+            .copy_runs_into(&mut dst.k, &starts, self.stride, dst.stride, n, hd);
         self.v
-            .copy_runs_into(&mut dst.v, n_runs, self.stride, dst.stride, n, hd);
+            .copy_runs_into(&mut dst.v, &starts, self.stride, dst.stride, n, hd);
         dst.len = n;
-        Ok(2 * n_runs * n * row_bytes(self.kind, hd))
+        // The destination's older rows were not written: it has given them back too.
+        if let (Some(d), Some(s)) = (&mut dst.sliding, &self.sliding) {
+            d.released = s.released.min(n);
+        }
+        Ok(self.live_bytes(n))
     }
 
-    /// Bytes the live positions occupy (what a copy to another window moves).
+    /// Bytes the live positions occupy (what a copy to another window moves): a
+    /// sliding-window layer's only from its released rows on.
     pub fn used_bytes(&self) -> usize {
-        2 * self.n_layer * self.n_head_kv * self.len * row_bytes(self.kind, self.head_dim)
+        self.live_bytes(self.len)
     }
 
-    /// Writes the live positions, for a conversation kept on disk: keys, then values; each
+    /// Bytes of the first `n` positions still held.
+    fn live_bytes(&self, n: usize) -> usize {
+        let row = 2 * row_bytes(self.kind, self.head_dim);
+        self.run_starts()
+            .iter()
+            .map(|&start| row * n.saturating_sub(start))
+            .sum()
+    }
+
+    /// Writes the live positions (rows given back as the zeros they read as), for a
+    /// conversation kept on disk: keys, then values; each
     /// as its (layer, head) runs in order, a run's first `len` rows (INT8: the run's
     /// values, then its `len` row scales); every element little-endian (f16 as its bits).
     /// Exactly [`KvCache::used_bytes`] bytes, whatever the window or reserve, so a reader
@@ -613,6 +824,9 @@ impl KvCache {
                 .map_err(ModelError::KvIo)?;
         }
         self.len = n;
+        // The writer may have given back rows older than its window (they were written as
+        // zeros): counted as given back here too, and released from memory again.
+        self.release_out_of_window();
         Ok(())
     }
 

@@ -25,7 +25,7 @@ pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
 use forward::Layers;
 pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
-pub use kv_cache::{KvCache, KvType};
+pub use kv_cache::{KvCache, KvFootprint, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
 pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
 
