@@ -164,8 +164,9 @@ impl Sliding {
         })
     }
 
-    /// Rows a local layer holds at most: its window, what is kept behind it, and a step
-    /// not yet given back.
+    /// Rows a local layer holds after a release, at most: its window, what is kept behind
+    /// it, and a step not yet given back. Until the next release, the rows of the engine
+    /// step in between (one prefill chunk) come on top; budgets count this figure.
     fn local_rows(&self) -> usize {
         self.window + KEEP_BEHIND + RELEASE_STEP
     }
