@@ -77,44 +77,28 @@ impl<'a> KvRows<'a> {
 
     /// The first `n_pos` rows (at most all of them).
     fn prefix(self, n_pos: usize, head_dim: usize) -> KvRows<'a> {
-        let n = (n_pos * head_dim).min(self.len());
-        let rows = n / head_dim;
-        match self {
-            KvRows::F32 { keys, values } => KvRows::F32 {
-                keys: &keys[..n],
-                values: &values[..n],
-            },
-            KvRows::F16 { keys, values } => KvRows::F16 {
-                keys: &keys[..n],
-                values: &values[..n],
-            },
-            KvRows::Int8 {
-                keys,
-                key_scales,
-                values,
-                value_scales,
-            } => KvRows::Int8 {
-                keys: &keys[..n],
-                key_scales: &key_scales[..rows],
-                values: &values[..n],
-                value_scales: &value_scales[..rows],
-            },
-        }
+        let n_rows = self.len() / head_dim;
+        self.span(0..n_pos.min(n_rows), head_dim)
     }
 
     /// The rows from position `start` on (none if `start` is past the end): the span a
     /// sliding-window layer attends to.
     pub fn skip(self, start: usize, head_dim: usize) -> KvRows<'a> {
-        let n = (start * head_dim).min(self.len());
-        let rows = n / head_dim;
+        let n_rows = self.len() / head_dim;
+        self.span(start.min(n_rows)..n_rows, head_dim)
+    }
+
+    /// Rows `rows` (within the rows held) of keys, values and scales.
+    fn span(self, rows: std::ops::Range<usize>, head_dim: usize) -> KvRows<'a> {
+        let elems = rows.start * head_dim..rows.end * head_dim;
         match self {
             KvRows::F32 { keys, values } => KvRows::F32 {
-                keys: &keys[n..],
-                values: &values[n..],
+                keys: &keys[elems.clone()],
+                values: &values[elems],
             },
             KvRows::F16 { keys, values } => KvRows::F16 {
-                keys: &keys[n..],
-                values: &values[n..],
+                keys: &keys[elems.clone()],
+                values: &values[elems],
             },
             KvRows::Int8 {
                 keys,
@@ -122,10 +106,10 @@ impl<'a> KvRows<'a> {
                 values,
                 value_scales,
             } => KvRows::Int8 {
-                keys: &keys[n..],
-                key_scales: &key_scales[rows.min(key_scales.len())..],
-                values: &values[n..],
-                value_scales: &value_scales[rows.min(value_scales.len())..],
+                keys: &keys[elems.clone()],
+                key_scales: &key_scales[rows.clone()],
+                values: &values[elems],
+                value_scales: &value_scales[rows],
             },
         }
     }
