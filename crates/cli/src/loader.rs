@@ -6,17 +6,17 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Calibration, KvType, Model, Precision};
+use pyramid_model::{Calibration, Checkpoint, KvType, Model, Precision};
 use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A known model name (see `pyramid models`), a path to a GGUF file, or
+    /// A known model name (see `pyramid models`), a path to a GGUF file or to a Hugging
+    /// Face model directory (config.json, *.safetensors, tokenizer.json), or
     /// `synthetic:SHAPE` (random weights shaped like qwen2.5-0.5b/1.5b/3b/7b or
     /// llama-3.2-1b/3b: for speed scaling only).
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
@@ -57,9 +57,22 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
-/// [`pyramid_runtime::artifact::model_id`] of a file: its length and first and last MiB.
-/// Read only by commands that key artifacts, not on every load.
+/// [`pyramid_runtime::artifact::model_id`] of a model: of its file (length, first and
+/// last MiB), or for a Hugging Face directory of its `config.json` and weight files
+/// together. Read only by commands that key artifacts, not on every load.
 pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
+    if !path.is_dir() {
+        return one_file_id(path);
+    }
+    let checkpoint = pyramid_model::HfCheckpoint::open(path)?;
+    let mut head = Vec::new();
+    for file in checkpoint.files() {
+        head.extend_from_slice(&one_file_id(&file)?.to_le_bytes());
+    }
+    Ok(pyramid_runtime::artifact::model_id(&head, &[], 0))
+}
+
+fn one_file_id(path: &std::path::Path) -> Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     const SPAN: u64 = 1 << 20;
     let mut file =
@@ -79,7 +92,7 @@ pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
 /// pass.
 fn calibration(
     path: &std::path::Path,
-    file: &GgufFile,
+    checkpoint: &Checkpoint,
     tokenizer: &Tokenizer,
     pool: &ThreadPool,
     f32_model: Option<&Model>,
@@ -101,7 +114,7 @@ fn calibration(
     let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
     let calibration = match f32_model {
         Some(model) => model.calibrate(pool, &tokens)?,
-        None => Model::calibrate_streamed(file, pool, &tokens)
+        None => Model::calibrate_streamed(checkpoint, pool, &tokens)
             .with_context(|| format!("calibrating {}", path.display()))?,
     };
     let written = cache_path
@@ -183,15 +196,25 @@ fn synthetic_model_path(cache: &ModelCache, shape: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-pub fn open_tokenizer(model: &str) -> Result<(PathBuf, GgufFile, Tokenizer)> {
-    open_path(resolve_model_path(model)?)
+pub fn open_tokenizer(model: &str) -> Result<Tokenizer> {
+    let path = resolve_model_path(model)?;
+    if path.is_dir() {
+        return Tokenizer::from_hf_dir(&path)
+            .with_context(|| format!("tokenizer of {}", path.display()));
+    }
+    Ok(open_path(path)?.2)
 }
 
-fn open_path(path: PathBuf) -> Result<(PathBuf, GgufFile, Tokenizer)> {
-    let file = GgufFile::open(&path)?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata())
-        .with_context(|| format!("tokenizer of {}", path.display()))?;
-    Ok((path, file, tokenizer))
+/// The checkpoint (a GGUF file or a Hugging Face directory) and its tokenizer.
+fn open_path(path: PathBuf) -> Result<(PathBuf, Checkpoint, Tokenizer)> {
+    let checkpoint =
+        Checkpoint::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let tokenizer = match &checkpoint {
+        Checkpoint::Gguf { file, .. } => Tokenizer::from_gguf(file.metadata()),
+        Checkpoint::HuggingFace(hf) => Tokenizer::from_hf_dir(hf.dir()),
+    }
+    .with_context(|| format!("tokenizer of {}", path.display()))?;
+    Ok((path, checkpoint, tokenizer))
 }
 
 /// The chat template chat prompts are rendered with; a model without one is an error that
@@ -210,7 +233,7 @@ pub struct Loaded {
     pub name: String,
     /// Random weights with a published model's shapes: speed only, tokens mean nothing.
     pub synthetic: bool,
-    /// The GGUF file the model came from.
+    /// The GGUF file or Hugging Face directory the model came from.
     pub path: PathBuf,
     pub kv_type: KvType,
     pub model: Arc<Model>,
@@ -232,7 +255,7 @@ impl ModelArgs {
         };
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
-        let (path, file, mut tokenizer) = open_path(path)?;
+        let (path, checkpoint, mut tokenizer) = open_path(path)?;
         if let Some(template) = &self.chat_template {
             let source = std::fs::read_to_string(template)
                 .with_context(|| format!("reading chat template {}", template.display()))?;
@@ -242,13 +265,13 @@ impl ModelArgs {
         }
         let loading = || format!("loading {}", path.display());
         let f32_model = (keep_f32 && self.precision != Precision::F32)
-            .then(|| Model::from_gguf(&file).map(Arc::new))
+            .then(|| Model::from_checkpoint(&checkpoint, Precision::F32, None).map(Arc::new))
             .transpose()
             .with_context(loading)?;
         let calibration = if self.precision.quantises_activations() {
             Some(calibration(
                 &path,
-                &file,
+                &checkpoint,
                 &tokenizer,
                 &pool,
                 f32_model.as_deref(),
@@ -256,7 +279,7 @@ impl ModelArgs {
         } else {
             None
         };
-        let model = Model::from_gguf_as(&file, self.precision, calibration.as_ref())
+        let model = Model::from_checkpoint(&checkpoint, self.precision, calibration.as_ref())
             .with_context(loading)?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         let model = Arc::new(model);

@@ -1095,3 +1095,79 @@ fn gemma3_runs_by_name_and_chats_only_with_a_given_template() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("chat template"), "{}", stderr(&out));
 }
+
+fn hf_fixture(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/hf")
+        .join(name)
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `--model DIR` runs a Hugging Face directory: the prompt is transformers' ids and the
+/// first greedy token is transformers' argmax; `--chat` uses the directory's template; the
+/// default precision (INT8, calibrated) runs; `inspect` reads the directory.
+#[test]
+fn a_hugging_face_directory_runs_chats_and_inspects() {
+    let f = Fixture::new();
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-gemma3"] {
+        let dir = hf_fixture(name);
+        let reference: Value = serde_json::from_str(
+            &std::fs::read_to_string(Path::new(&dir).join("reference.json")).unwrap(),
+        )
+        .unwrap();
+        let prompt = &reference["prompts"][1];
+        let out = f.run(&[
+            "run",
+            "-m",
+            &dir,
+            "--precision",
+            "f32",
+            "--prompt",
+            prompt["text"].as_str().unwrap(),
+            "--temperature",
+            "0",
+            "-n",
+            "4",
+            "--ignore-eos",
+            "--json",
+        ]);
+        assert_ok(&out);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        assert_eq!(v["prompt_tokens"], prompt["ids"], "{name}");
+        let last: Vec<f64> = prompt["logits"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let argmax = (0..last.len())
+            .max_by(|&a, &b| last[a].total_cmp(&last[b]).then(b.cmp(&a)))
+            .unwrap();
+        assert_eq!(v["tokens"][0], argmax as u64, "{name}");
+
+        let out = f.run(&["run", "-m", &dir, "--chat", "-p", "Hi", "-n", "2", "--json"]);
+        assert_ok(&out);
+        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        let first_turn = &reference["chat"]["ids"];
+        let starts_alike = v["prompt_tokens"][0] == first_turn[0];
+        assert!(
+            starts_alike,
+            "{name}: {} vs {first_turn}",
+            v["prompt_tokens"]
+        );
+
+        let out = f.run(&["inspect", &dir]);
+        assert_ok(&out);
+        let arch = format!("architecture:  {}", name.trim_start_matches("tiny-"));
+        assert!(stdout(&out).contains(&arch), "{}", stdout(&out));
+    }
+    let out = f.run(&["run", "-m", f.home().to_str().unwrap(), "-p", "x"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no config.json"), "{}", stderr(&out));
+}

@@ -488,3 +488,39 @@ fn bench_matrix_measures_checks_and_reports_with_provenance() {
         .unwrap()
         .contains("no powercap interface"));
 }
+
+/// Hugging Face directories run on `ov:CPU` with the native tokens: the graph is built
+/// from the model as loaded, whatever file it came from.
+#[test]
+fn hugging_face_directories_run_on_openvino_with_the_native_tokens() {
+    for name in ["tiny-llama", "tiny-qwen2", "tiny-gemma3"] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/hf")
+            .join(name);
+        let f = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            model: dir.to_str().unwrap().to_string(),
+        };
+        let base = [
+            "run",
+            "-m",
+            &f.model,
+            "--precision",
+            "f32",
+            "-p",
+            "The lighthouse keeper wrote the time and the weather.",
+            "-n",
+            "24",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+        ];
+        let native = ok_json(&f.run(&base));
+        let mut on_ov = base.to_vec();
+        on_ov.extend(["--device", "ov:CPU"]);
+        let v = ok_json(&f.run(&on_ov));
+        assert_eq!(tokens(&v), tokens(&native), "{name}");
+        assert_eq!(v["route"]["decode"]["executed"], "CPU", "{name}");
+    }
+}

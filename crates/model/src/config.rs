@@ -126,17 +126,6 @@ impl ModelConfig {
         let n_rot = md
             .opt(&key("rope.dimension_count"), |m, k| m.get_usize(k))?
             .unwrap_or(head_dim);
-        let max_head_dim = pyramid_kernels::ops::MAX_F16_HEAD_DIM;
-        if head_dim > max_head_dim {
-            return Err(ModelError::BadConfig(format!(
-                "head_dim {head_dim} is beyond the supported {max_head_dim}"
-            )));
-        }
-        if n_rot > head_dim || n_rot % 2 != 0 {
-            return Err(ModelError::BadConfig(format!(
-                "rope.dimension_count {n_rot} must be even and at most head_dim {head_dim}"
-            )));
-        }
         if let Some(scaling) = md.opt(&key("rope.scaling.type"), |m, k| {
             m.get_str(k).map(str::to_owned)
         })? {
@@ -155,11 +144,6 @@ impl ModelConfig {
             }),
             _ => None,
         };
-        if sliding_window.is_some_and(|w| w.size == 0) {
-            return Err(ModelError::BadConfig(
-                "attention.sliding_window is 0".to_string(),
-            ));
-        }
         let n_layer = md.get_usize(&key("block_count"))?;
         let (embedding_scale, attention_scale, activation) = match arch {
             Architecture::Gemma3 => {
@@ -204,44 +188,7 @@ impl ModelConfig {
             sliding_window,
             rope_factors: None,
         };
-        if !(cfg.rope_base.is_finite() && cfg.rope_base > 0.0) {
-            return Err(ModelError::BadConfig(format!(
-                "rope.freq_base {} must be a positive number",
-                cfg.rope_base
-            )));
-        }
-        if !(cfg.rms_eps.is_finite() && cfg.rms_eps > 0.0) {
-            return Err(ModelError::BadConfig(format!(
-                "attention.layer_norm_rms_epsilon {} must be a positive number",
-                cfg.rms_eps
-            )));
-        }
-        for (what, v) in [
-            ("rope.dimension_count", cfg.n_rot),
-            ("n_embd", cfg.n_embd),
-            ("n_vocab", cfg.n_vocab),
-            ("n_layer", cfg.n_layer),
-            ("n_ff", cfg.n_ff),
-            ("n_ctx_train", cfg.n_ctx_train),
-            ("head_dim", cfg.head_dim),
-        ] {
-            if v == 0 {
-                return Err(ModelError::BadConfig(format!("{what} is 0")));
-            }
-        }
-        // The largest buffers (a full-context KV cache, the embedding table) must be
-        // addressable; a file claiming more is corrupt, not merely large.
-        let kv_elems = [cfg.n_layer, cfg.n_head_kv, cfg.head_dim, cfg.n_ctx_train, 2]
-            .into_iter()
-            .try_fold(1usize, usize::checked_mul);
-        let q_elems = cfg.n_head.checked_mul(cfg.head_dim);
-        let embd_elems = cfg.n_vocab.checked_mul(cfg.n_embd);
-        if kv_elems.is_none() || q_elems.is_none() || embd_elems.is_none() {
-            return Err(ModelError::BadConfig(format!(
-                "shapes overflow: {} layers, {} heads of {}, context {}, vocabulary {}",
-                cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_ctx_train, cfg.n_vocab
-            )));
-        }
+        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -292,6 +239,79 @@ impl ModelConfig {
             )));
         }
         Ok(cfg)
+    }
+
+    /// Checks what every source of a configuration must satisfy before anything is sized
+    /// from it.
+    pub(crate) fn validate(&self) -> Result<()> {
+        let max_head_dim = pyramid_kernels::ops::MAX_F16_HEAD_DIM;
+        if self.head_dim > max_head_dim {
+            return Err(ModelError::BadConfig(format!(
+                "head_dim {} is beyond the supported {max_head_dim}",
+                self.head_dim
+            )));
+        }
+        if self.n_rot > self.head_dim || !self.n_rot.is_multiple_of(2) {
+            return Err(ModelError::BadConfig(format!(
+                "rope.dimension_count {} must be even and at most head_dim {}",
+                self.n_rot, self.head_dim
+            )));
+        }
+        if let Some(w) = self.sliding_window {
+            if w.size == 0 || w.global_every == 0 || !(w.rope_base.is_finite() && w.rope_base > 0.0)
+            {
+                return Err(ModelError::BadConfig(format!(
+                    "sliding window of {} positions, a global layer every {}, RoPE base {}: \
+                     each must be positive",
+                    w.size, w.global_every, w.rope_base
+                )));
+            }
+        }
+        if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
+            return Err(ModelError::BadConfig(format!(
+                "rope.freq_base {} must be a positive number",
+                self.rope_base
+            )));
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err(ModelError::BadConfig(format!(
+                "attention.layer_norm_rms_epsilon {} must be a positive number",
+                self.rms_eps
+            )));
+        }
+        for (what, v) in [
+            ("rope.dimension_count", self.n_rot),
+            ("n_embd", self.n_embd),
+            ("n_vocab", self.n_vocab),
+            ("n_layer", self.n_layer),
+            ("n_ff", self.n_ff),
+            ("n_ctx_train", self.n_ctx_train),
+            ("head_dim", self.head_dim),
+        ] {
+            if v == 0 {
+                return Err(ModelError::BadConfig(format!("{what} is 0")));
+            }
+        }
+        // The largest buffers (a full-context KV cache, the embedding table) must be
+        // addressable; a file claiming more is corrupt, not merely large.
+        let kv_elems = [
+            self.n_layer,
+            self.n_head_kv,
+            self.head_dim,
+            self.n_ctx_train,
+            2,
+        ]
+        .into_iter()
+        .try_fold(1usize, usize::checked_mul);
+        let q_elems = self.n_head.checked_mul(self.head_dim);
+        let embd_elems = self.n_vocab.checked_mul(self.n_embd);
+        if kv_elems.is_none() || q_elems.is_none() || embd_elems.is_none() {
+            return Err(ModelError::BadConfig(format!(
+                "shapes overflow: {} layers, {} heads of {}, context {}, vocabulary {}",
+                self.n_layer, self.n_head, self.head_dim, self.n_ctx_train, self.n_vocab
+            )));
+        }
+        Ok(())
     }
 
     /// How many positions layer `layer` attends to, back from each query's own: `None`

@@ -1,11 +1,18 @@
+use std::path::PathBuf;
+
 use pyramid_gguf::GgufError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported model architecture '{0}' (supported: llama, qwen2)")]
+    #[error("unsupported model architecture '{0}' (supported: llama, qwen2, gemma3)")]
     UnsupportedArchitecture(String),
+    /// A Hugging Face checkpoint directory or one of its files is unusable.
+    #[error("{}: {reason}", path.display())]
+    Checkpoint { path: PathBuf, reason: String },
+    #[error("the model has no tensor '{0}'")]
+    MissingTensor(String),
     #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
     TensorShape {
         name: String,

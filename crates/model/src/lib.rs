@@ -1,6 +1,9 @@
-//! Model architectures read from GGUF, and the f32 reference forward pass.
+//! Model architectures read from GGUF or a Hugging Face directory, and the f32 reference
+//! forward pass.
 //!
-//! - [`ModelConfig`]: hyper-parameters from metadata (Llama, Qwen2 and Gemma 3 families).
+//! - [`Checkpoint`]: a GGUF file or a Hugging Face directory (`config.json`,
+//!   `*.safetensors`), both offering GGUF's tensors ([`TensorSource`]).
+//! - [`ModelConfig`]: hyper-parameters (Llama, Qwen2 and Gemma 3 families).
 //! - [`ModelWeights`]: typed per-layer weights, dequantised to f32 at load.
 //! - [`Model::forward`]: prefill (many tokens in matrix form) and decode (one token) share
 //!   one readable code path; every fast path will be checked against it.
@@ -9,9 +12,11 @@
 //! Invariant: a forward pass of tokens at positions `p..p+n` appends exactly `n`
 //! positions to the cache, and its result depends only on the tokens at `0..p+n`.
 
+mod checkpoint;
 mod config;
 mod error;
 mod forward;
+mod hf;
 mod kv_cache;
 pub mod linear;
 pub mod synthetic;
@@ -21,10 +26,12 @@ use std::path::Path;
 
 use pyramid_gguf::GgufFile;
 
+pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
 use forward::Layers;
 pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
+pub use hf::HfCheckpoint;
 pub use kv_cache::{KvCache, KvFootprint, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
 pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
@@ -104,8 +111,26 @@ impl Model {
         precision: Precision,
         calibration: Option<&Calibration>,
     ) -> Result<Self> {
-        let config = ModelConfig::from_gguf(file)?;
-        let weights = ModelWeights::load_as(file, &config, precision, calibration)?;
+        Self::from_tensors(ModelConfig::from_gguf(file)?, file, precision, calibration)
+    }
+
+    /// [`Model::from_gguf_as`] of any checkpoint.
+    pub fn from_checkpoint(
+        checkpoint: &Checkpoint,
+        precision: Precision,
+        calibration: Option<&Calibration>,
+    ) -> Result<Self> {
+        let config = checkpoint.config().clone();
+        Self::from_tensors(config, checkpoint.tensors(), precision, calibration)
+    }
+
+    fn from_tensors(
+        config: ModelConfig,
+        tensors: &dyn TensorSource,
+        precision: Precision,
+        calibration: Option<&Calibration>,
+    ) -> Result<Self> {
+        let weights = ModelWeights::load_as(tensors, &config, precision, calibration)?;
         Ok(Self::assemble(config, weights, precision))
     }
 
@@ -135,13 +160,13 @@ impl Model {
     /// first INT8 load peaks near the INT8 model's own size rather than at the f32
     /// model's, four times that. The peaks are those of the resident f32 model exactly.
     pub fn calibrate_streamed(
-        file: &GgufFile,
+        checkpoint: &Checkpoint,
         pool: &pyramid_kernels::ThreadPool,
         tokens: &[u32],
     ) -> Result<Calibration> {
-        let config = ModelConfig::from_gguf(file)?;
-        let weights = ModelWeights::load_without_layers(file, &config)?;
-        let model = Self::assemble(config, weights, Precision::F32);
+        let file = checkpoint.tensors();
+        let weights = ModelWeights::load_without_layers(file, checkpoint.config())?;
+        let model = Self::assemble(checkpoint.config().clone(), weights, Precision::F32);
         let load = |li| weights::load_layer(file, &model.config, li, Precision::F32, None);
         model.calibrate_with(pool, tokens, Layers::Loaded(&load))
     }
@@ -175,8 +200,9 @@ impl Model {
         }
     }
 
+    /// The f32 model of a GGUF file or a Hugging Face directory.
     pub fn load(path: impl AsRef<Path>) -> Result<Self> {
-        Self::from_gguf(&GgufFile::open(path)?)
+        Self::from_checkpoint(&Checkpoint::open(path)?, Precision::F32, None)
     }
 
     /// A cache able to hold `capacity` positions (clamped to the model's context).

@@ -1,5 +1,5 @@
-//! Typed layer weights, dequantised from the GGUF and converted to the load precision one
-//! tensor at a time.
+//! Typed layer weights, read from a checkpoint (GGUF, or a Hugging Face directory under
+//! GGUF's names) and converted to the load precision one tensor at a time.
 //!
 //! Matrices keep GGUF's layout: `[n_out, n_in]` row-major (GGML dims `[n_in, n_out]`),
 //! which is what [`pyramid_kernels::matmul`] consumes.
@@ -9,8 +9,7 @@
 //! size) nor the file's pages at once. The output projection goes first, while nothing
 //! else is resident: its f32 form is the largest transient of the load.
 
-use pyramid_gguf::GgufFile;
-
+use crate::checkpoint::TensorSource;
 use crate::config::{Architecture, ModelConfig};
 use crate::linear::{Calibration, Linear, QuantLinear, Site, WeightBits};
 use crate::{ModelError, Precision, Result};
@@ -81,14 +80,14 @@ pub struct ModelWeights {
 
 impl ModelWeights {
     /// Loads every weight in f32 (the reference).
-    pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
+    pub fn load(file: &dyn TensorSource, cfg: &ModelConfig) -> Result<Self> {
         Self::load_as(file, cfg, Precision::F32, None)
     }
 
     /// Loads the weights straight into `precision`, tensor by tensor; with a calibration,
     /// integer projections keep their inputs' outlier channels in f32.
     pub fn load_as(
-        file: &GgufFile,
+        file: &dyn TensorSource,
         cfg: &ModelConfig,
         precision: Precision,
         calibration: Option<&Calibration>,
@@ -109,7 +108,7 @@ impl ModelWeights {
     /// ([`crate::Model::calibrate_streamed`]): the embedding exact in f32, and an untied
     /// output projection in INT8, since that pass records the projection's input and
     /// never uses its result.
-    pub(crate) fn load_without_layers(file: &GgufFile, cfg: &ModelConfig) -> Result<Self> {
+    pub(crate) fn load_without_layers(file: &dyn TensorSource, cfg: &ModelConfig) -> Result<Self> {
         let output_precision = if is_tied(file) {
             Precision::F32
         } else {
@@ -178,14 +177,14 @@ impl ModelWeights {
 }
 
 /// Whether the model reads its embeddings from the output projection's rows.
-fn is_tied(file: &GgufFile) -> bool {
+fn is_tied(file: &dyn TensorSource) -> bool {
     !file.has_tensor("output.weight")
 }
 
 /// The embedding and the output projection (the output first, while nothing else is
 /// resident: its f32 form is the largest transient of a load).
 fn load_vocabulary(
-    file: &GgufFile,
+    file: &dyn TensorSource,
     cfg: &ModelConfig,
     output_precision: Precision,
     embedding_precision: Precision,
@@ -217,7 +216,7 @@ fn load_vocabulary(
 
 /// Layer `i`'s weights in `precision`, integer projections split by `calibration`.
 pub(crate) fn load_layer(
-    file: &GgufFile,
+    file: &dyn TensorSource,
     cfg: &ModelConfig,
     i: usize,
     precision: Precision,
@@ -295,25 +294,30 @@ fn convert(
 }
 
 /// A matrix dequantised from the file, whose mapped pages are then given back.
-fn streamed_matrix(file: &GgufFile, name: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
+fn streamed_matrix(
+    file: &dyn TensorSource,
+    name: &str,
+    n_rows: usize,
+    n_cols: usize,
+) -> Result<Matrix> {
     let m = matrix(file, name, n_rows, n_cols)?;
     file.release(name);
     Ok(m)
 }
 
-fn check_dims(file: &GgufFile, name: &str, expected: &[u64]) -> Result<()> {
-    let info = file.tensor_info(name)?;
-    if info.dims != expected {
+fn check_dims(file: &dyn TensorSource, name: &str, expected: &[u64]) -> Result<()> {
+    let found = file.tensor_dims(name)?;
+    if found != expected {
         return Err(ModelError::TensorShape {
             name: name.to_string(),
             expected: expected.to_vec(),
-            found: info.dims.clone(),
+            found,
         });
     }
     Ok(())
 }
 
-fn matrix(file: &GgufFile, name: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
+fn matrix(file: &dyn TensorSource, name: &str, n_rows: usize, n_cols: usize) -> Result<Matrix> {
     check_dims(file, name, &[n_cols as u64, n_rows as u64])?;
     Ok(Matrix {
         data: file.tensor_f32(name)?,
@@ -322,7 +326,7 @@ fn matrix(file: &GgufFile, name: &str, n_rows: usize, n_cols: usize) -> Result<M
     })
 }
 
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
+fn vector(file: &dyn TensorSource, name: &str, len: usize) -> Result<Vec<f32>> {
     check_dims(file, name, &[len as u64])?;
-    Ok(file.tensor_f32(name)?)
+    file.tensor_f32(name)
 }

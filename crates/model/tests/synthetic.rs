@@ -6,7 +6,8 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::Site;
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::{
-    Architecture, Calibration, KvType, LogitsFor, Model, ModelError, Precision, Scratch, Segment,
+    Architecture, Calibration, Checkpoint, KvType, LogitsFor, Model, ModelError, Precision,
+    Scratch, Segment,
 };
 
 fn build(spec: &SyntheticSpec) -> Model {
@@ -77,7 +78,8 @@ fn streamed_calibration_equals_the_resident_models() {
             .unwrap()
             .calibrate(&pool, &PROMPT)
             .unwrap();
-        let streamed = Model::calibrate_streamed(&file, &pool, &PROMPT).unwrap();
+        let checkpoint = Checkpoint::from_gguf(file).unwrap();
+        let streamed = Model::calibrate_streamed(&checkpoint, &pool, &PROMPT).unwrap();
         assert!(streamed == resident, "{arch:?}: calibrations differ");
         assert!(
             streamed != Calibration::new(spec.n_layer),

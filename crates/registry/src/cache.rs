@@ -102,7 +102,11 @@ impl ModelCache {
     /// lists the known names.
     pub fn resolve(&self, name_or_path: &str, progress: &dyn FetchProgress) -> Result<PathBuf> {
         let path = Path::new(name_or_path);
-        if path.is_file() {
+        // A Hugging Face model directory; a directory that is not one is passed on too, so
+        // the loader can say what it lacks (unless the name is a known model's).
+        let model_dir = path.is_dir()
+            && (path.join("config.json").is_file() || KnownModel::by_name(name_or_path).is_none());
+        if path.is_file() || model_dir {
             return Ok(path.to_path_buf());
         }
         if let Some(model) = KnownModel::by_name(name_or_path) {

@@ -14,6 +14,12 @@ pub enum TokenizerError {
          'llama', SentencePiece)"
     )]
     Unsupported(String),
+    /// A Hugging Face tokenizer file is missing, unreadable or of a kind not supported.
+    #[error("{}: {reason}", path.display())]
+    HfFile {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     /// A per-token array does not have one entry per token.
     #[error("metadata '{key}' has {len} entries but the vocabulary has {n_vocab} tokens")]
     LengthMismatch {

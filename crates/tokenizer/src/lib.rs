@@ -1,6 +1,8 @@
-//! Text to token ids and back, as a GGUF model file describes its vocabulary.
+//! Text to token ids and back, as a GGUF model file or a Hugging Face directory describes
+//! its vocabulary.
 //!
-//! - [`Tokenizer`]: built from GGUF metadata (`tokenizer.ggml.*`). Byte-level BPE
+//! - [`Tokenizer`]: built from GGUF metadata (`tokenizer.ggml.*`), or from a Hugging Face
+//!   directory's `tokenizer.json` (run by the `tokenizers` crate itself, see `hf`). Byte-level BPE
 //!   (`tokenizer.ggml.model = gpt2`) on the `tokenizers` crate, with the pre-tokenizer regexes
 //!   of the `tokenizer.ggml.pre` type ([`PreType`]), or SentencePiece
 //!   (`tokenizer.ggml.model = llama`: merges by score, byte fallback). Control and
@@ -17,6 +19,7 @@ mod bpe;
 mod chat;
 mod chunks;
 mod error;
+mod hf;
 mod pretokenize;
 mod pyjson;
 mod special;
@@ -54,7 +57,7 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
 
 /// How many times longer than its NFC composition a text can be, in bytes: a Hangul
 /// syllable written as three jamo (9 bytes) composes to one (3 bytes).
-const MAX_NFC_SHRINK: usize = 4;
+pub(crate) const MAX_NFC_SHRINK: usize = 4;
 
 /// How plain text (added tokens already split off) becomes pieces.
 #[derive(Debug, Clone)]
@@ -66,6 +69,8 @@ enum PieceModel {
         /// added token, is tokenized as if it began with a space (llama.cpp's rule).
         add_space_prefix: bool,
     },
+    /// A Hugging Face `tokenizer.json`, whole: it splits off its own added tokens.
+    HuggingFace(Box<hf::HfPipeline>),
 }
 
 /// A model's tokenizer. Cheap to share behind an `Arc`: every method takes `&self`.
@@ -163,6 +168,40 @@ impl Tokenizer {
         })
     }
 
+    /// Reads a Hugging Face model directory's `tokenizer.json`, `tokenizer_config.json`
+    /// (special tokens, chat template), `chat_template.jinja` and `generation_config.json`
+    /// (end tokens). BOS/EOS are added to prompts exactly when `tokenizer.json`'s
+    /// post-processor adds them.
+    pub fn from_hf_dir(dir: &std::path::Path) -> Result<Tokenizer> {
+        let parts = hf::load(dir)?;
+        let added = AddedMatcher::new(&parts.vocab);
+        let vocab = parts.vocab;
+        let mut eog_ids: Vec<u32> = parts.eos_id.into_iter().collect();
+        eog_ids.extend(parts.generation_eos);
+        eog_ids.extend(
+            END_OF_GENERATION_TEXTS
+                .iter()
+                .filter_map(|text| vocab.find_added(text)),
+        );
+        eog_ids.sort_unstable();
+        eog_ids.dedup();
+        Ok(Tokenizer {
+            vocab,
+            model: PieceModel::HuggingFace(Box::new(parts.pipeline)),
+            added,
+            pre_type: PreType::Default,
+            bos_id: parts.bos_id,
+            eos_id: parts.eos_id,
+            eot_id: None,
+            eom_id: None,
+            pad_id: parts.pad_id,
+            add_bos: parts.add_bos,
+            add_eos: parts.add_eos,
+            eog_ids,
+            chat_template: parts.chat_template,
+        })
+    }
+
     /// Tokenizes `text` without adding BOS/EOS. With `parse_special`, control tokens written
     /// in the text (`<|im_start|>`) become their single id; without, they are tokenized as
     /// ordinary text. User-defined tokens are always matched.
@@ -188,6 +227,9 @@ impl Tokenizer {
         limit: usize,
         piece_bytes: usize,
     ) -> Result<Vec<u32>> {
+        if let PieceModel::HuggingFace(pipeline) = &self.model {
+            return pipeline.encode(&self.vocab, text, parse_special, limit);
+        }
         let too_many = || TokenizerError::TooManyTokens { limit };
         let mut ids = Vec::new();
         let mut follows_added = true;
@@ -226,6 +268,7 @@ impl Tokenizer {
                             model,
                             add_space_prefix,
                         } => model.encode_into(plain, *add_space_prefix && follows_added, &mut ids),
+                        PieceModel::HuggingFace(_) => unreachable!("encoded whole above"),
                     }
                     follows_added = false;
                 }
@@ -375,7 +418,7 @@ impl Tokenizer {
     fn decode_reference(&self, ids: &[u32]) -> Option<String> {
         match &self.model {
             PieceModel::ByteLevel(bpe) => Some(bpe.decode_reference(ids)),
-            PieceModel::SentencePiece { .. } => None,
+            PieceModel::SentencePiece { .. } | PieceModel::HuggingFace(_) => None,
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `pyramid inspect`: what a GGUF file holds, without loading its weights.
+//! `pyramid inspect`: what a GGUF file or a Hugging Face directory holds, without loading
+//! its weights.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -6,11 +7,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use pyramid_gguf::{GgufFile, Value};
-use pyramid_model::ModelConfig;
+use pyramid_model::{HfCheckpoint, ModelConfig};
 
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// A GGUF file (or a known model name).
+    /// A GGUF file, a Hugging Face model directory, or a known model name.
     pub path: String,
     /// Also list every metadata key and every tensor.
     #[arg(long)]
@@ -34,6 +35,9 @@ pub fn run(args: InspectArgs) -> Result<()> {
     } else {
         crate::loader::resolve_model_path(&args.path)?
     };
+    if path.is_dir() {
+        return inspect_directory(&path, args.all);
+    }
     let file = GgufFile::open(&path)?;
     let md = file.metadata();
     println!("file:          {}", path.display());
@@ -43,17 +47,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         md.get_str("general.architecture").unwrap_or("(missing)")
     );
     match ModelConfig::from_gguf(&file) {
-        Ok(c) => {
-            println!("name:          {}", c.name);
-            println!(
-                "layers {}, embd {}, heads {} (kv {}), head_dim {}, ffn {}, vocab {}",
-                c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab
-            );
-            println!(
-                "context {}, rope base {}, rms eps {:e}",
-                c.n_ctx_train, c.rope_base, c.rms_eps
-            );
-        }
+        Ok(c) => print_config(&c),
         Err(err) => println!("not runnable by pyramid: {err}"),
     }
     for key in ["tokenizer.ggml.model", "tokenizer.ggml.pre"] {
@@ -87,6 +81,40 @@ pub fn run(args: InspectArgs) -> Result<()> {
         println!("tensors:");
         for t in file.tensors() {
             println!("  {:<32} {:<6} {:?}", t.name, t.ggml_type.name(), t.dims);
+        }
+    }
+    Ok(())
+}
+
+fn print_config(c: &ModelConfig) {
+    println!("name:          {}", c.name);
+    println!(
+        "layers {}, embd {}, heads {} (kv {}), head_dim {}, ffn {}, vocab {}",
+        c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim, c.n_ff, c.n_vocab
+    );
+    println!(
+        "context {}, rope base {}, rms eps {:e}",
+        c.n_ctx_train, c.rope_base, c.rms_eps
+    );
+}
+
+/// A Hugging Face directory: its configuration as pyramid reads it, and its files.
+fn inspect_directory(path: &std::path::Path, all: bool) -> Result<()> {
+    println!("directory:     {}", path.display());
+    let checkpoint = match HfCheckpoint::open(path) {
+        Ok(c) => c,
+        Err(err) => {
+            println!("not runnable by pyramid: {err}");
+            return Ok(());
+        }
+    };
+    println!("architecture:  {}", checkpoint.config().arch.name());
+    print_config(checkpoint.config());
+    let files = checkpoint.files();
+    println!("files: {}", files.len());
+    if all {
+        for file in files {
+            println!("  {}", file.display());
         }
     }
     Ok(())

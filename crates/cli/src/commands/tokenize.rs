@@ -18,7 +18,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn run(args: TokenizeArgs) -> Result<()> {
-    let (_, _, tokenizer) = open_tokenizer(&args.model)?;
+    let tokenizer = open_tokenizer(&args.model)?;
     let ids = tokenizer.encode_prompt(&args.text)?;
     if args.ids_only {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();

@@ -1,0 +1,77 @@
+//! Where a model comes from: a GGUF file, or a Hugging Face directory (`config.json`,
+//! `*.safetensors`). Both give a [`ModelConfig`] and tensors under GGUF's names in GGUF's
+//! conventions, so the loader, calibration and every backend know one model format.
+
+use std::path::Path;
+
+use pyramid_gguf::GgufFile;
+
+use crate::hf::HfCheckpoint;
+use crate::{ModelConfig, Result};
+
+/// Tensors by GGUF name (`blk.0.attn_q.weight`), as f32 in GGML element order.
+pub trait TensorSource {
+    /// The tensor's dims in GGML order, fastest-varying first: a `[n_out, n_in]` matrix
+    /// is `[n_in, n_out]`.
+    fn tensor_dims(&self, name: &str) -> Result<Vec<u64>>;
+    fn has_tensor(&self, name: &str) -> bool;
+    fn tensor_f32(&self, name: &str) -> Result<Vec<f32>>;
+    /// Gives back the memory that reading `name` mapped in: a loader converting tensor by
+    /// tensor then never holds the whole file resident.
+    fn release(&self, name: &str);
+}
+
+impl TensorSource for GgufFile {
+    fn tensor_dims(&self, name: &str) -> Result<Vec<u64>> {
+        Ok(self.tensor_info(name)?.dims.clone())
+    }
+
+    fn has_tensor(&self, name: &str) -> bool {
+        GgufFile::has_tensor(self, name)
+    }
+
+    fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+        Ok(GgufFile::tensor_f32(self, name)?)
+    }
+
+    fn release(&self, name: &str) {
+        GgufFile::release(self, name);
+    }
+}
+
+/// An opened model: its configuration is read and checked, its tensors are mapped.
+pub enum Checkpoint {
+    Gguf { file: GgufFile, config: ModelConfig },
+    HuggingFace(HfCheckpoint),
+}
+
+impl Checkpoint {
+    /// A directory is a Hugging Face checkpoint; anything else is read as GGUF.
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoint> {
+        let path = path.as_ref();
+        if path.is_dir() {
+            return Ok(Checkpoint::HuggingFace(HfCheckpoint::open(path)?));
+        }
+        Self::from_gguf(GgufFile::open(path)?)
+    }
+
+    /// A GGUF file already open (or built in memory).
+    pub fn from_gguf(file: GgufFile) -> Result<Checkpoint> {
+        let config = ModelConfig::from_gguf(&file)?;
+        Ok(Checkpoint::Gguf { file, config })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        match self {
+            Checkpoint::Gguf { config, .. } => config,
+            Checkpoint::HuggingFace(hf) => hf.config(),
+        }
+    }
+
+    pub fn tensors(&self) -> &dyn TensorSource {
+        match self {
+            Checkpoint::Gguf { file, .. } => file,
+            Checkpoint::HuggingFace(hf) => hf,
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! `config.json` of a Hugging Face checkpoint as a [`ModelConfig`].
+//!
+//! Reads both spellings transformers has written: `rope_theta` and `rope_scaling` (up to
+//! 4.x) and `rope_parameters` (5.x, per layer type for Gemma 3). A key that changes what
+//! the model computes and that pyramid does not implement (softcapping, partial rotary,
+//! Qwen2's sliding window, YaRN) is refused, never ignored.
+
+use serde_json::{Map, Value};
+
+use crate::config::{Activation, Architecture, SlidingWindow};
+use crate::{ModelConfig, ModelError, Result};
+
+/// The parsed `config.json`, with errors naming the key.
+struct Json<'a>(&'a Map<String, Value>);
+
+impl<'a> Json<'a> {
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?
+            .ok_or_else(|| bad(format!("config.json has no '{key}'")))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| bad(format!("config.json '{key}' is {v}, not a count")))
+            })
+            .transpose()
+    }
+
+    fn opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64()
+                    .map(|x| x as f32)
+                    .ok_or_else(|| bad(format!("config.json '{key}' is {v}, not a number")))
+            })
+            .transpose()
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&'a str>> {
+        self.get(key)
+            .map(|v| {
+                v.as_str()
+                    .ok_or_else(|| bad(format!("config.json '{key}' is {v}, not a string")))
+            })
+            .transpose()
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.get(key).and_then(Value::as_bool).unwrap_or(false)
+    }
+}
+
+fn bad(message: String) -> ModelError {
+    ModelError::BadConfig(message)
+}
+
+/// A RoPE setting: its base and, for Llama 3 scaling, the per-frequency divisors.
+struct Rope {
+    theta: f32,
+    scaling: Option<Map<String, Value>>,
+}
+
+/// The architecture `config.json` names, from `model_type`.
+fn architecture(json: &Json) -> Result<Architecture> {
+    match json.opt_str("model_type")? {
+        Some("llama") => Ok(Architecture::Llama),
+        Some("qwen2") => Ok(Architecture::Qwen2),
+        Some("gemma3_text") => Ok(Architecture::Gemma3),
+        Some("gemma3") => Err(bad(
+            "config.json is a multimodal Gemma 3 (model_type 'gemma3'); only the text model \
+             (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
+                .to_string(),
+        )),
+        Some(other) => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        None => Err(bad("config.json has no 'model_type'".to_string())),
+    }
+}
+
+/// Reads `config.json` (already parsed) into a checked [`ModelConfig`]; `name` names the
+/// model when the file does not.
+pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
+    let map = root
+        .as_object()
+        .ok_or_else(|| bad("config.json is not a JSON object".to_string()))?;
+    let json = Json(map);
+    let arch = architecture(&json)?;
+    let n_embd = json.usize("hidden_size")?;
+    let n_head = json.usize("num_attention_heads")?;
+    let n_head_kv = json.opt_usize("num_key_value_heads")?.unwrap_or(n_head);
+    if n_head == 0 || n_head_kv == 0 || n_head % n_head_kv != 0 {
+        return Err(bad(format!(
+            "num_attention_heads {n_head} is not a positive multiple of num_key_value_heads \
+             {n_head_kv}"
+        )));
+    }
+    let head_dim = match json.opt_usize("head_dim")? {
+        Some(d) => d,
+        None if n_embd % n_head == 0 => n_embd / n_head,
+        None => {
+            return Err(bad(format!(
+                "hidden_size {n_embd} is not divisible by num_attention_heads {n_head}"
+            )))
+        }
+    };
+    if json
+        .opt_f32("partial_rotary_factor")?
+        .is_some_and(|f| f != 1.0)
+    {
+        return Err(bad(
+            "partial_rotary_factor is not implemented: RoPE would rotate the wrong dims"
+                .to_string(),
+        ));
+    }
+    refuse_unimplemented(&json, arch)?;
+    let n_layer = json.usize("num_hidden_layers")?;
+    let activation = match json
+        .opt_str("hidden_activation")?
+        .or(json.opt_str("hidden_act")?)
+    {
+        Some("silu") if arch != Architecture::Gemma3 => Activation::Silu,
+        Some("gelu_pytorch_tanh") if arch == Architecture::Gemma3 => Activation::GeluTanh,
+        other => {
+            return Err(bad(format!(
+                "activation {other:?} is not implemented for {}",
+                arch.name()
+            )))
+        }
+    };
+    let (global_rope, local_rope) = rope_settings(&json, arch)?;
+    let rope_factors = global_rope
+        .scaling
+        .as_ref()
+        .map(|s| llama3_rope_factors(s, head_dim, global_rope.theta))
+        .transpose()?;
+    let sliding_window = match arch {
+        Architecture::Gemma3 => Some(SlidingWindow {
+            size: json.usize("sliding_window")?,
+            global_every: gemma_global_every(&json, n_layer)?,
+            rope_base: local_rope.map_or(10_000.0, |r| r.theta),
+        }),
+        _ => None,
+    };
+    let (embedding_scale, attention_scale) = match arch {
+        Architecture::Gemma3 => {
+            let scalar = json
+                .opt_f32("query_pre_attn_scalar")?
+                .unwrap_or(head_dim as f32);
+            ((n_embd as f32).sqrt(), 1.0 / scalar.sqrt())
+        }
+        _ => (1.0, 1.0 / (head_dim as f32).sqrt()),
+    };
+    let cfg = ModelConfig {
+        arch,
+        name: name.to_string(),
+        n_vocab: json.usize("vocab_size")?,
+        n_embd,
+        n_layer,
+        n_head,
+        n_head_kv,
+        head_dim,
+        n_ff: json.usize("intermediate_size")?,
+        n_ctx_train: json.usize("max_position_embeddings")?,
+        n_rot: head_dim,
+        rope_base: global_rope.theta,
+        rms_eps: json
+            .opt_f32("rms_norm_eps")?
+            .ok_or_else(|| bad("config.json has no 'rms_norm_eps'".to_string()))?,
+        embedding_scale,
+        attention_scale,
+        activation,
+        sliding_window,
+        rope_factors,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Keys whose non-default values change the computation in ways pyramid lacks.
+fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
+    for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
+        if json.get(key).is_some() {
+            return Err(bad(format!("{key} is not implemented")));
+        }
+    }
+    if json.flag("mlp_bias") {
+        return Err(bad("mlp_bias is not implemented".to_string()));
+    }
+    if arch == Architecture::Qwen2 && json.flag("use_sliding_window") {
+        return Err(bad(
+            "Qwen2's use_sliding_window is not implemented".to_string()
+        ));
+    }
+    Ok(())
+}
+
+/// The global (and, for Gemma 3, the sliding-window layers') RoPE settings.
+fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)> {
+    let legacy_theta = json.opt_f32("rope_theta")?;
+    let parameters = json.get("rope_parameters").and_then(Value::as_object);
+    let per_layer_type = parameters.is_some_and(|p| p.contains_key("full_attention"));
+    let (global, local) = if per_layer_type {
+        let p = parameters.expect("checked above");
+        let local = p
+            .get("sliding_attention")
+            .map(|v| rope(v, "rope_parameters.sliding_attention", legacy_theta))
+            .transpose()?;
+        (
+            rope(
+                &p["full_attention"],
+                "rope_parameters.full_attention",
+                legacy_theta,
+            )?,
+            local,
+        )
+    } else if let Some(p) = json.get("rope_parameters") {
+        (rope(p, "rope_parameters", legacy_theta)?, None)
+    } else {
+        let mut global = Rope {
+            theta: legacy_theta.unwrap_or(10_000.0),
+            scaling: None,
+        };
+        if let Some(scaling) = json.get("rope_scaling") {
+            global.scaling = rope(scaling, "rope_scaling", legacy_theta)?.scaling;
+        }
+        let local = json.opt_f32("rope_local_base_freq")?.map(|theta| Rope {
+            theta,
+            scaling: None,
+        });
+        (global, local)
+    };
+    if let Some(local) = &local {
+        if local.scaling.is_some() || arch != Architecture::Gemma3 {
+            return Err(bad(
+                "RoPE scaling of sliding-window layers is not implemented".to_string(),
+            ));
+        }
+    }
+    let local = match (arch, local) {
+        (Architecture::Gemma3, None) => Some(Rope {
+            theta: json.opt_f32("rope_local_base_freq")?.unwrap_or(10_000.0),
+            scaling: None,
+        }),
+        (_, local) => local,
+    };
+    if !(global.theta.is_finite() && global.theta > 0.0) {
+        return Err(bad(format!(
+            "rope_theta {} must be a positive number",
+            global.theta
+        )));
+    }
+    Ok((global, local))
+}
+
+/// One RoPE parameter object: `{"rope_type": …, "rope_theta": …, …}`. Only the default
+/// and Llama 3's scaling are implemented; anything else is refused.
+fn rope(value: &Value, key: &str, legacy_theta: Option<f32>) -> Result<Rope> {
+    let map = value
+        .as_object()
+        .ok_or_else(|| bad(format!("config.json '{key}' is not an object")))?;
+    let params = Json(map);
+    let kind = params
+        .opt_str("rope_type")?
+        .or(params.opt_str("type")?)
+        .unwrap_or("default");
+    let theta = params
+        .opt_f32("rope_theta")?
+        .or(legacy_theta)
+        .unwrap_or(10_000.0);
+    match kind {
+        "default" => Ok(Rope {
+            theta,
+            scaling: None,
+        }),
+        "llama3" => Ok(Rope {
+            theta,
+            scaling: Some(map.clone()),
+        }),
+        other => Err(bad(format!(
+            "RoPE scaling '{other}' ({key}) is not implemented: this model's output would be \
+             wrong"
+        ))),
+    }
+}
+
+/// Llama 3's per-frequency divisors (what llama.cpp's converter stores as `rope_freqs`):
+/// high frequencies keep theirs, low ones are divided by `factor`, those between are
+/// smoothed.
+fn llama3_rope_factors(scaling: &Map<String, Value>, n_rot: usize, theta: f32) -> Result<Vec<f32>> {
+    let p = Json(scaling);
+    let need = |key: &str| {
+        p.opt_f32(key)?
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| bad(format!("llama3 RoPE scaling needs a positive '{key}'")))
+    };
+    let factor = need("factor")?;
+    let low = need("low_freq_factor")?;
+    let high = need("high_freq_factor")?;
+    let old_len = need("original_max_position_embeddings")?;
+    if high <= low {
+        return Err(bad(format!(
+            "llama3 RoPE scaling needs high_freq_factor {high} above low_freq_factor {low}"
+        )));
+    }
+    let (low_wavelen, high_wavelen) = (old_len / low, old_len / high);
+    Ok(pyramid_kernels::ops::rope_inv_freq(n_rot, theta)
+        .into_iter()
+        .map(|freq| {
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (old_len / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect())
+}
+
+/// Gemma 3's period of global layers: from `layer_types` (transformers 5) or
+/// `sliding_window_pattern` (4.x); pyramid runs only the periodic layout.
+fn gemma_global_every(json: &Json, n_layer: usize) -> Result<usize> {
+    if let Some(types) = json.get("layer_types") {
+        let types: Vec<&str> = types
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let every = types
+            .iter()
+            .position(|t| *t == "full_attention")
+            .map_or(n_layer + 1, |i| i + 1);
+        let periodic = types.len() == n_layer
+            && types.iter().enumerate().all(|(i, t)| {
+                let global = (i + 1) % every == 0;
+                *t == if global {
+                    "full_attention"
+                } else {
+                    "sliding_attention"
+                }
+            });
+        if !periodic {
+            return Err(bad(format!(
+                "layer_types {types:?} is not one full-attention layer every k layers, the \
+                 only Gemma 3 layout implemented"
+            )));
+        }
+        return Ok(every);
+    }
+    match json.opt_usize("sliding_window_pattern")? {
+        Some(0) => Err(bad("sliding_window_pattern is 0".to_string())),
+        Some(every) => Ok(every),
+        None => Ok(6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn fixture_config(name: &str) -> Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/hf")
+            .join(name)
+            .join("config.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// transformers 4 wrote `rope_theta`, `rope_scaling`, `rope_local_base_freq` and
+    /// `sliding_window_pattern` where 5 writes `rope_parameters` and `layer_types`; most
+    /// checkpoints on the Hub are in the older form. Both read the same.
+    #[test]
+    fn transformers_4_spellings_read_as_transformers_5_ones() {
+        let modern = fixture_config("tiny-llama");
+        let mut legacy = modern.clone();
+        let rope = legacy
+            .as_object_mut()
+            .unwrap()
+            .remove("rope_parameters")
+            .unwrap();
+        legacy["rope_theta"] = rope["rope_theta"].clone();
+        legacy["rope_scaling"] = rope;
+        assert_eq!(
+            model_config(&legacy, "m").unwrap(),
+            model_config(&modern, "m").unwrap()
+        );
+
+        let modern = fixture_config("tiny-gemma3");
+        let mut legacy = modern.clone();
+        let map = legacy.as_object_mut().unwrap();
+        map.remove("rope_parameters");
+        map.remove("layer_types");
+        map.insert("rope_theta".into(), json!(1_000_000.0));
+        map.insert("rope_local_base_freq".into(), json!(10_000.0));
+        map.insert("sliding_window_pattern".into(), json!(6));
+        assert_eq!(
+            model_config(&legacy, "m").unwrap(),
+            model_config(&modern, "m").unwrap()
+        );
+    }
+
+    #[test]
+    fn unimplemented_settings_are_refused() {
+        let mut c = fixture_config("tiny-llama");
+        c["partial_rotary_factor"] = json!(0.5);
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("partial_rotary_factor"), "{err}");
+
+        let mut c = fixture_config("tiny-llama");
+        c["hidden_act"] = json!("gelu");
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("activation"), "{err}");
+
+        let mut c = fixture_config("tiny-gemma3");
+        c["model_type"] = json!("gemma3");
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("multimodal"), "{err}");
+
+        let mut c = fixture_config("tiny-gemma3");
+        c["rope_parameters"]["full_attention"] = json!({"rope_type": "linear", "factor": 8.0});
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("'linear'"), "{err}");
+    }
+}
