@@ -8,7 +8,7 @@ use pyramid_model::{KvType, Model, Segment};
 use pyramid_runtime::artifact::check_fits;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, RuntimeError};
 
-use crate::graph::{ModelGraph, WeightFormat, MASKED};
+use crate::graph::{LocalPast, ModelGraph, WeightFormat, MASKED};
 use crate::ov::{CompiledModel, Core, Element, InferRequest, Tensor};
 use crate::{OvError, Result};
 
@@ -198,6 +198,19 @@ impl OvBackend {
                 other => other.to_string(),
             },
         };
+        // A sliding-window layer's first row reaches `size - 1` rows back; gathering them
+        // pays once the artifact's window is larger.
+        let local_past = match cfg.sliding_window {
+            Some(w) if w.size.saturating_sub(1).max(1) < window => {
+                let per_sequence = w.size.saturating_sub(1).max(1);
+                LocalPast::Gathered(if packed {
+                    rows * per_sequence
+                } else {
+                    per_sequence
+                })
+            }
+            _ => LocalPast::Whole,
+        };
         let layout = GraphLayout {
             seqs,
             rows,
@@ -205,12 +218,13 @@ impl OvBackend {
             past: if packed { rows * window } else { window },
             outputs: if packed { rows } else { 1 },
             packed,
+            local_past,
         };
         let resident_before = resident_bytes();
-        let xml = self
-            .shared
-            .graph
-            .emit(seqs, rows, layout.past, layout.outputs);
+        let xml =
+            self.shared
+                .graph
+                .emit(seqs, rows, layout.past, layout.outputs, layout.local_past);
         let model = self
             .shared
             .core
@@ -276,20 +290,32 @@ struct Positional {
     cos: Vec<f32>,
     sin: Vec<f32>,
     mask: Vec<f32>,
+    /// Past columns each graph sequence attends to (the mask's width less the new rows).
+    past_cols: usize,
+    /// The cache rows those columns are, `[seqs, past_cols]`, when gathered
+    /// ([`LocalPast::Gathered`]); empty when the columns are the whole past.
+    gathered: Vec<i64>,
 }
 
 impl Positional {
-    fn new(layout: &GraphLayout, half: usize) -> Self {
+    fn new(layout: &GraphLayout, half: usize, past: LocalPast) -> Self {
         let (seqs, rows) = (layout.seqs, layout.rows);
+        let (past_cols, gathered) = match past {
+            LocalPast::Whole => (layout.past, 0),
+            LocalPast::Gathered(n) => (n, seqs * n),
+        };
         Self {
             cos: vec![1.0; seqs * rows * half],
             sin: vec![0.0; seqs * rows * half],
-            mask: vec![MASKED; seqs * rows * (layout.past + rows)],
+            mask: vec![MASKED; seqs * rows * (past_cols + rows)],
+            past_cols,
+            gathered: vec![0; gathered],
         }
     }
 
-    fn len(&self) -> usize {
-        self.cos.len() + self.sin.len() + self.mask.len()
+    /// Bytes of the buffers.
+    fn bytes(&self) -> usize {
+        (self.cos.len() + self.sin.len() + self.mask.len()) * 4 + self.gathered.len() * 8
     }
 }
 
@@ -322,8 +348,10 @@ impl Io {
         };
         Self {
             ids: vec![0; seqs * rows],
-            global: Positional::new(layout, half),
-            local: cfg.sliding_window.map(|_| Positional::new(layout, half)),
+            global: Positional::new(layout, half, LocalPast::Whole),
+            local: cfg
+                .sliding_window
+                .map(|_| Positional::new(layout, half, layout.local_past)),
             last: vec![0; seqs * layout.outputs],
             staged_k: staged(),
             staged_v: staged(),
@@ -338,8 +366,8 @@ impl Io {
             .chain(&self.staged_v)
             .map(Vec::len)
             .sum();
-        let positional = self.global.len() + self.local.as_ref().map_or(0, Positional::len);
-        (self.ids.len() + self.last.len()) * 8 + (positional + staged) * 4
+        let positional = self.global.bytes() + self.local.as_ref().map_or(0, Positional::bytes);
+        (self.ids.len() + self.last.len()) * 8 + staged * 4 + positional
     }
 }
 
@@ -363,6 +391,8 @@ struct GraphLayout {
     outputs: usize,
     /// Each row is its own sequence (see [`DecodeLayout::Packed`]).
     packed: bool,
+    /// What the sliding-window layers read of the past.
+    local_past: LocalPast,
 }
 
 pub struct OvExecutable {
@@ -438,9 +468,17 @@ impl OvExecutable {
                 bind(
                     format!("attention_mask{suffix}"),
                     Element::F32,
-                    &[s, 1, 1, r, w + r],
+                    &[s, 1, 1, r, p.past_cols + r],
                     p.mask.as_mut_ptr().cast(),
                 )?;
+                if !p.gathered.is_empty() {
+                    bind(
+                        "local_rows".into(),
+                        Element::I64,
+                        &[s, p.past_cols],
+                        p.gathered.as_mut_ptr().cast(),
+                    )?;
+                }
             }
             bind(
                 "last_rows".into(),
@@ -486,7 +524,8 @@ impl OvExecutable {
     }
 
     /// RoPE angles and the additive mask for `segments`, each row seeing the positions up
-    /// to its own, and with `window` only the last `window` of them.
+    /// to its own, and with `window` only the last `window` of them; where the past
+    /// columns are gathered, the rows they are (from the first one the window reaches).
     fn fill_positions(
         &self,
         io: &mut Positional,
@@ -494,9 +533,15 @@ impl OvExecutable {
         window: Option<usize>,
         segments: &[Segment<'_>],
     ) {
-        let GraphLayout {
-            seqs, rows, past, ..
-        } = self.layout;
+        let GraphLayout { seqs, rows, .. } = self.layout;
+        let past = io.past_cols;
+        let gather = !io.gathered.is_empty();
+        // Past columns of one sequence: all of a packed row's block, or its gathered rows.
+        let block = match (self.layout.packed, gather) {
+            (true, true) => past / rows,
+            (true, false) => self.window,
+            (false, _) => past,
+        };
         let half = inv_freq.len();
         let width = past + rows;
         // The first position a row at `pos` sees.
@@ -509,29 +554,50 @@ impl OvExecutable {
                 io.sin[row * half + i] = sin;
             }
         };
+        // The cache row of each gathered column of a sequence whose block starts at
+        // `cache_base` and whose first gathered position is `first`; rows past the
+        // window's end are masked, so clamping them only keeps the index valid.
+        let mut gather_rows = |column_base: usize, cache_base: usize, first: usize| {
+            let last = self.window - 1;
+            for j in 0..block {
+                io.gathered[column_base + j] = (cache_base + (first + j).min(last)) as i64;
+            }
+        };
         if self.layout.packed {
             // Row b is sequence b: its cache sits at positions b·window.., its own new
             // key at column past + b; nothing else is visible to it.
             for b in 0..rows {
                 let start = segments.get(b).map_or(0, |seg| seg.kv.len());
+                let lo = first_seen(start).min(start);
+                let first = if gather { lo } else { 0 };
+                if gather {
+                    gather_rows(b * block, b * self.window, first);
+                }
                 rope(b, start);
                 let mask = &mut io.mask[b * width..(b + 1) * width];
-                let own = b * self.window;
-                let lo = first_seen(start).min(start);
-                mask[own + lo..own + start].fill(0.0);
+                let own = b * block;
+                mask[own + lo - first..own + start - first].fill(0.0);
                 mask[past + b] = 0.0;
             }
             return;
         }
         for s in 0..seqs {
             let start = segments.get(s).map_or(0, |seg| seg.kv.len());
+            let first = if gather {
+                first_seen(start).min(start)
+            } else {
+                0
+            };
+            if gather {
+                gather_rows(s * block, 0, first);
+            }
             for t in 0..rows {
                 let row = s * rows + t;
                 let pos = start + t;
                 rope(row, pos);
                 let lo = first_seen(pos);
                 let mask = &mut io.mask[row * width..(row + 1) * width];
-                mask[lo.min(start)..start].fill(0.0);
+                mask[lo.min(start) - first..start - first].fill(0.0);
                 mask[past + lo.saturating_sub(start)..=past + t].fill(0.0);
             }
         }

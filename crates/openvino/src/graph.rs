@@ -12,7 +12,9 @@
 //! position; an additive mask `[seqs, 1, 1, rows, window + rows]` that hides unused cache
 //! positions and future rows (a model with sliding-window layers has a second cos/sin
 //! and mask for them, `*_local`, the mask also hiding positions beyond each row's
-//! window); and the rows whose logits are computed `[seqs, outputs]`
+//! window; when the artifact's window is larger than theirs, those layers gather only the
+//! rows their window reaches, at the indices `local_rows` gives, see [`LocalPast`]); and
+//! the rows whose logits are computed `[seqs, outputs]`
 //! (`logits`: `[seqs, outputs, n_vocab]`): each sequence's last real row, or, in a packed
 //! decode (one sequence whose rows are different sequences over their caches side by
 //! side, a block-diagonal mask keeping them apart), every row.
@@ -56,6 +58,17 @@ impl WeightFormat {
 /// Additive mask value for hidden positions: finite, and representable in f16 for
 /// devices that compute attention in half precision.
 pub const MASKED: f32 = -65504.0;
+
+/// How many past rows the sliding-window layers of a graph read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalPast {
+    /// All of the past input, as global layers do (the window is no larger than theirs).
+    Whole,
+    /// `n` rows per graph sequence, gathered from the past input at the indices the
+    /// `local_rows` input `[seqs, n]` gives: attention in these layers costs their
+    /// sliding window, not the artifact's window.
+    Gathered(usize),
+}
 
 /// A model's constants and what is needed to emit its graphs.
 pub struct ModelGraph {
@@ -152,8 +165,15 @@ impl ModelGraph {
 
     /// The IR text of the graph for `seqs` × `rows` new tokens over `window` past
     /// positions, returning logits for `outputs` rows of each sequence (named by the
-    /// `last_rows` input).
-    pub fn emit(&self, seqs: usize, rows: usize, window: usize, outputs: usize) -> String {
+    /// `last_rows` input); sliding-window layers read `local` of the past.
+    pub fn emit(
+        &self,
+        seqs: usize,
+        rows: usize,
+        window: usize,
+        outputs: usize,
+        local: LocalPast,
+    ) -> String {
         let cfg = &self.config;
         let mut g = Graph::new("pyramid", &self.blob);
         let (hd, kv) = (cfg.head_dim, cfg.n_head_kv);
@@ -170,6 +190,16 @@ impl ModelGraph {
             &[seqs, 1, 1, rows, window + rows],
         );
         let last = g.parameter("last_rows", Et::I64, &[seqs, outputs]);
+        let local_width = match local {
+            LocalPast::Whole => window,
+            LocalPast::Gathered(n) => n,
+        };
+        let local_rows = match local {
+            LocalPast::Gathered(n) if cfg.sliding_window.is_some() => {
+                Some(g.parameter("local_rows", Et::I64, &[seqs, n]))
+            }
+            _ => None,
+        };
         let local = cfg.sliding_window.map(|_| {
             (
                 g.parameter("rope_cos_local", Et::F32, &rope_shape),
@@ -177,7 +207,7 @@ impl ModelGraph {
                 g.parameter(
                     "attention_mask_local",
                     Et::F32,
-                    &[seqs, 1, 1, rows, window + rows],
+                    &[seqs, 1, 1, rows, local_width + rows],
                 ),
             )
         });
@@ -199,13 +229,30 @@ impl ModelGraph {
             x = b.binary(&mut g, "Multiply", x, scale);
         }
         for layer in 0..cfg.n_layer {
-            let (cos, sin, mask) = match (local, cfg.layer_window(layer)) {
-                (Some(local), Some(_)) => local,
+            let windowed = cfg.layer_window(layer).is_some();
+            let (cos, sin, mask) = match (local, windowed) {
+                (Some(local), true) => local,
                 _ => (cos, sin, mask),
             };
             let norm = |name: &str| format!("blk.{layer}.{name}");
-            let past_k = g.parameter(&format!("past_k_{layer}"), Et::F32, &[seqs, kv, window, hd]);
-            let past_v = g.parameter(&format!("past_v_{layer}"), Et::F32, &[seqs, kv, window, hd]);
+            let mut past_k =
+                g.parameter(&format!("past_k_{layer}"), Et::F32, &[seqs, kv, window, hd]);
+            let mut past_v =
+                g.parameter(&format!("past_v_{layer}"), Et::F32, &[seqs, kv, window, hd]);
+            if let (Some(rows_index), true) = (local_rows, windowed) {
+                // Only the rows within reach of the window: [seqs, kv, n, hd].
+                let axis2 = g.constant("axis2");
+                let gather = |g: &mut Graph<'_>, past| {
+                    g.op(
+                        "Gather",
+                        "opset8",
+                        r#"batch_dims="1""#,
+                        &[past, rows_index, axis2],
+                    )
+                };
+                past_k = gather(&mut g, past_k);
+                past_v = gather(&mut g, past_v);
+            }
             let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.attn_norm"));
             let q = b.linear(&mut g, h, &format!("blk.{layer}.wq"), Some("bq"), layer);
             let k = b.linear(&mut g, h, &format!("blk.{layer}.wk"), Some("bk"), layer);
@@ -496,6 +543,7 @@ fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
         |blob: &mut Blob, name: &str, v: i64| blob.add(name, Et::I64, &[], &v.to_le_bytes());
     scalar_i64(blob, "axis0", 0);
     scalar_i64(blob, "axis1", 1);
+    scalar_i64(blob, "axis2", 2);
     scalar_i64(blob, "axis3", 3);
     scalar_i64(blob, "axis4", 4);
     blob.add_i64("axes_last", &[-1]);
