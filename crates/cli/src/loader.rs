@@ -196,13 +196,15 @@ fn synthetic_model_path(cache: &ModelCache, shape: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The tokenizer alone: the model's architecture need not be one pyramid runs.
 pub fn open_tokenizer(model: &str) -> Result<Tokenizer> {
     let path = resolve_model_path(model)?;
-    if path.is_dir() {
-        return Tokenizer::from_hf_dir(&path)
-            .with_context(|| format!("tokenizer of {}", path.display()));
-    }
-    Ok(open_path(path)?.2)
+    let tokenizer = if path.is_dir() {
+        Tokenizer::from_hf_dir(&path)
+    } else {
+        Tokenizer::from_gguf(pyramid_gguf::GgufFile::open(&path)?.metadata())
+    };
+    tokenizer.with_context(|| format!("tokenizer of {}", path.display()))
 }
 
 /// The checkpoint (a GGUF file or a Hugging Face directory) and its tokenizer.
