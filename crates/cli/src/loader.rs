@@ -58,16 +58,18 @@ fn parse_precision(s: &str) -> Result<Precision, String> {
 }
 
 /// [`pyramid_runtime::artifact::model_id`] of a model: of its file (length, first and
-/// last MiB), or for a Hugging Face directory of its `config.json` and weight files
-/// together. Read only by commands that key artifacts, not on every load.
+/// last MiB), or for a Hugging Face directory of its `config.json`, weight files and
+/// `tokenizer.json` together (calibration tokenizes a text). Read only by commands that
+/// key artifacts or calibrations, not on every load.
 pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
     if !path.is_dir() {
         return one_file_id(path);
     }
     let checkpoint = pyramid_model::HfCheckpoint::open(path)?;
+    let tokenizer = path.join("tokenizer.json");
     let mut head = Vec::new();
-    for file in checkpoint.files() {
-        head.extend_from_slice(&one_file_id(&file)?.to_le_bytes());
+    for file in checkpoint.files().iter().chain(Some(&tokenizer)) {
+        head.extend_from_slice(&one_file_id(file)?.to_le_bytes());
     }
     Ok(pyramid_runtime::artifact::model_id(&head, &[], 0))
 }
@@ -258,6 +260,15 @@ impl ModelArgs {
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
         let (path, checkpoint, mut tokenizer) = open_path(path)?;
+        let model_vocab = checkpoint.config().n_vocab;
+        if tokenizer.n_vocab() > model_vocab {
+            bail!(
+                "{}: the tokenizer has {} tokens but the model only {model_vocab} rows of \
+                 embeddings",
+                path.display(),
+                tokenizer.n_vocab()
+            );
+        }
         if let Some(template) = &self.chat_template {
             let source = std::fs::read_to_string(template)
                 .with_context(|| format!("reading chat template {}", template.display()))?;

@@ -267,6 +267,16 @@ impl ModelConfig {
                 )));
             }
         }
+        for (what, v) in [
+            ("the attention scale", self.attention_scale),
+            ("the embedding scale", self.embedding_scale),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ModelError::BadConfig(format!(
+                    "{what} {v} must be a positive number"
+                )));
+            }
+        }
         if !(self.rope_base.is_finite() && self.rope_base > 0.0) {
             return Err(ModelError::BadConfig(format!(
                 "rope.freq_base {} must be a positive number",

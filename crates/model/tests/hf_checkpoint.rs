@@ -189,7 +189,7 @@ fn a_broken_directory_is_an_error_naming_the_problem() {
                     c.insert("model_type".into(), "mistral".into());
                 })
             }),
-            "unsupported model architecture 'mistral'",
+            "model_type 'mistral' is not supported",
         ),
         (
             "tiny-llama",
@@ -217,6 +217,15 @@ fn a_broken_directory_is_an_error_naming_the_problem() {
                 })
             }),
             "layer_types",
+        ),
+        (
+            "tiny-gemma3",
+            Box::new(|d| {
+                edit_config(d, |c| {
+                    c.insert("use_bidirectional_attention".into(), true.into());
+                })
+            }),
+            "use_bidirectional_attention",
         ),
         (
             "tiny-qwen2",

@@ -17,6 +17,7 @@ use crate::{Result, TokenType, TokenizerError, MAX_NFC_SHRINK};
 
 const TOKENIZER_FILE: &str = "tokenizer.json";
 const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+const SPECIAL_TOKENS_MAP_FILE: &str = "special_tokens_map.json";
 const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 const MODEL_CONFIG_FILE: &str = "config.json";
@@ -151,31 +152,44 @@ pub(crate) fn load(dir: &Path) -> Result<HfParts> {
 
     let config_path = dir.join(TOKENIZER_CONFIG_FILE);
     let config = read_json(&config_path)?.unwrap_or(Value::Null);
+    // Older directories name their special tokens only in special_tokens_map.json.
+    let map_path = dir.join(SPECIAL_TOKENS_MAP_FILE);
+    let map = read_json(&map_path)?.unwrap_or(Value::Null);
     let special = |key: &str| -> Result<Option<u32>> {
-        let Some(text) = special_token_text(config.get(key)) else {
-            return Ok(None);
+        let (path, text) = match special_token_text(config.get(key)) {
+            Some(text) => (&config_path, text),
+            None => match special_token_text(map.get(key)) {
+                Some(text) => (&map_path, text),
+                None => return Ok(None),
+            },
         };
         parsing.token_to_id(text).map(Some).ok_or_else(|| {
             problem(
-                &config_path,
+                path,
                 format!("'{key}' is {text:?}, which is not a token of tokenizer.json"),
             )
         })
     };
-    let bos_id = special("bos_token")?;
+    let mut bos_id = special("bos_token")?;
     let eos_id = special("eos_token")?;
-    let pad_id = special("pad_token")?;
+    // Only ever used to pad, which pyramid does not do: an unknown one is no reason to fail.
+    let pad_id = special("pad_token").ok().flatten();
 
-    // What the post-processor adds around a text is what `add_special_tokens` means here.
+    // What the post-processor adds around a text is what `add_special_tokens` means here;
+    // a lone leading token no file names is the BOS.
     let around = parsing
         .encode("", true)
         .map_err(|e| problem(&path, e))?
         .get_ids()
         .to_vec();
-    let (add_bos, add_eos) = match around.as_slice() {
+    let (mut add_bos, mut add_eos) = match around.as_slice() {
         [] => (false, false),
         [a] if Some(*a) == bos_id => (true, false),
         [a] if Some(*a) == eos_id => (false, true),
+        [a] if bos_id.is_none() => {
+            bos_id = Some(*a);
+            (true, false)
+        }
         [a, b] if Some(*a) == bos_id && Some(*b) == eos_id => (true, true),
         other => {
             return Err(problem(
@@ -187,6 +201,14 @@ pub(crate) fn load(dir: &Path) -> Result<HfParts> {
             ))
         }
     };
+    // transformers 4's Llama and Gemma fast tokenizers rebuild the post-processor from
+    // these flags, the only ones that write them; where present they decide.
+    if let Some(flag) = config.get("add_bos_token").and_then(Value::as_bool) {
+        add_bos = flag && bos_id.is_some();
+    }
+    if let Some(flag) = config.get("add_eos_token").and_then(Value::as_bool) {
+        add_eos = flag && eos_id.is_some();
+    }
 
     let generation_eos = read_json(&dir.join(GENERATION_CONFIG_FILE))?
         .and_then(|g| g.get("eos_token_id").cloned())
@@ -205,7 +227,9 @@ pub(crate) fn load(dir: &Path) -> Result<HfParts> {
         pipeline: HfPipeline {
             parsing,
             literal,
-            max_shrink: normalizer_shrink(json.get("normalizer").unwrap_or(&Value::Null)),
+            max_shrink: keeps_every_byte(&json)
+                .then(|| normalizer_shrink(json.get("normalizer").unwrap_or(&Value::Null)))
+                .flatten(),
         },
         bos_id,
         eos_id,
@@ -313,6 +337,12 @@ fn vocabulary(
         .max()
         .unwrap_or(0)
         .max(model_vocab_size);
+    // Ids (or a model vocabulary) far past the tokens there are would size the table from
+    // a corrupt number.
+    let plausible = by_piece.len().saturating_mul(2).saturating_add(1 << 16);
+    if n_vocab > plausible {
+        return Err(TokenizerError::BadVocabSize(n_vocab));
+    }
     let mut pieces = vec![String::new(); n_vocab];
     let mut types = vec![TokenType::Unused; n_vocab];
     for (piece, id) in by_piece {
@@ -336,6 +366,31 @@ fn vocabulary(
         }
     }
     Vocab::from_parts(pieces, types, spelling)
+}
+
+/// Whether every byte of text that has a token of its own reaches the model: no
+/// pre-tokenizer that removes text (whitespace splitters, `Removed` splits) and no model
+/// that fuses unknown characters into one token. Only then does a text's length bound its
+/// token count from below.
+fn keeps_every_byte(json: &Value) -> bool {
+    fn drops(step: &Value) -> bool {
+        match step.get("type").and_then(Value::as_str) {
+            None | Some("ByteLevel" | "Digits" | "Metaspace" | "UnicodeScripts") => false,
+            Some("Sequence") => step
+                .get("pretokenizers")
+                .and_then(Value::as_array)
+                .is_none_or(|steps| steps.iter().any(drops)),
+            Some("Split" | "Punctuation") => {
+                step.get("behavior").and_then(Value::as_str) == Some("Removed")
+            }
+            Some(_) => true,
+        }
+    }
+    let model = json.get("model").unwrap_or(&Value::Null);
+    let bpe = model.get("type").and_then(Value::as_str) == Some("BPE");
+    let flag = |key: &str| model.get(key).and_then(Value::as_bool).unwrap_or(false);
+    let fuses_unknowns = flag("fuse_unk") && !flag("byte_fallback");
+    bpe && !fuses_unknowns && !drops(json.get("pre_tokenizer").unwrap_or(&Value::Null))
 }
 
 /// How many times shorter (in bytes) the normalizer can make a text, or `None` when it
@@ -376,6 +431,25 @@ mod tests {
         let seq = json!({"type": "Sequence", "normalizers": [{"type": "NFC"}, squeeze]});
         assert_eq!(normalizer_shrink(&seq), Some(4 * MAX_NFC_SHRINK));
         assert_eq!(normalizer_shrink(&json!({"type": "Strip"})), None);
+    }
+
+    #[test]
+    fn only_pipelines_that_keep_every_byte_bound_the_length() {
+        let bpe = json!({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "ByteLevel"}});
+        assert!(keeps_every_byte(&bpe));
+        let qwen = json!({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Sequence",
+            "pretokenizers": [{"type": "Split", "behavior": "Isolated"}, {"type": "ByteLevel"}]}});
+        assert!(keeps_every_byte(&qwen));
+        let removed = json!({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Sequence",
+            "pretokenizers": [{"type": "Split", "behavior": "Removed"}]}});
+        assert!(!keeps_every_byte(&removed));
+        let words = json!({"model": {"type": "BPE"}, "pre_tokenizer": {"type": "Whitespace"}});
+        assert!(!keeps_every_byte(&words));
+        let fused = json!({"model": {"type": "BPE", "fuse_unk": true}});
+        assert!(!keeps_every_byte(&fused));
+        let gemma = json!({"model": {"type": "BPE", "fuse_unk": true, "byte_fallback": true}});
+        assert!(keeps_every_byte(&gemma));
+        assert!(!keeps_every_byte(&json!({"model": {"type": "Unigram"}})));
     }
 
     #[test]

@@ -163,3 +163,31 @@ fn a_broken_directory_is_an_error_naming_the_file() {
     let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
     assert!(err.contains("'bos_token' is \"<nope>\""), "{err}");
 }
+
+/// Older directories: special tokens named only in `special_tokens_map.json`, and
+/// transformers 4's `add_bos_token`, which decides over the post-processor.
+#[test]
+fn older_directories_name_tokens_where_transformers_4_did() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture("tiny-gemma3")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"add_bos_token": false}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("special_tokens_map.json"),
+        r#"{"bos_token": {"content": "<bos>"}, "eos_token": "<end_of_turn>"}"#,
+    )
+    .unwrap();
+    let tok = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!((tok.bos_id(), tok.eos_id()), (Some(2), Some(5)));
+    assert!(!tok.add_bos());
+    assert_eq!(
+        tok.encode_prompt("hi").unwrap(),
+        tok.encode("hi", true).unwrap()
+    );
+}

@@ -78,7 +78,9 @@ fn architecture(json: &Json) -> Result<Architecture> {
              (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
                 .to_string(),
         )),
-        Some(other) => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        Some(other) => Err(bad(format!(
+            "model_type '{other}' is not supported (supported: llama, qwen2, gemma3_text)"
+        ))),
         None => Err(bad("config.json has no 'model_type'".to_string())),
     }
 }
@@ -134,11 +136,6 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         }
     };
     let (global_rope, local_rope) = rope_settings(&json, arch)?;
-    let rope_factors = global_rope
-        .scaling
-        .as_ref()
-        .map(|s| llama3_rope_factors(s, head_dim, global_rope.theta))
-        .transpose()?;
     let sliding_window = match arch {
         Architecture::Gemma3 => Some(SlidingWindow {
             size: json.usize("sliding_window")?,
@@ -149,14 +146,18 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
     };
     let (embedding_scale, attention_scale) = match arch {
         Architecture::Gemma3 => {
-            let scalar = json
-                .opt_f32("query_pre_attn_scalar")?
-                .unwrap_or(head_dim as f32);
+            // transformers' default for Gemma3TextConfig.
+            let scalar = json.opt_f32("query_pre_attn_scalar")?.unwrap_or(256.0);
+            if !(scalar.is_finite() && scalar > 0.0) {
+                return Err(bad(format!(
+                    "query_pre_attn_scalar {scalar} must be a positive number"
+                )));
+            }
             ((n_embd as f32).sqrt(), 1.0 / scalar.sqrt())
         }
         _ => (1.0, 1.0 / (head_dim as f32).sqrt()),
     };
-    let cfg = ModelConfig {
+    let mut cfg = ModelConfig {
         arch,
         name: name.to_string(),
         n_vocab: json.usize("vocab_size")?,
@@ -176,9 +177,15 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         attention_scale,
         activation,
         sliding_window,
-        rope_factors,
+        rope_factors: None,
     };
+    // Checked before the factors are sized from head_dim.
     cfg.validate()?;
+    cfg.rope_factors = global_rope
+        .scaling
+        .as_ref()
+        .map(|s| llama3_rope_factors(s, head_dim, global_rope.theta))
+        .transpose()?;
     Ok(cfg)
 }
 
@@ -188,6 +195,13 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
         if json.get(key).is_some() {
             return Err(bad(format!("{key} is not implemented")));
         }
+    }
+    if json.flag("use_bidirectional_attention") {
+        return Err(bad(
+            "use_bidirectional_attention (an embedding model) is not implemented: pyramid \
+             runs causal language models"
+                .to_string(),
+        ));
     }
     if json.flag("mlp_bias") {
         return Err(bad("mlp_bias is not implemented".to_string()));
@@ -203,51 +217,53 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
 /// The global (and, for Gemma 3, the sliding-window layers') RoPE settings.
 fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)> {
     let legacy_theta = json.opt_f32("rope_theta")?;
-    let parameters = json.get("rope_parameters").and_then(Value::as_object);
-    let per_layer_type = parameters.is_some_and(|p| p.contains_key("full_attention"));
-    let (global, local) = if per_layer_type {
-        let p = parameters.expect("checked above");
-        let local = p
-            .get("sliding_attention")
-            .map(|v| rope(v, "rope_parameters.sliding_attention", legacy_theta))
+    let local_theta = json.opt_f32("rope_local_base_freq")?.unwrap_or(10_000.0);
+    let per_layer_type = json
+        .get("rope_parameters")
+        .and_then(Value::as_object)
+        .and_then(|p| Some((p.get("full_attention")?, p.get("sliding_attention"))));
+    let (global, local) = if let Some((full, sliding)) = per_layer_type {
+        let key = "rope_parameters.sliding_attention";
+        let local = sliding
+            .map(|v| rope(v, key, Some(local_theta)))
             .transpose()?;
         (
-            rope(
-                &p["full_attention"],
-                "rope_parameters.full_attention",
-                legacy_theta,
-            )?,
+            rope(full, "rope_parameters.full_attention", legacy_theta)?,
             local,
         )
     } else if let Some(p) = json.get("rope_parameters") {
         (rope(p, "rope_parameters", legacy_theta)?, None)
     } else {
-        let mut global = Rope {
-            theta: legacy_theta.unwrap_or(10_000.0),
-            scaling: None,
+        let scaling = match json.get("rope_scaling") {
+            Some(s) => rope(s, "rope_scaling", legacy_theta)?.scaling,
+            None => None,
         };
-        if let Some(scaling) = json.get("rope_scaling") {
-            global.scaling = rope(scaling, "rope_scaling", legacy_theta)?.scaling;
-        }
-        let local = json.opt_f32("rope_local_base_freq")?.map(|theta| Rope {
-            theta,
-            scaling: None,
-        });
-        (global, local)
+        let theta = legacy_theta.unwrap_or(10_000.0);
+        (Rope { theta, scaling }, None)
     };
-    if let Some(local) = &local {
-        if local.scaling.is_some() || arch != Architecture::Gemma3 {
-            return Err(bad(
-                "RoPE scaling of sliding-window layers is not implemented".to_string(),
-            ));
-        }
+    if global.scaling.is_some() && arch != Architecture::Llama {
+        return Err(bad(format!(
+            "llama3 RoPE scaling on a {} model is not implemented",
+            arch.name()
+        )));
     }
     let local = match (arch, local) {
-        (Architecture::Gemma3, None) => Some(Rope {
-            theta: json.opt_f32("rope_local_base_freq")?.unwrap_or(10_000.0),
+        (_, Some(l)) if l.scaling.is_some() => {
+            return Err(bad(
+                "RoPE scaling of sliding-window layers is not implemented".to_string(),
+            ))
+        }
+        (Architecture::Gemma3, local) => Some(local.unwrap_or(Rope {
+            theta: local_theta,
             scaling: None,
-        }),
-        (_, local) => local,
+        })),
+        (_, Some(_)) => {
+            return Err(bad(format!(
+                "sliding-window RoPE settings on a {} model are not implemented",
+                arch.name()
+            )))
+        }
+        (_, None) => None,
     };
     if !(global.theta.is_finite() && global.theta > 0.0) {
         return Err(bad(format!(
@@ -265,6 +281,14 @@ fn rope(value: &Value, key: &str, legacy_theta: Option<f32>) -> Result<Rope> {
         .as_object()
         .ok_or_else(|| bad(format!("config.json '{key}' is not an object")))?;
     let params = Json(map);
+    if params
+        .opt_f32("partial_rotary_factor")?
+        .is_some_and(|f| f != 1.0)
+    {
+        return Err(bad(format!(
+            "{key}.partial_rotary_factor is not implemented: RoPE would rotate the wrong dims"
+        )));
+    }
     let kind = params
         .opt_str("rope_type")?
         .or(params.opt_str("type")?)
@@ -336,7 +360,7 @@ fn gemma_global_every(json: &Json, n_layer: usize) -> Result<usize> {
         let every = types
             .iter()
             .position(|t| *t == "full_attention")
-            .map_or(n_layer + 1, |i| i + 1);
+            .map_or(n_layer.saturating_add(1), |i| i + 1);
         let periodic = types.len() == n_layer
             && types.iter().enumerate().all(|(i, t)| {
                 let global = (i + 1) % every == 0;
@@ -406,6 +430,12 @@ mod tests {
             model_config(&legacy, "m").unwrap(),
             model_config(&modern, "m").unwrap()
         );
+        // A sliding-layer entry without its own base takes the local base, not the global.
+        let mut partial = modern.clone();
+        partial["rope_parameters"]["sliding_attention"] = json!({"rope_type": "default"});
+        partial["rope_theta"] = json!(1_000_000.0);
+        let window = model_config(&partial, "m").unwrap().sliding_window.unwrap();
+        assert_eq!(window.rope_base, 10_000.0);
     }
 
     #[test]
@@ -424,6 +454,22 @@ mod tests {
         c["model_type"] = json!("gemma3");
         let err = model_config(&c, "m").unwrap_err().to_string();
         assert!(err.contains("multimodal"), "{err}");
+
+        let mut c = fixture_config("tiny-gemma3");
+        c["query_pre_attn_scalar"] = json!(0);
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("query_pre_attn_scalar"), "{err}");
+
+        // Sized from head_dim only after head_dim is checked: an error, not an abort.
+        let mut c = fixture_config("tiny-llama");
+        c["head_dim"] = json!(1_000_000_000_000_000u64);
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("head_dim"), "{err}");
+
+        let mut c = fixture_config("tiny-qwen2");
+        c["rope_parameters"] = fixture_config("tiny-llama")["rope_parameters"].clone();
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("llama3 RoPE scaling on a qwen2"), "{err}");
 
         let mut c = fixture_config("tiny-gemma3");
         c["rope_parameters"]["full_attention"] = json!({"rope_type": "linear", "factor": 8.0});

@@ -75,8 +75,8 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 impl HfCheckpoint {
-    /// Reads `config.json`, maps the weight files and checks every tensor's name and shape
-    /// against the configuration.
+    /// Reads `config.json`, maps the weight files and checks every tensor's name and type
+    /// (shapes are checked against the configuration as the weights load).
     pub fn open(dir: &Path) -> Result<HfCheckpoint> {
         let config_path = dir.join(CONFIG_FILE);
         if !config_path.is_file() {
@@ -92,10 +92,17 @@ impl HfCheckpoint {
             .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
         let config =
             config::model_config(&json, &name).map_err(|e| problem(&config_path, e.to_string()))?;
-        let tied = json
-            .get("tie_word_embeddings")
-            .and_then(Value::as_bool)
-            .unwrap_or(config.arch == Architecture::Gemma3);
+        // transformers' per-class defaults: Gemma ties, Llama and Qwen2 do not.
+        let tied = match json.get("tie_word_embeddings") {
+            None | Some(Value::Null) => config.arch == Architecture::Gemma3,
+            Some(Value::Bool(tied)) => *tied,
+            Some(other) => {
+                return Err(problem(
+                    &config_path,
+                    format!("'tie_word_embeddings' is {other}, not true or false"),
+                ))
+            }
+        };
 
         let shards = shard_paths(dir)?
             .iter()
@@ -153,8 +160,8 @@ impl HfCheckpoint {
         if !tied && !checkpoint.tensors.contains_key("output.weight") {
             return Err(problem(
                 dir,
-                "config.json says the output projection is not tied to the embeddings, \
-                 but there is no lm_head.weight",
+                "the output projection is not tied to the embeddings (tie_word_embeddings, \
+                 false by default for llama and qwen2), but there is no lm_head.weight",
             ));
         }
         Ok(checkpoint)
