@@ -59,6 +59,21 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
 /// syllable written as three jamo (9 bytes) composes to one (3 bytes).
 pub(crate) const MAX_NFC_SHRINK: usize = 4;
 
+/// The ids that end a reply: `named` ones (EOS and the like) and every added token whose
+/// text ends a turn in a common chat format, sorted and deduplicated.
+fn end_of_generation_ids(vocab: &Vocab, named: impl Iterator<Item = u32>) -> Vec<u32> {
+    let mut ids: Vec<u32> = named
+        .chain(
+            END_OF_GENERATION_TEXTS
+                .iter()
+                .filter_map(|text| vocab.find_added(text)),
+        )
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
 /// How plain text (added tokens already split off) becomes pieces.
 #[derive(Debug, Clone)]
 enum PieceModel {
@@ -142,14 +157,7 @@ impl Tokenizer {
         let add_eos = md.opt(KEY_ADD_EOS, Metadata::get_bool)?.unwrap_or(false);
         let chat_template = opt_str(md, KEY_CHAT_TEMPLATE)?.map(str::to_owned);
 
-        let mut eog_ids: Vec<u32> = [eos_id, eot_id, eom_id].into_iter().flatten().collect();
-        eog_ids.extend(
-            END_OF_GENERATION_TEXTS
-                .iter()
-                .filter_map(|text| vocab.find_added(text)),
-        );
-        eog_ids.sort_unstable();
-        eog_ids.dedup();
+        let eog_ids = end_of_generation_ids(&vocab, [eos_id, eot_id, eom_id].into_iter().flatten());
 
         Ok(Tokenizer {
             vocab,
@@ -176,15 +184,8 @@ impl Tokenizer {
         let parts = hf::load(dir)?;
         let added = AddedMatcher::new(&parts.vocab);
         let vocab = parts.vocab;
-        let mut eog_ids: Vec<u32> = parts.eos_id.into_iter().collect();
-        eog_ids.extend(parts.generation_eos);
-        eog_ids.extend(
-            END_OF_GENERATION_TEXTS
-                .iter()
-                .filter_map(|text| vocab.find_added(text)),
-        );
-        eog_ids.sort_unstable();
-        eog_ids.dedup();
+        let eog_ids =
+            end_of_generation_ids(&vocab, parts.eos_id.into_iter().chain(parts.generation_eos));
         Ok(Tokenizer {
             vocab,
             model: PieceModel::HuggingFace(Box::new(parts.pipeline)),

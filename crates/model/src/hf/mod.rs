@@ -112,7 +112,16 @@ impl HfCheckpoint {
         for (i, shard) in shards.iter().enumerate() {
             for (hf_name, entry) in shard.entries() {
                 let Some((name, transform)) = gguf_name(hf_name, &config, tied) else {
-                    continue;
+                    if ignored(hf_name, tied) {
+                        continue;
+                    }
+                    return Err(problem(
+                        shard.path(),
+                        format!(
+                            "tensor '{hf_name}' is not part of a {} model pyramid can run",
+                            config.arch.name()
+                        ),
+                    ));
                 };
                 if !Shard::readable(entry.dtype) {
                     return Err(problem(
@@ -134,21 +143,6 @@ impl HfCheckpoint {
                         format!("tensor '{hf_name}' appears twice"),
                     ));
                 }
-            }
-        }
-        for shard in &shards {
-            if let Some(unknown) = shard
-                .entries()
-                .map(|(n, _)| n)
-                .find(|n| gguf_name(n, &config, tied).is_none() && !ignored(n, tied))
-            {
-                return Err(problem(
-                    shard.path(),
-                    format!(
-                        "tensor '{unknown}' is not part of a {} model pyramid can run",
-                        config.arch.name()
-                    ),
-                ));
             }
         }
         let checkpoint = HfCheckpoint {
