@@ -440,7 +440,7 @@ impl Engine {
         }
         if reused < cached.len() {
             if let Some(window) = cached.window() {
-                let (kv, _) = self.new_cache(window);
+                let kv = self.new_cache(window);
                 if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
                     self.cache.touch(i);
                     self.pyramid.record(|s| {

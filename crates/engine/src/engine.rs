@@ -25,7 +25,6 @@ use serde::Serialize;
 
 use crate::admission::PreemptionStats;
 use crate::executor::Executed;
-use crate::kv_pool::KvPool;
 use crate::persist::PersistStats;
 use crate::prefix_cache::PrefixCache;
 use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
@@ -160,8 +159,6 @@ pub struct EngineStats {
     /// KV bytes of running, paused and cached sessions: reserved (their windows) and used.
     pub kv_bytes_reserved: usize,
     pub kv_bytes_used: usize,
-    /// Bytes of pre-faulted caches kept for sessions' next windows (compact routes).
-    pub kv_pool_bytes: usize,
     /// Compiled artifacts by window: `(window, count, bytes)`.
     pub artifacts: Vec<(usize, usize, usize)>,
     pub compiling: usize,
@@ -176,8 +173,6 @@ pub struct Engine {
     pub(crate) mixed: Option<Arc<dyn Executable>>,
     /// KV bytes of a session as a function of its window.
     pub(crate) kv_footprint: KvFootprint,
-    /// Pre-faulted compact caches, on backends that bind cache memory.
-    pub(crate) kv_pool: Option<Arc<KvPool>>,
     pub(crate) waiting: VecDeque<Queued>,
     pub(crate) running: Vec<Sequence>,
     pub(crate) paused: Vec<Sequence>,
@@ -225,20 +220,11 @@ impl Engine {
             None
         };
         let kv_footprint = KvFootprint::of(&model.config, kv_type);
-        let kv_pool = pyramid.backend().binds_kv_memory().then(|| {
-            let largest = config.pyramid.ladder.largest();
-            KvPool::new(
-                model.config.clone(),
-                kv_type,
-                2 * kv_footprint.bytes(largest),
-            )
-        });
         Ok(Self {
             pyramid,
             config,
             mixed,
             kv_footprint,
-            kv_pool,
             waiting: VecDeque::new(),
             running: Vec::new(),
             paused: Vec::new(),
@@ -484,15 +470,11 @@ impl Engine {
             let timings = timings_of(&seq);
             let grown = usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens;
             seq.session.observe_turn(grown, seq.admitted.elapsed());
-            // The next turn may cross: its window compiles (and its cache is faulted in)
-            // while the caller thinks.
+            // The next turn may cross: its window compiles while the caller thinks.
             if let Some(window) = seq.session.window() {
                 let len = seq.session.len();
                 if let Some(next) = self.predicted_next_window(&seq.session, window, len) {
                     self.pyramid.prepare(next);
-                    if let Some(pool) = self.kv_pool.as_ref().filter(|p| !p.has(next)) {
-                        pool.prefault(next, window);
-                    }
                 }
             }
             self.events.push(Event::Finished {
@@ -540,7 +522,6 @@ impl Engine {
             cached_sessions: self.cache.len(),
             kv_bytes_reserved: reserved,
             kv_bytes_used: used,
-            kv_pool_bytes: self.pool_bytes(),
             artifacts: self.pyramid.resident(),
             compiling: self.pyramid.n_compiling(),
             speculative: self.speculative,
@@ -634,24 +615,15 @@ impl Engine {
             .saturating_sub(self.running.len() + self.paused.len())
     }
 
-    /// Makes pooled caches and cached sessions fit the KV budget beside running sessions
-    /// reserving `running_bytes`, pooled caches going first, and keeps at most
-    /// `max_cached` cached sessions (least recently used go first).
+    /// Makes cached sessions fit the KV budget beside running sessions reserving
+    /// `running_bytes`, and keeps at most `max_cached` of them (least recently used go
+    /// first).
     pub(crate) fn fit_budget(&mut self, running_bytes: usize, max_cached: usize) {
         let room = self.config.kv_budget.saturating_sub(running_bytes);
-        if let Some(pool) = &self.kv_pool {
-            pool.shrink_to(room.saturating_sub(self.cache.bytes()));
-        }
-        let evicted = self
-            .cache
-            .evict_to(max_cached, room.saturating_sub(self.pool_bytes()));
+        let evicted = self.cache.evict_to(max_cached, room);
         for session in &evicted {
             self.persist(session);
         }
-    }
-
-    pub(crate) fn pool_bytes(&self) -> usize {
-        self.kv_pool.as_ref().map_or(0, |p| p.bytes())
     }
 
     /// Fails the stalled sequences whose artifacts are ready: alone, they wait for KV

@@ -50,11 +50,6 @@ impl Engine {
     pub fn execute(&mut self, pool: &ThreadPool, schedule: &Schedule) -> Executed {
         let mut out = Executed::default();
         self.pyramid.prepare_shapes(&schedule.compiles);
-        if let Some(pool) = &self.kv_pool {
-            for &(window, positions) in &schedule.prefaults {
-                pool.prefault(window, positions);
-            }
-        }
         for &(id, window, how) in &schedule.moves {
             if let Err(e) = self.move_session(pool, id, window, how) {
                 out.failed.push((id, e));
@@ -251,31 +246,20 @@ impl Engine {
         let model = Arc::clone(self.pyramid.backend().model());
         let kv_type = self.pyramid.kv_type();
         let start = Instant::now();
-        // Natively a migration grows the cache it has; everything else needs a new one.
-        let fresh = match (how, &self.kv_pool) {
-            (Move::Migrate, None) => None,
-            _ => Some(self.new_cache(window)),
-        };
+        // A migration grows the cache it has; everything else needs a new one.
+        let fresh = (how != Move::Migrate).then(|| self.new_cache(window));
         let seq = &mut self.running[idx];
         let stalled = seq.stalled_since.take().map(|t| start - t);
         let kv = match how {
-            Move::First => fresh.ok_or_else(not_placed)?.0,
+            Move::First => fresh.ok_or_else(not_placed)?,
             Move::Migrate => {
                 let placement = seq.session.placement_mut().ok_or_else(not_placed)?;
                 let live = placement.kv.used_bytes();
-                let (copied, prefaulted) = match fresh {
-                    Some((mut grown, prefaulted)) => {
-                        let copied = placement.kv.copy_into(&mut grown)?;
-                        placement.kv = grown;
-                        (copied, prefaulted)
-                    }
-                    None => (placement.kv.grow_to(window)?, false),
-                };
+                let copied = placement.kv.grow_to(window)?;
                 let took = start.elapsed();
                 self.summary.migrations.push(took);
                 self.pyramid.record(|s| {
                     s.n_migrations += 1;
-                    s.n_migrations_prefaulted += usize::from(prefaulted);
                     s.migration_ms += took.as_secs_f64() * 1e3;
                     s.migration_bytes += copied;
                     s.migration_live_bytes += live;
@@ -284,7 +268,7 @@ impl Engine {
                 std::mem::replace(&mut placement.kv, KvCache::new(&model.config, 0, kv_type))
             }
             Move::Reprefill => {
-                let mut kv = fresh.ok_or_else(not_placed)?.0;
+                let mut kv = fresh.ok_or_else(not_placed)?;
                 let live = seq.session.tokens().to_vec();
                 if !live.is_empty() {
                     let mut logits = Vec::new();
@@ -330,21 +314,12 @@ impl Engine {
 }
 
 impl Engine {
-    /// An empty cache for `window`, and whether its memory was faulted in ahead. Caches
-    /// reserve their largest window (address space only) unless the backend binds their
-    /// memory: then a crossing grows them with no copy at all. Compact caches come from
-    /// the pool, faulted in ahead when the crossing was predicted.
-    pub(crate) fn new_cache(&self, window: usize) -> (KvCache, bool) {
-        match &self.kv_pool {
-            Some(kv_pool) => kv_pool.take(window),
-            None => {
-                let model = self.pyramid.backend().model();
-                let largest = self.config.pyramid.ladder.largest();
-                let kv =
-                    KvCache::with_reserve(&model.config, window, largest, self.pyramid.kv_type());
-                (kv, false)
-            }
-        }
+    /// An empty cache for `window` reserving the ladder's largest (address space only),
+    /// so every crossing on every backend is a new bound with no copy at all.
+    pub(crate) fn new_cache(&self, window: usize) -> KvCache {
+        let model = self.pyramid.backend().model();
+        let largest = self.config.pyramid.ladder.largest();
+        KvCache::with_reserve(&model.config, window, largest, self.pyramid.kv_type())
     }
 }
 

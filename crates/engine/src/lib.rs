@@ -21,7 +21,6 @@ mod constrain;
 mod engine;
 mod error;
 mod executor;
-mod kv_pool;
 mod persist;
 mod predictor;
 mod prefix_cache;

@@ -177,7 +177,7 @@ impl Engine {
                     .0,
             ),
         };
-        Ok((window, artifacts, self.new_cache(window).0))
+        Ok((window, artifacts, self.new_cache(window)))
     }
 
     /// Puts a conversation read from disk into the prefix cache (an admission taking it

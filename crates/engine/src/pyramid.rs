@@ -82,8 +82,6 @@ pub struct PyramidStats {
     pub migration_bytes: usize,
     /// Live KV bytes of the sessions that migrated (what a copy would move).
     pub migration_live_bytes: usize,
-    /// Migrations into a compact cache whose pages were already faulted in (pooled).
-    pub n_migrations_prefaulted: usize,
     pub n_reprefills: usize,
     pub reprefill_ms: f64,
     pub reprefill_tokens: usize,

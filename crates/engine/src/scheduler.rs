@@ -58,10 +58,6 @@ pub struct Schedule {
     pub stalled: Vec<(RequestId, usize)>,
     /// Artifacts to start compiling in the background.
     pub compiles: Vec<ArtifactShape>,
-    /// Compact caches to fault in on a background thread ahead of a predicted crossing
-    /// (backends that bind cache memory): `(window, positions)`, the positions being the
-    /// window the session leaves, which its migration will copy.
-    pub prefaults: Vec<(usize, usize)>,
 }
 
 impl Schedule {
@@ -190,8 +186,6 @@ impl Engine {
         self.plan_predictive_compiles(&mut schedule);
         schedule.compiles.sort_unstable();
         schedule.compiles.dedup();
-        schedule.prefaults.sort_unstable();
-        schedule.prefaults.dedup();
         schedule
     }
 
@@ -345,9 +339,6 @@ impl Engine {
                 schedule
                     .compiles
                     .extend(self.pyramid.shapes(next).iter().copied());
-            }
-            if self.kv_pool.as_ref().is_some_and(|p| !p.has(next)) {
-                schedule.prefaults.push((next, window));
             }
         }
     }

@@ -124,10 +124,9 @@ fn the_queue_is_admitted_most_urgent_first_and_in_arrival_order_within_a_priorit
 #[test]
 fn an_urgent_request_pauses_a_background_one_which_resumes_with_its_kv() {
     let pool = ThreadPool::new(1).unwrap();
-    // Natively (mixed passes, reserved caches) and as a static device binding compact
-    // caches.
-    for (mixed, binds) in [(true, false), (false, true)] {
-        let fake = Fake::with_binding(Duration::ZERO, mixed, binds);
+    // Natively (mixed passes) and on a static route.
+    for mixed in [true, false] {
+        let fake = Fake::new(Duration::ZERO, mixed);
         let mut rec = Record::default();
         let mut engine = engine(&fake, strict(&[64, 128], 16, 2));
         let background = [request(0, 0, 20, 30, 10), request(1, 1, 20, 30, 10)];

@@ -151,71 +151,50 @@ fn a_crossing_migrates_before_the_run_and_waits_for_its_artifacts() {
     assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
 }
 
-/// Caches reserve their largest window, so moving up copies nothing; a backend that
-/// binds cache memory gets compact caches, whose moves copy the live rows. The tokens are
-/// the same either way.
+/// Caches reserve their largest window, so moving up copies nothing.
 #[test]
 fn without_artifacts_to_wait_for_a_session_moves_up_the_ladder_in_order() {
     let pool = ThreadPool::new(1).unwrap();
-    for binds in [false, true] {
-        let fake = Fake::with_binding(Duration::ZERO, true, binds);
-        let n_vocab = fake.model.config.n_vocab;
-        let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
-        engine.add_request(Request::greedy(0, prompt(0, 10), 30));
-        let mut moves = Vec::new();
-        let mut tokens = Vec::new();
-        while engine.has_work() {
-            let s = engine.schedule();
-            assert!(s.stalled.is_empty());
-            moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
-            for e in engine.step(&pool) {
-                if let Event::Token { token, .. } = e {
-                    tokens.push(token);
-                }
+    let fake = Fake::new(Duration::ZERO, true);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[16, 32, 64], 64, 2));
+    engine.add_request(Request::greedy(0, prompt(0, 10), 30));
+    let mut moves = Vec::new();
+    let mut tokens = Vec::new();
+    while engine.has_work() {
+        let s = engine.schedule();
+        assert!(s.stalled.is_empty());
+        moves.extend(s.moves.iter().map(|m| (m.1, m.2)));
+        for e in engine.step(&pool) {
+            if let Event::Token { token, .. } = e {
+                tokens.push(token);
             }
         }
-        assert_eq!(
-            moves,
-            [(16, Move::First), (32, Move::Migrate), (64, Move::Migrate)]
-        );
-        let stats = engine.stats().pyramid;
-        assert_eq!(stats.n_stalls, 0);
-        assert!(stats.migration_live_bytes > 0);
-        if binds {
-            assert_eq!(
-                stats.migration_bytes, stats.migration_live_bytes,
-                "compact caches copy"
-            );
-            assert!(stats.migration_gb_per_s().is_some());
-        } else {
-            assert_eq!(stats.migration_bytes, 0, "reserved caches grow in place");
-            assert_eq!(stats.migration_gb_per_s(), None);
-        }
-        assert_eq!(
-            tokens,
-            expected(&prompt(0, 10), 30, n_vocab),
-            "binds {binds}"
-        );
-        // A second conversation on the same engine is untouched by the first.
-        let other = prompt(7, 12);
-        let done = engine
-            .generate(&pool, Request::greedy(1, other.clone(), 30), &mut |_| true)
-            .unwrap();
-        assert_eq!(
-            done.tokens,
-            expected(&other, 30, n_vocab),
-            "binds {binds}: second"
-        );
     }
+    assert_eq!(
+        moves,
+        [(16, Move::First), (32, Move::Migrate), (64, Move::Migrate)]
+    );
+    let stats = engine.stats().pyramid;
+    assert_eq!(stats.n_stalls, 0);
+    assert!(stats.migration_live_bytes > 0);
+    assert_eq!(stats.migration_bytes, 0, "reserved caches grow in place");
+    assert_eq!(stats.migration_gb_per_s(), None);
+    assert_eq!(tokens, expected(&prompt(0, 10), 30, n_vocab));
+    // A second conversation on the same engine is untouched by the first.
+    let other = prompt(7, 12);
+    let done = engine
+        .generate(&pool, Request::greedy(1, other.clone(), 30), &mut |_| true)
+        .unwrap();
+    assert_eq!(done.tokens, expected(&other, 30, n_vocab), "second");
 }
 
 #[test]
 fn predictive_compiles_the_next_window_before_the_crossing() {
     let pool = ThreadPool::new(1).unwrap();
-    // Each turn adds 20 tokens; a compile takes 20 ms. With `binds`, caches are compact
-    // and the next window's cache is faulted in ahead too.
-    let turns = |arm: Arm, binds: bool| {
-        let fake = Fake::with_binding(Duration::from_millis(20), false, binds);
+    // Each turn adds 20 tokens; a compile takes 20 ms.
+    let turns = |arm: Arm| {
+        let fake = Fake::new(Duration::from_millis(20), false);
         let mut engine = engine(&fake, config(arm, &[32, 64, 128, 256], 64, 1));
         let mut context = Vec::new();
         for turn in 0..8u32 {
@@ -228,27 +207,16 @@ fn predictive_compiles_the_next_window_before_the_crossing() {
         }
         (engine.stats().pyramid, context)
     };
-    for binds in [false, true] {
-        let (predictive, tokens_p) = turns(Arm::Predictive, binds);
-        let (on_demand, tokens_o) = turns(Arm::OnDemand, binds);
-        assert_eq!(tokens_p, tokens_o, "binds {binds}");
-        assert!(predictive.n_migrations >= 2, "{predictive:?}");
-        assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
-        assert!(on_demand.n_stalls >= 2, "{on_demand:?}");
-        assert_eq!(predictive.n_migrations, on_demand.n_migrations);
-        if binds {
-            assert!(
-                predictive.n_migrations_prefaulted >= 1,
-                "the next window's cache was faulted in ahead: {predictive:?}"
-            );
-            assert_eq!(on_demand.n_migrations_prefaulted, 0, "{on_demand:?}");
-        } else {
-            assert_eq!(
-                predictive.n_migrations_prefaulted, 0,
-                "reserved caches need none"
-            );
-        }
-    }
+    let (predictive, tokens_p) = turns(Arm::Predictive);
+    let (on_demand, tokens_o) = turns(Arm::OnDemand);
+    assert_eq!(tokens_p, tokens_o);
+    assert!(predictive.n_migrations >= 2, "{predictive:?}");
+    assert_eq!(predictive.n_stalls, 0, "{predictive:?}");
+    assert!(on_demand.n_stalls >= 2, "{on_demand:?}");
+    assert_eq!(predictive.n_migrations, on_demand.n_migrations);
+    // A static route's caches reserve their largest window too: no crossing copies.
+    assert_eq!(predictive.migration_bytes, 0, "{predictive:?}");
+    assert!(predictive.migration_live_bytes > 0, "{predictive:?}");
 }
 
 #[test]
@@ -349,10 +317,9 @@ fn a_full_largest_window_ends_generation_with_length() {
 #[test]
 fn a_prompt_sharing_only_a_prefix_forks_the_cached_conversation_and_leaves_it_whole() {
     let pool = ThreadPool::new(1).unwrap();
-    // Natively (mixed passes, reserved caches) and as a static device binding compact
-    // caches from the pool.
-    for (mixed, binds) in [(true, false), (false, true)] {
-        let fake = Fake::with_binding(Duration::ZERO, mixed, binds);
+    // Natively (mixed passes) and on a static route.
+    for mixed in [true, false] {
+        let fake = Fake::new(Duration::ZERO, mixed);
         let n_vocab = fake.model.config.n_vocab;
         let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 16, 4));
         let system = prompt(9, 24);

@@ -359,35 +359,6 @@ impl Store {
         }
     }
 
-    /// Writes one element of every page holding rows `firsts[r]..rows` of each run `r`
-    /// of `run` rows, so the kernel commits that memory now.
-    fn prefault(&mut self, firsts: &[usize], run: usize, rows: usize, hd: usize) {
-        fn touch<T: Copy>(
-            d: &mut [T],
-            firsts: &[usize],
-            run: usize,
-            rows: usize,
-            w: usize,
-            zero: T,
-        ) {
-            let step = (4096 / std::mem::size_of::<T>()).max(1);
-            for (r, &first) in firsts.iter().enumerate() {
-                let span = (r * run + first) * w..(r * run + rows) * w;
-                for x in d[span].iter_mut().step_by(step) {
-                    *x = zero;
-                }
-            }
-        }
-        match self {
-            Store::F32(d) => touch(d, firsts, run, rows, hd, 0.0),
-            Store::F16(d) => touch(d, firsts, run, rows, hd, f16::ZERO),
-            Store::Int8 { q, scales } => {
-                touch(q, firsts, run, rows, hd, 0);
-                touch(scales, firsts, run, rows, 1, 0.0);
-            }
-        }
-    }
-
     /// Copies, for each run `r`, rows `starts[r]..live` from runs of `old_run` rows into
     /// `out`'s runs of `new_run` rows (a run's rows before its start were given back).
     fn copy_runs_into(
@@ -716,35 +687,6 @@ impl KvCache {
         copied
     }
 
-    /// Commits the memory of positions `0..positions` now rather than at their first
-    /// write (see [`KvCache::with_reserve`]): for a window a session will move into, the
-    /// rows its copy will fill, faulted in before the crossing.
-    pub fn prefault(&mut self, positions: usize) {
-        let rows = positions.min(self.capacity);
-        // A sliding-window layer's copy fills only its last rows.
-        let firsts: Vec<usize> = (0..self.n_layer)
-            .flat_map(|l| {
-                let first = rows - self.rows_held(l, rows);
-                std::iter::repeat_n(first, self.n_head_kv)
-            })
-            .collect();
-        self.k.prefault(&firsts, self.stride, rows, self.head_dim);
-        self.v.prefault(&firsts, self.stride, rows, self.head_dim);
-    }
-
-    /// Copies the live positions into `dst` (which must hold as many, be compact and of
-    /// the same model and type), replacing what it held; returns the bytes copied. Rows
-    /// beyond them in `dst` are left as they were: nothing reads positions past a cache's
-    /// length.
-    pub fn copy_into(&self, dst: &mut KvCache) -> Result<usize> {
-        if !dst.is_compact() {
-            return Err(ModelError::BadConfig(
-                "a migration copies into a compact cache".to_string(),
-            ));
-        }
-        self.copy_prefix_into(self.len, dst)
-    }
-
     /// Copies the first `n` live positions into `dst` (compact or reserved, of the same
     /// model and type, holding at least `n`), which then holds exactly those; returns the
     /// bytes copied. This cache is unchanged: a conversation forked from it keeps both.
@@ -877,19 +819,19 @@ impl KvCache {
         }
     }
 
-    /// One layer's keys and values for every head and position, `[n_head_kv, capacity,
-    /// head_dim]` each, when stored in f32 and compact: what a backend keeping the cache
-    /// in host memory binds as its input without copying.
-    pub fn layer_f32(&self, layer: usize) -> Option<(&[f32], &[f32])> {
-        if !self.is_compact() {
+    /// One head's keys and values over the whole window, `[capacity, head_dim]` each, when
+    /// stored in f32: what a backend keeping the cache in host memory binds as its input
+    /// without copying. Each (layer, head) run is contiguous in any layout, so a reserved
+    /// cache's larger window is the same memory with a longer view. Rows past the length
+    /// are unspecified (zeros or stale); graphs mask them.
+    pub fn head_f32(&self, layer: usize, kv_head: usize) -> Option<(&[f32], &[f32])> {
+        if layer >= self.n_layer || kv_head >= self.n_head_kv {
             return None;
         }
-        let span = self.n_head_kv * self.capacity * self.head_dim;
-        let range = layer * span..(layer + 1) * span;
+        let r0 = self.row(layer, kv_head, 0);
+        let range = r0 * self.head_dim..(r0 + self.capacity) * self.head_dim;
         match (&self.k, &self.v) {
-            (Store::F32(k), Store::F32(v)) if layer < self.n_layer => {
-                Some((&k[range.clone()], &v[range]))
-            }
+            (Store::F32(k), Store::F32(v)) => Some((&k[range.clone()], &v[range])),
             _ => None,
         }
     }

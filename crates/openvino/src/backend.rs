@@ -198,12 +198,12 @@ impl OvBackend {
                 other => other.to_string(),
             },
         };
-        // A sliding-window layer's first row reaches `size - 1` rows back; gathering them
-        // pays once the artifact's window is larger.
+        // A sliding-window layer's first row reaches `size - 1` rows back; binding only
+        // those pays once the artifact's window is larger.
         let local_past = match cfg.sliding_window {
             Some(w) if w.size.saturating_sub(1).max(1) < window => {
                 let per_sequence = w.size.saturating_sub(1).max(1);
-                LocalPast::Gathered(if packed {
+                LocalPast::Windowed(if packed {
                     rows * per_sequence
                 } else {
                     per_sequence
@@ -278,11 +278,6 @@ impl Backend for OvBackend {
             Err(e) => Err(RuntimeError::Device(e.to_string())),
         }
     }
-
-    /// Past keys and values are bound (or staged) as `[n_head_kv, window, head_dim]`.
-    fn binds_kv_memory(&self) -> bool {
-        true
-    }
 }
 
 /// RoPE angles and the attention mask of one kind of layer.
@@ -292,30 +287,32 @@ struct Positional {
     mask: Vec<f32>,
     /// Past columns each graph sequence attends to (the mask's width less the new rows).
     past_cols: usize,
-    /// The cache rows those columns are, `[seqs, past_cols]`, when gathered
-    /// ([`LocalPast::Gathered`]); empty when the columns are the whole past.
-    gathered: Vec<i64>,
+    /// The cache row of each graph sequence's first past column (each packed row's)
+    /// when the columns are only the rows the window reaches ([`LocalPast::Windowed`]);
+    /// empty when they are the whole past.
+    view_starts: Vec<usize>,
 }
 
 impl Positional {
     fn new(layout: &GraphLayout, half: usize, past: LocalPast) -> Self {
         let (seqs, rows) = (layout.seqs, layout.rows);
-        let (past_cols, gathered) = match past {
+        let (past_cols, views) = match past {
             LocalPast::Whole => (layout.past, 0),
-            LocalPast::Gathered(n) => (n, seqs * n),
+            LocalPast::Windowed(n) if layout.packed => (n, rows),
+            LocalPast::Windowed(n) => (n, seqs),
         };
         Self {
             cos: vec![1.0; seqs * rows * half],
             sin: vec![0.0; seqs * rows * half],
             mask: vec![MASKED; seqs * rows * (past_cols + rows)],
             past_cols,
-            gathered: vec![0; gathered],
+            view_starts: vec![0; views],
         }
     }
 
     /// Bytes of the buffers.
     fn bytes(&self) -> usize {
-        (self.cos.len() + self.sin.len() + self.mask.len()) * 4 + self.gathered.len() * 8
+        (self.cos.len() + self.sin.len() + self.mask.len()) * 4 + self.view_starts.len() * 8
     }
 }
 
@@ -328,7 +325,8 @@ struct Io {
     local: Option<Positional>,
     last: Vec<i64>,
     /// Past keys and values when several sequences share a run (one sequence binds its
-    /// cache directly): `[n_layer][seqs, n_head_kv, window, head_dim]`.
+    /// cache directly): `[n_layer * n_head_kv][seqs, 1, past columns, head_dim]`, one
+    /// buffer per (layer, KV head) input.
     staged_k: Vec<Vec<f32>>,
     staged_v: Vec<Vec<f32>>,
     tensors: Vec<(String, Tensor)>,
@@ -338,10 +336,14 @@ impl Io {
     fn new(cfg: &pyramid_model::ModelConfig, layout: &GraphLayout) -> Self {
         let (seqs, rows) = (layout.seqs, layout.rows);
         let half = cfg.head_dim / 2;
-        let span = cfg.n_head_kv * layout.past * cfg.head_dim;
         let staged = || {
             if seqs > 1 || layout.packed {
-                (0..cfg.n_layer).map(|_| vec![0.0; seqs * span]).collect()
+                (0..cfg.n_layer * cfg.n_head_kv)
+                    .map(|i| {
+                        let cols = layout.past_cols(cfg, i / cfg.n_head_kv);
+                        vec![0.0; seqs * cols * cfg.head_dim]
+                    })
+                    .collect()
             } else {
                 Vec::new()
             }
@@ -395,6 +397,16 @@ struct GraphLayout {
     local_past: LocalPast,
 }
 
+impl GraphLayout {
+    /// Past columns of `layer`'s inputs per graph sequence.
+    fn past_cols(&self, cfg: &pyramid_model::ModelConfig, layer: usize) -> usize {
+        match self.local_past {
+            LocalPast::Windowed(n) if cfg.layer_window(layer).is_some() => n,
+            _ => self.past,
+        }
+    }
+}
+
 pub struct OvExecutable {
     shape: ArtifactShape,
     /// The host buffers plus what compiling added to this process's resident memory:
@@ -430,9 +442,8 @@ impl OvExecutable {
 
     fn bind_io(&self, state: &mut RunState) -> Result<()> {
         let cfg = &self.shared.graph.config;
-        let (s, r, w) = (self.layout.seqs, self.layout.rows, self.layout.past);
+        let (s, r) = (self.layout.seqs, self.layout.rows);
         let io = &mut state.io;
-        let kv_shape = [s, cfg.n_head_kv, w, cfg.head_dim];
         // SAFETY: each buffer has exactly the tensor's element count, lives in `io` for
         // the executable's lifetime and is never reallocated.
         unsafe {
@@ -471,14 +482,6 @@ impl OvExecutable {
                     &[s, 1, 1, r, p.past_cols + r],
                     p.mask.as_mut_ptr().cast(),
                 )?;
-                if !p.gathered.is_empty() {
-                    bind(
-                        "local_rows".into(),
-                        Element::I64,
-                        &[s, p.past_cols],
-                        p.gathered.as_mut_ptr().cast(),
-                    )?;
-                }
             }
             bind(
                 "last_rows".into(),
@@ -486,11 +489,12 @@ impl OvExecutable {
                 &[s, self.layout.outputs],
                 io.last.as_mut_ptr().cast(),
             )?;
-            for layer in 0..io.staged_k.len() {
-                let k = io.staged_k[layer].as_mut_ptr().cast();
-                let v = io.staged_v[layer].as_mut_ptr().cast();
-                bind(format!("past_k_{layer}"), Element::F32, &kv_shape, k)?;
-                bind(format!("past_v_{layer}"), Element::F32, &kv_shape, v)?;
+            for (i, (k, v)) in io.staged_k.iter_mut().zip(&mut io.staged_v).enumerate() {
+                let (layer, head) = (i / cfg.n_head_kv, i % cfg.n_head_kv);
+                let kv_shape = [s, 1, self.layout.past_cols(cfg, layer), cfg.head_dim];
+                let (k, v) = (k.as_mut_ptr().cast(), v.as_mut_ptr().cast());
+                bind(format!("past_k_{layer}_{head}"), Element::F32, &kv_shape, k)?;
+                bind(format!("past_v_{layer}_{head}"), Element::F32, &kv_shape, v)?;
             }
         }
         state.bound = true;
@@ -525,7 +529,7 @@ impl OvExecutable {
 
     /// RoPE angles and the additive mask for `segments`, each row seeing the positions up
     /// to its own, and with `window` only the last `window` of them; where the past
-    /// columns are gathered, the rows they are (from the first one the window reaches).
+    /// columns are only the rows the window reaches, the cache row they start at.
     fn fill_positions(
         &self,
         io: &mut Positional,
@@ -535,9 +539,9 @@ impl OvExecutable {
     ) {
         let GraphLayout { seqs, rows, .. } = self.layout;
         let past = io.past_cols;
-        let gather = !io.gathered.is_empty();
-        // Past columns of one sequence: all of a packed row's block, or its gathered rows.
-        let block = match (self.layout.packed, gather) {
+        let viewed = !io.view_starts.is_empty();
+        // Past columns of one sequence: all of a packed row's block, or its viewed rows.
+        let block = match (self.layout.packed, viewed) {
             (true, true) => past / rows,
             (true, false) => self.window,
             (false, _) => past,
@@ -554,24 +558,18 @@ impl OvExecutable {
                 io.sin[row * half + i] = sin;
             }
         };
-        // The cache row of each gathered column of a sequence whose block starts at
-        // `cache_base` and whose first gathered position is `first`; rows past the
-        // window's end are masked, so clamping them only keeps the index valid.
-        let mut gather_rows = |column_base: usize, cache_base: usize, first: usize| {
-            let last = self.window - 1;
-            for j in 0..block {
-                io.gathered[column_base + j] = (cache_base + (first + j).min(last)) as i64;
-            }
-        };
+        // A viewed sequence's columns are its cache rows `first..first + block`, which
+        // lie inside its window: `first + block` is at most its length, or `block` when
+        // the window reaches row 0, and `block` is less than the artifact's window.
         if self.layout.packed {
-            // Row b is sequence b: its cache sits at positions b·window.., its own new
-            // key at column past + b; nothing else is visible to it.
+            // Row b is sequence b: its columns are block b, its own new key column
+            // past + b; nothing else is visible to it.
             for b in 0..rows {
                 let start = segments.get(b).map_or(0, |seg| seg.kv.len());
                 let lo = first_seen(start).min(start);
-                let first = if gather { lo } else { 0 };
-                if gather {
-                    gather_rows(b * block, b * self.window, first);
+                let first = if viewed { lo } else { 0 };
+                if viewed {
+                    io.view_starts[b] = first;
                 }
                 rope(b, start);
                 let mask = &mut io.mask[b * width..(b + 1) * width];
@@ -583,13 +581,13 @@ impl OvExecutable {
         }
         for s in 0..seqs {
             let start = segments.get(s).map_or(0, |seg| seg.kv.len());
-            let first = if gather {
+            let first = if viewed {
                 first_seen(start).min(start)
             } else {
                 0
             };
-            if gather {
-                gather_rows(s * block, 0, first);
+            if viewed {
+                io.view_starts[s] = first;
             }
             for t in 0..rows {
                 let row = s * rows + t;
@@ -603,26 +601,45 @@ impl OvExecutable {
         }
     }
 
+    /// Past columns of `layer` per sequence (a packed row is a sequence).
+    fn block_cols(&self, layer: usize) -> usize {
+        let cols = self.layout.past_cols(&self.shared.graph.config, layer);
+        cols / if self.layout.packed {
+            self.layout.rows
+        } else {
+            1
+        }
+    }
+
+    /// The cache row sequence `s`'s columns of `layer` start at: where its window view
+    /// starts, or 0 when they are the whole window.
+    fn view_start(&self, io: &Io, layer: usize, s: usize) -> usize {
+        let windowed = self.shared.graph.config.layer_window(layer).is_some();
+        match &io.local {
+            Some(p) if windowed && !p.view_starts.is_empty() => p.view_starts[s],
+            _ => 0,
+        }
+    }
+
     /// Copies the segments' past keys and values into the staging buffers.
     fn stage(&self, io: &mut Io, segments: &[Segment<'_>]) {
         let cfg = &self.shared.graph.config;
         let hd = cfg.head_dim;
-        let span = cfg.n_head_kv * self.layout.past * hd;
         for (s, seg) in segments.iter().enumerate() {
             for layer in 0..cfg.n_layer {
-                let (k, v) = seg.kv.layer_f32(layer).expect("checked f32 above");
-                if !self.layout.packed {
-                    io.staged_k[layer][s * span..(s + 1) * span].copy_from_slice(k);
-                    io.staged_v[layer][s * span..(s + 1) * span].copy_from_slice(v);
-                    continue;
-                }
-                // Only the live rows: the rest of each block is masked.
-                let live = seg.kv.len() * hd;
+                let (first, block) = (self.view_start(io, layer, s), self.block_cols(layer));
+                // Packed, only the live rows of a whole window: the rest is masked.
+                let n = if self.layout.packed && block == self.window {
+                    seg.kv.len()
+                } else {
+                    block
+                };
+                let (src, dst) = (first * hd..(first + n) * hd, s * block * hd);
                 for head in 0..cfg.n_head_kv {
-                    let src = head * self.window * hd;
-                    let dst = (head * self.layout.past + s * self.window) * hd;
-                    io.staged_k[layer][dst..dst + live].copy_from_slice(&k[src..src + live]);
-                    io.staged_v[layer][dst..dst + live].copy_from_slice(&v[src..src + live]);
+                    let (k, v) = seg.kv.head_f32(layer, head).expect("checked f32 above");
+                    let i = layer * cfg.n_head_kv + head;
+                    io.staged_k[i][dst..dst + n * hd].copy_from_slice(&k[src.clone()]);
+                    io.staged_v[i][dst..dst + n * hd].copy_from_slice(&v[src.clone()]);
                 }
             }
         }
@@ -639,20 +656,28 @@ impl OvExecutable {
         // One sequence binds its own cache: no copy of the window per step.
         let mut direct = Vec::new();
         if state.io.staged_k.is_empty() {
-            let kv_shape = [1, cfg.n_head_kv, self.window, cfg.head_dim];
             for layer in 0..cfg.n_layer {
-                let (k, v) = segments[0].kv.layer_f32(layer).expect("checked f32 above");
-                for (name, data) in [
-                    (format!("past_k_{layer}"), k),
-                    (format!("past_v_{layer}"), v),
-                ] {
-                    // SAFETY: the cache outlives this run (it is borrowed for the whole
-                    // call) and OpenVINO only reads inputs.
-                    let t = unsafe {
-                        Tensor::over(Element::F32, &kv_shape, data.as_ptr().cast_mut().cast())?
-                    };
-                    state.request.set_tensor(&name, &t)?;
-                    direct.push(t);
+                let cols = self.layout.past_cols(cfg, layer);
+                let first = self.view_start(&state.io, layer, 0);
+                let rows = first * cfg.head_dim..(first + cols) * cfg.head_dim;
+                let kv_shape = [1, 1, cols, cfg.head_dim];
+                for head in 0..cfg.n_head_kv {
+                    let (k, v) = segments[0]
+                        .kv
+                        .head_f32(layer, head)
+                        .expect("checked f32 above");
+                    for (kind, data) in [("k", &k[rows.clone()]), ("v", &v[rows.clone()])] {
+                        // SAFETY: the cache outlives this run (it is borrowed for the
+                        // whole call), the view holds exactly the shape's elements, and
+                        // OpenVINO only reads inputs.
+                        let t = unsafe {
+                            Tensor::over(Element::F32, &kv_shape, data.as_ptr().cast_mut().cast())?
+                        };
+                        state
+                            .request
+                            .set_tensor(&format!("past_{kind}_{layer}_{head}"), &t)?;
+                        direct.push(t);
+                    }
                 }
             }
         } else {
@@ -723,15 +748,6 @@ impl Executable for OvExecutable {
                 reason: format!(
                     "the OpenVINO backend binds f32 caches, not {} (use --kv f32)",
                     seg.kv.kind()
-                ),
-            });
-        }
-        if let Some(seg) = segments.iter().find(|s| !s.kv.is_compact()) {
-            return Err(RuntimeError::BadShape {
-                shape: self.shape,
-                reason: format!(
-                    "the OpenVINO backend binds compact caches, not one reserving more than its {} positions",
-                    seg.kv.capacity()
                 ),
             });
         }

@@ -2,18 +2,20 @@
 //!
 //! A graph runs `seqs` sequences of `rows` new tokens each (prefill: 1 × chunk; decode:
 //! batch × 1) against caches of exactly `window` positions. The KV cache stays in host
-//! memory: each layer's past keys and values are inputs `[seqs, n_head_kv, window,
-//! head_dim]` (a session's cache layout, so one sequence binds without copying) and the
-//! new rows are outputs `[seqs, n_head_kv, rows, head_dim]` that the host writes back.
-//! Nothing is stateful, every shape is static, and moving a session between windows is a
-//! host copy.
+//! memory: each layer's past keys and values are one input per KV head, `[seqs, 1,
+//! window, head_dim]` (`past_k_{layer}_{head}`), and the new rows are outputs `[seqs,
+//! n_head_kv, rows, head_dim]` that the host writes back. A head's positions are one
+//! contiguous run of a session's cache whatever its layout, so one sequence binds its
+//! cache without copying, and a cache reserving a larger window than the artifact's binds
+//! the first `window` rows of each run: moving a session to a larger window copies
+//! nothing. Nothing is stateful and every shape is static.
 //!
 //! Inputs besides the caches: token ids `[seqs, rows]`; RoPE cos/sin for every row's
 //! position; an additive mask `[seqs, 1, 1, rows, window + rows]` that hides unused cache
 //! positions and future rows (a model with sliding-window layers has a second cos/sin
 //! and mask for them, `*_local`, the mask also hiding positions beyond each row's
-//! window; when the artifact's window is larger than theirs, those layers gather only the
-//! rows their window reaches, at the indices `local_rows` gives, see [`LocalPast`]); and
+//! window; when the artifact's window is larger than theirs, those layers' past inputs
+//! hold only the rows their window reaches, see [`LocalPast`]); and
 //! the rows whose logits are computed `[seqs, outputs]`
 //! (`logits`: `[seqs, outputs, n_vocab]`): each sequence's last real row, or, in a packed
 //! decode (one sequence whose rows are different sequences over their caches side by
@@ -64,10 +66,11 @@ pub const MASKED: f32 = -65504.0;
 pub enum LocalPast {
     /// All of the past input, as global layers do (the window is no larger than theirs).
     Whole,
-    /// `n` rows per graph sequence, gathered from the past input at the indices the
-    /// `local_rows` input `[seqs, n]` gives: attention in these layers costs their
-    /// sliding window, not the artifact's window.
-    Gathered(usize),
+    /// `n` rows per graph sequence: the layers' past inputs hold only the rows their
+    /// sliding window reaches (for one sequence, a view of its cache from the first row
+    /// the window reaches), so attention in these layers costs their window, not the
+    /// artifact's.
+    Windowed(usize),
 }
 
 /// A model's constants and what is needed to emit its graphs.
@@ -192,13 +195,7 @@ impl ModelGraph {
         let last = g.parameter("last_rows", Et::I64, &[seqs, outputs]);
         let local_width = match local {
             LocalPast::Whole => window,
-            LocalPast::Gathered(n) => n,
-        };
-        let local_rows = match local {
-            LocalPast::Gathered(n) if cfg.sliding_window.is_some() => {
-                Some(g.parameter("local_rows", Et::I64, &[seqs, n]))
-            }
-            _ => None,
+            LocalPast::Windowed(n) => n,
         };
         let local = cfg.sliding_window.map(|_| {
             (
@@ -235,24 +232,11 @@ impl ModelGraph {
                 _ => (cos, sin, mask),
             };
             let norm = |name: &str| format!("blk.{layer}.{name}");
-            let mut past_k =
-                g.parameter(&format!("past_k_{layer}"), Et::F32, &[seqs, kv, window, hd]);
-            let mut past_v =
-                g.parameter(&format!("past_v_{layer}"), Et::F32, &[seqs, kv, window, hd]);
-            if let (Some(rows_index), true) = (local_rows, windowed) {
-                // Only the rows within reach of the window: [seqs, kv, n, hd].
-                let axis2 = g.constant("axis2");
-                let gather = |g: &mut Graph<'_>, past| {
-                    g.op(
-                        "Gather",
-                        "opset8",
-                        r#"batch_dims="1""#,
-                        &[past, rows_index, axis2],
-                    )
-                };
-                past_k = gather(&mut g, past_k);
-                past_v = gather(&mut g, past_v);
-            }
+            // One input per KV head: each head's run of a cache is contiguous in every
+            // layout, so a session's cache is bound as it is, on any window.
+            let cols = if windowed { local_width } else { window };
+            let past_k = past_heads(&mut g, "k", layer, [seqs, 1, cols, hd], kv);
+            let past_v = past_heads(&mut g, "v", layer, [seqs, 1, cols, hd], kv);
             let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.attn_norm"));
             let q = b.linear(&mut g, h, &format!("blk.{layer}.wq"), Some("bq"), layer);
             let k = b.linear(&mut g, h, &format!("blk.{layer}.wk"), Some("bk"), layer);
@@ -270,27 +254,7 @@ impl ModelGraph {
             let v = b.transpose(&mut g, v, "perm_kv");
             g.output(k, &format!("present_k_{layer}"));
             g.output(v, &format!("present_v_{layer}"));
-            let unsqueeze = g.constant("axes_group");
-            let k_all = g.op("Concat", "opset1", r#"axis="2""#, &[past_k, k]);
-            let k_all = g.op("Unsqueeze", "opset1", "", &[k_all, unsqueeze]);
-            let v_all = g.op("Concat", "opset1", r#"axis="2""#, &[past_v, v]);
-            let v_all = g.op("Unsqueeze", "opset1", "", &[v_all, unsqueeze]);
-            let scores = g.op(
-                "MatMul",
-                "opset1",
-                r#"transpose_a="false" transpose_b="true""#,
-                &[q, k_all],
-            );
-            let scale = g.constant("attn_scale");
-            let scores = b.binary(&mut g, "Multiply", scores, scale);
-            let scores = b.binary(&mut g, "Add", scores, mask);
-            let probs = g.op("Softmax", "opset8", r#"axis="-1""#, &[scores]);
-            let ctx = g.op(
-                "MatMul",
-                "opset1",
-                r#"transpose_a="false" transpose_b="false""#,
-                &[probs, v_all],
-            );
+            let ctx = b.attention(&mut g, q, [k, v], [&past_k, &past_v], mask, rows);
             let ctx = b.transpose(&mut g, ctx, "perm_out");
             let ctx = b.reshape(&mut g, ctx, "shape_merge_heads");
             let o = b.linear(&mut g, ctx, &format!("blk.{layer}.wo"), None, layer);
@@ -407,6 +371,110 @@ impl Builder<'_> {
     }
 
     /// `x * (1 / sqrt(mean(x²) + eps)) * weight`, as the native kernel computes it.
+    /// Attention of `q` (`[seqs, kv, group, rows, hd]`) over each KV head's past
+    /// inputs followed by its new rows (`new`: keys and values `[seqs, kv, rows, hd]`),
+    /// one KV head at a time. Joining a head's past with its new rows copies its window
+    /// (`2 · hd` values per column); joining their scores instead copies, and splitting
+    /// the probabilities copies again, `2 · group · rows` per column. So decode (few rows)
+    /// joins scores and prefill joins keys and values. Returns the context `[seqs, kv,
+    /// group, rows, hd]`.
+    fn attention(
+        &self,
+        g: &mut Graph<'_>,
+        q: Port,
+        new: [Port; 2],
+        past: [&[Port]; 2],
+        mask: Port,
+        rows: usize,
+    ) -> Port {
+        let cfg = self.cfg;
+        let n = past[0].len();
+        let join_scores = (cfg.n_head / n) * rows < cfg.head_dim;
+        let (group_axis, scale) = (g.constant("axes_group"), g.constant("attn_scale"));
+        if !join_scores {
+            let mut join = |past: &[Port], new: Port| {
+                let past = match past {
+                    [one] => *one,
+                    heads => g.op("Concat", "opset1", r#"axis="1""#, heads),
+                };
+                let joined = g.op("Concat", "opset1", r#"axis="2""#, &[past, new]);
+                g.op("Unsqueeze", "opset1", "", &[joined, group_axis])
+            };
+            let (k_all, v_all) = (join(past[0], new[0]), join(past[1], new[1]));
+            let scores = g.op(
+                "MatMul",
+                "opset1",
+                r#"transpose_a="false" transpose_b="true""#,
+                &[q, k_all],
+            );
+            let scores = self.binary(g, "Multiply", scores, scale);
+            let scores = self.binary(g, "Add", scores, mask);
+            let probs = g.op("Softmax", "opset8", r#"axis="-1""#, &[scores]);
+            return g.op(
+                "MatMul",
+                "opset1",
+                r#"transpose_a="false" transpose_b="false""#,
+                &[probs, v_all],
+            );
+        }
+        let qs = split_heads(g, q, n);
+        let ks = split_heads(g, new[0], n);
+        let vs = split_heads(g, new[1], n);
+        let (axis0, last_axis, seq_dim) = (
+            g.constant("axis0"),
+            g.constant("axis4"),
+            g.constant("index_seq"),
+        );
+        // Past and new columns, from the static shapes (folded when compiled).
+        let columns = |g: &mut Graph<'_>, x: Port| {
+            let shape = g.op("ShapeOf", "opset3", r#"output_type="i64""#, &[x]);
+            g.op(
+                "Gather",
+                "opset8",
+                r#"batch_dims="0""#,
+                &[shape, seq_dim, axis0],
+            )
+        };
+        let dot = |g: &mut Graph<'_>, a: Port, b: Port, transpose_b: bool| {
+            let data = format!(r#"transpose_a="false" transpose_b="{transpose_b}""#);
+            g.op("MatMul", "opset1", &data, &[a, b])
+        };
+        // [seqs, 1, 1, columns, hd]: one KV head for its group of queries.
+        let group = |g: &mut Graph<'_>, x: Port| g.op("Unsqueeze", "opset1", "", &[x, group_axis]);
+        let softmax = |g: &mut Graph<'_>, scores: Port| {
+            let scores = self.binary(g, "Multiply", scores, scale);
+            let scores = self.binary(g, "Add", scores, mask);
+            g.op("Softmax", "opset8", r#"axis="-1""#, &[scores])
+        };
+        let ctx: Vec<Port> = (0..n)
+            .map(|h| {
+                let (k_past, k_new) = (group(g, past[0][h]), group(g, ks[h]));
+                let (v_past, v_new) = (group(g, past[1][h]), group(g, vs[h]));
+                let (s_past, s_new) = (dot(g, qs[h], k_past, true), dot(g, qs[h], k_new, true));
+                let scores = g.op("Concat", "opset1", r#"axis="4""#, &[s_past, s_new]);
+                let probs = softmax(g, scores);
+                let lengths = [columns(g, past[0][h]), columns(g, ks[h])];
+                let lengths = g.op("Concat", "opset1", r#"axis="0""#, &lengths);
+                let parts = g.op_n(
+                    "VariadicSplit",
+                    "opset1",
+                    "",
+                    &[probs, last_axis, lengths],
+                    2,
+                );
+                let (c_past, c_new) = (
+                    dot(g, parts[0], v_past, false),
+                    dot(g, parts[1], v_new, false),
+                );
+                self.binary(g, "Add", c_past, c_new)
+            })
+            .collect();
+        match ctx[..] {
+            [one] => one,
+            _ => g.op("Concat", "opset1", r#"axis="1""#, &ctx),
+        }
+    }
+
     fn rms_norm(&self, g: &mut Graph<'_>, x: Port, weight: &str) -> Port {
         let sq = self.binary(g, "Multiply", x, x);
         let axes = g.constant("axes_last");
@@ -535,6 +603,34 @@ pub fn quantize_symmetric(data: &[f32], group: usize, levels: f32) -> (Vec<i8>, 
     (q, scales)
 }
 
+/// The past keys (`kind` "k") or values ("v") of `layer`, one input per KV head.
+fn past_heads(
+    g: &mut Graph<'_>,
+    kind: &str,
+    layer: usize,
+    shape: [usize; 4],
+    n_head_kv: usize,
+) -> Vec<Port> {
+    (0..n_head_kv)
+        .map(|h| g.parameter(&format!("past_{kind}_{layer}_{h}"), Et::F32, &shape))
+        .collect()
+}
+
+/// `x` split into its `n` parts along axis 1 (itself when `n` is 1).
+fn split_heads(g: &mut Graph<'_>, x: Port, n: usize) -> Vec<Port> {
+    if n == 1 {
+        return vec![x];
+    }
+    let axis1 = g.constant("axis1");
+    g.op_n(
+        "Split",
+        "opset1",
+        &format!(r#"num_splits="{n}""#),
+        &[x, axis1],
+        n,
+    )
+}
+
 /// Axes, shape patterns and scalars: they depend on the model, never on the artifact's
 /// shape, so one blob serves every artifact.
 fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
@@ -543,11 +639,11 @@ fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
         |blob: &mut Blob, name: &str, v: i64| blob.add(name, Et::I64, &[], &v.to_le_bytes());
     scalar_i64(blob, "axis0", 0);
     scalar_i64(blob, "axis1", 1);
-    scalar_i64(blob, "axis2", 2);
     scalar_i64(blob, "axis3", 3);
     scalar_i64(blob, "axis4", 4);
     blob.add_i64("axes_last", &[-1]);
     blob.add_i64("axes_group", &[2]);
+    blob.add_i64("index_seq", &[2]);
     blob.add_i64("shape_q_heads", &[0, 0, h, hd]);
     blob.add_i64("shape_kv_heads", &[0, 0, kv, hd]);
     blob.add_i64("shape_q_groups", &[0, 0, kv, h / kv, hd]);

@@ -1,6 +1,6 @@
 //! The OpenVINO graphs against the native f32 path on tiny random-weight models of both
 //! RoPE styles and of Gemma 3 (sliding windows of 8 positions), on OpenVINO's CPU plugin (f32): prefill chunks, batched decode with
-//! fewer sequences than slots, migration between windows, and a route that prefills on
+//! fewer sequences than slots, migration between windows (compact caches copy, reserved ones only move their bound), and a route that prefills on
 //! one backend and decodes on the other.
 //!
 //! Needs OpenVINO (`scripts/setup-openvino.sh`, which the test script runs).
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, KvType, LogitsFor, Model, Scratch, Segment};
+use pyramid_model::{Architecture, KvCache, KvType, LogitsFor, Model, Scratch, Segment};
 use pyramid_openvino::{DecodeLayout, OvBackend, OvOptions, WeightFormat, DECODE_LAYOUT_KEY};
 use pyramid_runtime::{prefill_chunked, ArtifactShape, Backend};
 
@@ -119,10 +119,13 @@ fn batched_decode_with_empty_slots(arch: Architecture) {
         .compile(ArtifactShape::Decode { batch: 4, window })
         .unwrap();
     let prompts: Vec<Vec<u32>> = [5, 11, 20].iter().map(|&n| prompt(n, n as u32)).collect();
+    // Compact and reserved caches side by side: each is staged from its own layout.
     let mut caches: Vec<_> = prompts
         .iter()
-        .map(|p| {
-            let mut kv = model.new_kv_cache_of(window, KvType::F32);
+        .enumerate()
+        .map(|(i, p)| {
+            let reserve = if i % 2 == 0 { window } else { 4 * window };
+            let mut kv = KvCache::with_reserve(&model.config, window, reserve, KvType::F32);
             prefill_chunked(prefill.as_ref(), &pool, p, &mut kv, &mut Vec::new()).unwrap();
             kv
         })
@@ -332,24 +335,33 @@ fn migration_between_windows_and_native_to_openvino_handoff_keep_tokens() {
         .unwrap();
     let expected = greedy(native_decode.as_ref(), &mut kv, first, 20);
 
-    // OpenVINO prefill at window 32, migrated to 64 for decode.
-    let mut kv = model.new_kv_cache_of(32, KvType::F32);
+    // OpenVINO prefill at window 32, migrated to 64 for decode: a compact cache copies.
     let ov_prefill = ov
         .compile(ArtifactShape::Prefill {
             chunk: 16,
             window: 32,
         })
         .unwrap();
+    let ov_decode = |window| {
+        ov.compile(ArtifactShape::Decode { batch: 1, window })
+            .unwrap()
+    };
+    let mut kv = model.new_kv_cache_of(32, KvType::F32);
     prefill_chunked(ov_prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
     assert_eq!(pyramid_runtime::argmax(&logits), first);
-    kv.grow_to(64).unwrap();
-    let ov_decode = ov
-        .compile(ArtifactShape::Decode {
-            batch: 1,
-            window: 64,
-        })
-        .unwrap();
-    assert_eq!(greedy(ov_decode.as_ref(), &mut kv, first, 20), expected);
+    assert!(kv.grow_to(64).unwrap() > 0);
+    assert_eq!(greedy(ov_decode(64).as_ref(), &mut kv, first, 20), expected);
+
+    // A cache reserving 128 positions crosses 32 -> 64 -> 128 as new bounds over the
+    // same memory: no byte copied, the tokens of the native run.
+    let mut kv = KvCache::with_reserve(&model.config, 32, 128, KvType::F32);
+    prefill_chunked(ov_prefill.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+    assert_eq!(kv.grow_to(64).unwrap(), 0);
+    let mut got = greedy(ov_decode(64).as_ref(), &mut kv, first, 10);
+    assert_eq!(kv.grow_to(128).unwrap(), 0);
+    let last = *got.last().unwrap();
+    got.extend_from_slice(&greedy(ov_decode(128).as_ref(), &mut kv, last, 10)[1..]);
+    assert_eq!(got, expected);
 
     // Native prefill handed to OpenVINO decode through one route backend.
     let route = pyramid_runtime::RouteBackend::new(Arc::new(native), Arc::new(ov)).unwrap();

@@ -143,13 +143,6 @@ pub trait Backend: Send + Sync {
     fn runs_mixed_passes(&self) -> bool {
         false
     }
-
-    /// Whether this backend binds a cache's memory as a graph input of exactly the
-    /// window's shape, so the caches it runs must be compact (`KvCache::is_compact`);
-    /// otherwise caches reserve their largest window and grow without a copy.
-    fn binds_kv_memory(&self) -> bool {
-        false
-    }
 }
 
 /// An executable with what it cost to make.
@@ -219,10 +212,6 @@ impl Backend for RouteBackend {
                 reason: "a split route runs prefill and decode on different devices".to_string(),
             }),
         }
-    }
-
-    fn binds_kv_memory(&self) -> bool {
-        self.prefill.binds_kv_memory() || self.decode.binds_kv_memory()
     }
 }
 

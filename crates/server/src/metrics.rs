@@ -313,7 +313,7 @@ impl Metrics {
 /// sessions and their KV memory, and the artifacts resident by window.
 fn render_engine(out: &mut String, stats: &EngineStats) {
     let p = &stats.pyramid;
-    let counters: [(&str, &str, f64); 13] = [
+    let counters: [(&str, &str, f64); 12] = [
         (
             "pyramid_artifact_compiles_total",
             "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
@@ -353,11 +353,6 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "pyramid_kv_migration_seconds_total",
             "Time spent migrating KV caches.",
             p.migration_ms / 1e3,
-        ),
-        (
-            "pyramid_kv_migrations_prefaulted_total",
-            "Migrations into a compact cache faulted in ahead of the crossing.",
-            p.n_migrations_prefaulted as f64,
         ),
         (
             "pyramid_reprefills_total",
@@ -501,7 +496,7 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
-    let gauges: [(&str, &str, usize); 9] = [
+    let gauges: [(&str, &str, usize); 8] = [
         (
             "pyramid_stored_sessions",
             "Conversations in the session directory.",
@@ -536,11 +531,6 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
             "pyramid_artifacts_compiling",
             "Artifact compiles in flight.",
             stats.compiling,
-        ),
-        (
-            "pyramid_kv_pool_bytes",
-            "Compact KV caches kept faulted in for sessions' next windows.",
-            stats.kv_pool_bytes,
         ),
         (
             "pyramid_engine_waiting",

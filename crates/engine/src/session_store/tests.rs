@@ -444,17 +444,6 @@ fn session_store_throughput_100mb() {
         s * 1e3,
         mb(bytes, s)
     );
-    // Without the first touch of the cache's pages, which a prefill pays too.
-    let mut dst = KvCache::new(&c, 4096, KvType::F32);
-    dst.prefault(4096);
-    let t = std::time::Instant::now();
-    load_session(&path, &id, dst).expect("load");
-    let s = t.elapsed().as_secs_f64();
-    println!(
-        "load (faulted in): {:.0} ms, {:.0} MB/s",
-        s * 1e3,
-        mb(bytes, s)
-    );
 }
 
 #[test]

@@ -39,23 +39,16 @@ pub struct Fake {
     pub model: Arc<Model>,
     compile: Duration,
     mixed: bool,
-    /// Asks for compact caches, as a device binding their memory does.
-    binds: bool,
     pub compiled: Mutex<Vec<ArtifactShape>>,
     runs: Arc<Mutex<Vec<(ArtifactShape, usize)>>>,
 }
 
 impl Fake {
     pub fn new(compile: Duration, mixed: bool) -> Arc<Self> {
-        Self::with_binding(compile, mixed, false)
-    }
-
-    pub fn with_binding(compile: Duration, mixed: bool, binds: bool) -> Arc<Self> {
         Arc::new(Self {
             model: tiny(),
             compile,
             mixed,
-            binds,
             compiled: Mutex::default(),
             runs: Arc::default(),
         })
@@ -140,9 +133,6 @@ impl Backend for Fake {
     }
     fn runs_mixed_passes(&self) -> bool {
         self.mixed
-    }
-    fn binds_kv_memory(&self) -> bool {
-        self.binds
     }
 }
 
