@@ -370,14 +370,16 @@ impl Builder<'_> {
         }
     }
 
-    /// `x * (1 / sqrt(mean(x²) + eps)) * weight`, as the native kernel computes it.
-    /// Attention of `q` (`[seqs, kv, group, rows, hd]`) over each KV head's past
-    /// inputs followed by its new rows (`new`: keys and values `[seqs, kv, rows, hd]`),
-    /// one KV head at a time. Joining a head's past with its new rows copies its window
-    /// (`2 · hd` values per column); joining their scores instead copies, and splitting
-    /// the probabilities copies again, `2 · group · rows` per column. So decode (few rows)
-    /// joins scores and prefill joins keys and values. Returns the context `[seqs, kv,
-    /// group, rows, hd]`.
+    /// Attention of `q` (`[seqs, kv, group, rows, hd]`) over each KV head's past input
+    /// followed by its new rows (`new`: keys and values `[seqs, kv, rows, hd]`); returns
+    /// the context `[seqs, kv, group, rows, hd]`.
+    ///
+    /// Joining the past with the new rows copies the window (`2 · hd` values per
+    /// column, per KV head) on every run. A decode step (`group · rows < hd`) instead
+    /// attends each KV head apart and joins only its scores against the past and the
+    /// new rows (`2 · group · rows` values per column with the split back), so it never
+    /// copies the window. A prefill chunk, whose scores outweigh the window, joins the
+    /// heads' pasts and the new rows and attends all heads at once.
     fn attention(
         &self,
         g: &mut Graph<'_>,
@@ -387,35 +389,32 @@ impl Builder<'_> {
         mask: Port,
         rows: usize,
     ) -> Port {
-        let cfg = self.cfg;
         let n = past[0].len();
-        let join_scores = (cfg.n_head / n) * rows < cfg.head_dim;
         let (group_axis, scale) = (g.constant("axes_group"), g.constant("attn_scale"));
-        if !join_scores {
-            let mut join = |past: &[Port], new: Port| {
+        let dot = |g: &mut Graph<'_>, a: Port, b: Port, transpose_b: bool| {
+            let data = format!(r#"transpose_a="false" transpose_b="{transpose_b}""#);
+            g.op("MatMul", "opset1", &data, &[a, b])
+        };
+        // [seqs, heads, 1, columns, hd]: each KV head for its group of queries.
+        let group = |g: &mut Graph<'_>, x: Port| g.op("Unsqueeze", "opset1", "", &[x, group_axis]);
+        let softmax = |g: &mut Graph<'_>, scores: Port| {
+            let scores = self.binary(g, "Multiply", scores, scale);
+            let scores = self.binary(g, "Add", scores, mask);
+            g.op("Softmax", "opset8", r#"axis="-1""#, &[scores])
+        };
+        if (self.cfg.n_head / n) * rows >= self.cfg.head_dim {
+            let join = |g: &mut Graph<'_>, past: &[Port], new: Port| {
                 let past = match past {
                     [one] => *one,
                     heads => g.op("Concat", "opset1", r#"axis="1""#, heads),
                 };
                 let joined = g.op("Concat", "opset1", r#"axis="2""#, &[past, new]);
-                g.op("Unsqueeze", "opset1", "", &[joined, group_axis])
+                group(g, joined)
             };
-            let (k_all, v_all) = (join(past[0], new[0]), join(past[1], new[1]));
-            let scores = g.op(
-                "MatMul",
-                "opset1",
-                r#"transpose_a="false" transpose_b="true""#,
-                &[q, k_all],
-            );
-            let scores = self.binary(g, "Multiply", scores, scale);
-            let scores = self.binary(g, "Add", scores, mask);
-            let probs = g.op("Softmax", "opset8", r#"axis="-1""#, &[scores]);
-            return g.op(
-                "MatMul",
-                "opset1",
-                r#"transpose_a="false" transpose_b="false""#,
-                &[probs, v_all],
-            );
+            let (k_all, v_all) = (join(g, past[0], new[0]), join(g, past[1], new[1]));
+            let scores = dot(g, q, k_all, true);
+            let probs = softmax(g, scores);
+            return dot(g, probs, v_all, false);
         }
         let qs = split_heads(g, q, n);
         let ks = split_heads(g, new[0], n);
@@ -434,17 +433,6 @@ impl Builder<'_> {
                 r#"batch_dims="0""#,
                 &[shape, seq_dim, axis0],
             )
-        };
-        let dot = |g: &mut Graph<'_>, a: Port, b: Port, transpose_b: bool| {
-            let data = format!(r#"transpose_a="false" transpose_b="{transpose_b}""#);
-            g.op("MatMul", "opset1", &data, &[a, b])
-        };
-        // [seqs, 1, 1, columns, hd]: one KV head for its group of queries.
-        let group = |g: &mut Graph<'_>, x: Port| g.op("Unsqueeze", "opset1", "", &[x, group_axis]);
-        let softmax = |g: &mut Graph<'_>, scores: Port| {
-            let scores = self.binary(g, "Multiply", scores, scale);
-            let scores = self.binary(g, "Add", scores, mask);
-            g.op("Softmax", "opset8", r#"axis="-1""#, &[scores])
         };
         let ctx: Vec<Port> = (0..n)
             .map(|h| {
@@ -475,6 +463,7 @@ impl Builder<'_> {
         }
     }
 
+    /// `x * (1 / sqrt(mean(x²) + eps)) * weight`, as the native kernel computes it.
     fn rms_norm(&self, g: &mut Graph<'_>, x: Port, weight: &str) -> Port {
         let sq = self.binary(g, "Multiply", x, x);
         let axes = g.constant("axes_last");
