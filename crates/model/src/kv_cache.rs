@@ -3,14 +3,15 @@
 //! Layout `[n_layer][n_head_kv][stride][head_dim]`: attention for one head walks its
 //! positions contiguously. The cache holds `capacity` positions (its window) in runs of
 //! `stride` ≥ `capacity` rows:
-//! - a *compact* cache (`stride == capacity`, [`KvCache::new`]) is what a device binding
-//!   the window's memory as a graph input needs; moving it to a larger window copies each
-//!   (layer, head) run;
-//! - a *reserved* cache ([`KvCache::with_reserve`]) allocates runs of its largest window
-//!   up front as address space only: the kernel commits a page when a position on it is
-//!   first written, so memory follows the live positions, and a larger window is the
-//!   same memory with a new bound (no copy, no page faults at the crossing, which cost
-//!   ~95 % of a copy's time here: measured in docs/BENCHMARKS.md).
+//! - a *compact* cache (`stride == capacity`, [`KvCache::new`]) holds exactly its window;
+//!   moving it to a larger window copies each (layer, head) run;
+//! - a *reserved* cache ([`KvCache::with_reserve`], what the engine gives every session)
+//!   allocates runs of its largest window up front as address space only: the kernel
+//!   commits a page when a position on it is first written, so memory follows the live
+//!   positions, and a larger window is the same memory with a new bound (no copy, no page
+//!   faults at the crossing, which cost ~95 % of a copy's time here: measured in
+//!   docs/BENCHMARKS.md). Each run's first `capacity` rows are contiguous in either
+//!   layout, so a device binding host memory binds them per head ([`KvCache::head_f32`]).
 //!
 //! A sliding-window layer (Gemma 3's local layers) reads only its last `window` positions,
 //! so [`KvCache::release_out_of_window`] gives the pages of its older rows back to the
@@ -611,8 +612,7 @@ impl KvCache {
         }
     }
 
-    /// Whether each (layer, head) run is exactly the window, as a device binding the
-    /// cache's memory needs.
+    /// Whether each (layer, head) run is exactly the window (growing it copies).
     pub fn is_compact(&self) -> bool {
         self.stride == self.capacity
     }
