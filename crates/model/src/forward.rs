@@ -20,6 +20,7 @@ use pyramid_kernels::ops::{
 };
 use pyramid_kernels::{SharedSlice, Team, ThreadPool, COLUMN_ALIGN};
 
+use crate::block::BlockPart;
 use crate::config::Activation;
 use crate::kv_cache::KvCache;
 use crate::linear::{Calibration, Linear, LinearScratch, PreparedInput, Site};
@@ -86,6 +87,13 @@ pub(crate) enum Layers<'a> {
     Resident,
     /// Loaded by this function one at a time, each dropped once its layer has run.
     Loaded(&'a dyn Fn(usize) -> Result<LayerWeights>),
+    /// Part of one resident layer alone ([`Model::run_block`]).
+    Block {
+        layer: usize,
+        part: BlockPart,
+        input: &'a [f32],
+        output: &'a SharedSlice<'a, f32>,
+    },
 }
 
 /// Where a row of the batch belongs.
@@ -386,10 +394,21 @@ impl Model {
             segments: Segments::new(segments),
             scores: &s.scores,
             calibration: Mutex::new(s.calibration.as_mut()),
+            part: match layers {
+                Layers::Block { part, .. } => part,
+                _ => BlockPart::Whole,
+            },
+            chained: !matches!(layers, Layers::Block { .. }),
             bufs,
         };
         match layers {
             Layers::Resident => pool.run_team(&|team| self.region(team, &pass)),
+            Layers::Block {
+                layer,
+                input,
+                output,
+                ..
+            } => pool.run_team(&|team| self.block_region(team, &pass, layer, input, output)),
             Layers::Loaded(load) => {
                 // One region per layer: its weights exist only while it runs.
                 pool.run_team(&|team| self.embed_rows(team, &pass));
@@ -450,6 +469,55 @@ impl Model {
         self.finish(team, pass);
     }
 
+    /// One thread's part of a block run alone: `input`'s rows into the block's buffers,
+    /// the block's part, and its result into `output`.
+    fn block_region(
+        &self,
+        team: &Team,
+        pass: &Pass<'_, '_>,
+        li: usize,
+        input: &[f32],
+        output: &SharedSlice<'_, f32>,
+    ) {
+        let cfg = &self.config;
+        let b = &pass.bufs;
+        let my_rows = team.split(pass.places.len(), 1);
+        let core = pass.part == BlockPart::AttentionCore;
+        let (in_w, out_w) = (pass.part.input_width(cfg), pass.part.output_width(cfg));
+        let (e, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        // SAFETY: rows are this thread's alone between the barriers; `input` and
+        // `output` hold `rows · width` values ([`Model::run_block`] checks).
+        unsafe {
+            for r in my_rows.clone() {
+                let row = &input[r * in_w..(r + 1) * in_w];
+                if core {
+                    b.q.range_mut(r * qd..(r + 1) * qd)
+                        .copy_from_slice(&row[..qd]);
+                    b.k.range_mut(r * kvd..(r + 1) * kvd)
+                        .copy_from_slice(&row[qd..qd + kvd]);
+                    b.v.range_mut(r * kvd..(r + 1) * kvd)
+                        .copy_from_slice(&row[qd + kvd..]);
+                } else {
+                    b.x.range_mut(r * e..(r + 1) * e).copy_from_slice(row);
+                }
+            }
+        }
+        team.sync();
+        self.layer(team, pass, li, &self.weights.layers[li]);
+        team.sync();
+        unsafe {
+            for r in my_rows {
+                let out = output.range_mut(r * out_w..(r + 1) * out_w);
+                if core {
+                    out.copy_from_slice(b.attn.range(r * qd..(r + 1) * qd));
+                } else {
+                    out.copy_from_slice(b.x.range(r * e..(r + 1) * e));
+                    add_in_place(out, b.o.range(r * e..(r + 1) * e));
+                }
+            }
+        }
+    }
+
     // SAFETY (every block of the steps below): between two barriers each thread writes
     // only its own rows, columns, (row, head) pairs or segments of a buffer, and reads only
     // buffers completed before the last barrier (or before the region began).
@@ -467,15 +535,41 @@ impl Model {
         }
     }
 
-    /// Layer `li` of the pass, ending at a barrier.
+    /// Layer `li` of the pass, ending at a barrier: attention then the FFN, or the part
+    /// of them a block measured alone runs.
     fn layer(&self, team: &Team, pass: &Pass<'_, '_>, li: usize, layer: &LayerWeights) {
+        match pass.part {
+            BlockPart::AttentionCore => self.attention_core(team, pass, li),
+            part => {
+                if part != BlockPart::WithoutAttention {
+                    self.attention_half(team, pass, li, layer);
+                }
+                if part != BlockPart::WithoutFfn {
+                    self.ffn_half(team, pass, li, layer, part != BlockPart::WithoutAttention);
+                }
+            }
+        }
+    }
+
+    /// Norm, projections, RoPE, attention and output projection of layer `li`, leaving
+    /// the attention's output in `o`; the last step is per row, with no barrier after it.
+    fn attention_half(&self, team: &Team, pass: &Pass<'_, '_>, li: usize, layer: &LayerWeights) {
         let cfg = &self.config;
         let (e, qd, kvd, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
         let b = &pass.bufs;
         let n = pass.places.len();
         let my_rows = team.split(n, 1);
         // Residual of the previous layer's FFN, then the attention norm.
-        unsafe { self.residual_norm(b, my_rows.clone(), li > 0, &layer.attn_norm, &layer.wq) };
+        let add_previous = li > 0 && pass.chained;
+        unsafe {
+            self.residual_norm(
+                b,
+                my_rows.clone(),
+                add_previous,
+                &layer.attn_norm,
+                &layer.wq,
+            )
+        };
         team.sync();
         unsafe {
             pass.record(team, li, Site::AttnIn, b.h.as_slice(), e);
@@ -515,6 +609,21 @@ impl Model {
             }
         }
         team.sync();
+        self.attention_core(team, pass, li);
+        unsafe {
+            pass.record(team, li, Site::AttnOut, b.attn.as_slice(), qd);
+        }
+        self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
+        team.sync();
+        // The post-attention norm's rows are the ones this thread adds next: no barrier.
+        unsafe { self.post_norm(b, my_rows, layer.post_attn_norm.as_deref()) };
+    }
+
+    /// The rows' keys and values stored in their caches, then attention, ending at a
+    /// barrier with the context in `attn`.
+    fn attention_core(&self, team: &Team, pass: &Pass<'_, '_>, li: usize) {
+        let kvd = self.config.kv_dim();
+        let b = &pass.bufs;
         // Each segment's cache is written by the one thread that owns the segment.
         unsafe {
             let (k, v) = (b.k.as_slice(), b.v.as_slice());
@@ -535,14 +644,33 @@ impl Model {
         team.sync();
         unsafe { self.attend(team, pass, li) };
         team.sync();
+    }
+
+    /// Norm, gated FFN and down projection of layer `li` (its input the residual plus
+    /// the attention's output in `o` when `add_attention`), ending at a barrier with the
+    /// FFN's output in `o`.
+    fn ffn_half(
+        &self,
+        team: &Team,
+        pass: &Pass<'_, '_>,
+        li: usize,
+        layer: &LayerWeights,
+        add_attention: bool,
+    ) {
+        let cfg = &self.config;
+        let e = cfg.n_embd;
+        let b = &pass.bufs;
+        let n = pass.places.len();
+        let my_rows = team.split(n, 1);
         unsafe {
-            pass.record(team, li, Site::AttnOut, b.attn.as_slice(), qd);
-        }
-        self.prepared_project(team, &layer.wo, &b.attn, &b.o, n, pass);
-        team.sync();
-        // The post-attention norm's rows are the ones this thread adds next: no barrier.
-        unsafe { self.post_norm(b, my_rows.clone(), layer.post_attn_norm.as_deref()) };
-        unsafe { self.residual_norm(b, my_rows.clone(), true, &layer.ffn_norm, &layer.w_gate) };
+            self.residual_norm(
+                b,
+                my_rows.clone(),
+                add_attention,
+                &layer.ffn_norm,
+                &layer.w_gate,
+            )
+        };
         team.sync();
         unsafe {
             pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
@@ -824,6 +952,11 @@ struct Pass<'s, 'a> {
     scores: &'s [Mutex<Vec<f32>>],
     /// Only thread 0 records, after the barrier that completes the recorded buffer.
     calibration: Mutex<Option<&'s mut Calibration>>,
+    /// What of each block runs: all of it except in a block measured alone.
+    part: BlockPart,
+    /// Whether a block's input is the previous block's (the residual still to add):
+    /// false when a block runs alone on a given input.
+    chained: bool,
     bufs: Buffers<'s>,
 }
 

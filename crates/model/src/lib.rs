@@ -12,6 +12,7 @@
 //! Invariant: a forward pass of tokens at positions `p..p+n` appends exactly `n`
 //! positions to the cache, and its result depends only on the tokens at `0..p+n`.
 
+mod block;
 mod checkpoint;
 mod config;
 mod error;
@@ -26,6 +27,7 @@ use std::path::Path;
 
 use pyramid_gguf::GgufFile;
 
+pub use block::{BlockPart, Projection};
 pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};

@@ -104,11 +104,11 @@ fn device_base(device: &str) -> &str {
 
 /// What every artifact of one backend shares: the runtime and the model's constants,
 /// which OpenVINO reads in place for as long as any compiled model lives.
-struct Shared {
-    core: Core,
-    graph: ModelGraph,
+pub(crate) struct Shared {
+    pub core: Core,
+    pub graph: ModelGraph,
     /// Views `graph.blob.bytes`; declared after nothing that outlives it.
-    weights: Tensor,
+    pub weights: Tensor,
 }
 
 pub struct OvBackend {
@@ -159,6 +159,19 @@ impl OvBackend {
                 weights,
             }),
         })
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The OpenVINO device name (`CPU`, `GPU.0`, …) and the compile options.
+    pub(crate) fn device_name(&self) -> &str {
+        &self.device
+    }
+
+    pub(crate) fn compile_properties(&self) -> &[(String, String)] {
+        &self.options.properties
     }
 
     /// Bytes of the model's constants as the graphs hold them.

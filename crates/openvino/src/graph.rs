@@ -231,48 +231,23 @@ impl ModelGraph {
                 (Some(local), true) => local,
                 _ => (cos, sin, mask),
             };
-            let norm = |name: &str| format!("blk.{layer}.{name}");
             // One input per KV head: each head's run of a cache is contiguous in every
             // layout, so a session's cache is bound as it is, on any window.
             let cols = if windowed { local_width } else { window };
             let past_k = past_heads(&mut g, "k", layer, [seqs, 1, cols, hd], kv);
             let past_v = past_heads(&mut g, "v", layer, [seqs, 1, cols, hd], kv);
-            let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.attn_norm"));
-            let q = b.linear(&mut g, h, &format!("blk.{layer}.wq"), Some("bq"), layer);
-            let k = b.linear(&mut g, h, &format!("blk.{layer}.wk"), Some("bk"), layer);
-            let v = b.linear(&mut g, h, &format!("blk.{layer}.wv"), Some("bv"), layer);
-            let q = b.reshape(&mut g, q, "shape_q_heads");
-            let q = b.optional_norm(&mut g, q, &norm("q_norm"));
-            let q = b.rope(&mut g, q, cos, sin);
-            let q = b.reshape(&mut g, q, "shape_q_groups");
-            let q = b.transpose(&mut g, q, "perm_q");
-            let k = b.reshape(&mut g, k, "shape_kv_heads");
-            let k = b.optional_norm(&mut g, k, &norm("k_norm"));
-            let k = b.rope(&mut g, k, cos, sin);
-            let k = b.transpose(&mut g, k, "perm_kv");
-            let v = b.reshape(&mut g, v, "shape_kv_heads");
-            let v = b.transpose(&mut g, v, "perm_kv");
+            let inputs = LayerInputs {
+                cos,
+                sin,
+                mask,
+                past: [&past_k, &past_v],
+                rows,
+            };
+            let (o, [k, v]) = b.attention_half(&mut g, x, layer, &inputs);
             g.output(k, &format!("present_k_{layer}"));
             g.output(v, &format!("present_v_{layer}"));
-            let ctx = b.attention(&mut g, q, [k, v], [&past_k, &past_v], mask, rows);
-            let ctx = b.transpose(&mut g, ctx, "perm_out");
-            let ctx = b.reshape(&mut g, ctx, "shape_merge_heads");
-            let o = b.linear(&mut g, ctx, &format!("blk.{layer}.wo"), None, layer);
-            let o = b.optional_norm(&mut g, o, &norm("post_attn_norm"));
             x = b.binary(&mut g, "Add", x, o);
-
-            let h = b.rms_norm(&mut g, x, &format!("blk.{layer}.ffn_norm"));
-            let gate = b.linear(&mut g, h, &format!("blk.{layer}.gate"), None, layer);
-            let up = b.linear(&mut g, h, &format!("blk.{layer}.up"), None, layer);
-            let act = match cfg.activation {
-                Activation::Silu => g.op("Swish", "opset4", "", &[gate]),
-                Activation::GeluTanh => {
-                    g.op("Gelu", "opset7", r#"approximation_mode="tanh""#, &[gate])
-                }
-            };
-            let act = b.binary(&mut g, "Multiply", act, up);
-            let down = b.linear(&mut g, act, &format!("blk.{layer}.down"), None, layer);
-            let down = b.optional_norm(&mut g, down, &norm("post_ffn_norm"));
+            let down = b.ffn_half(&mut g, x, layer);
             x = b.binary(&mut g, "Add", x, down);
         }
         let axis1 = g.constant("axis1");
@@ -303,13 +278,84 @@ impl ModelGraph {
     }
 }
 
-struct Builder<'a> {
-    cfg: &'a ModelConfig,
-    format: WeightFormat,
+/// What one layer reads besides the residual stream.
+pub(crate) struct LayerInputs<'p> {
+    pub cos: Port,
+    pub sin: Port,
+    pub mask: Port,
+    /// Past keys and values, one input per KV head.
+    pub past: [&'p [Port]; 2],
+    pub rows: usize,
+}
+
+pub(crate) struct Builder<'a> {
+    pub cfg: &'a ModelConfig,
+    pub format: WeightFormat,
 }
 
 impl Builder<'_> {
-    fn binary(&self, g: &mut Graph<'_>, kind: &'static str, a: Port, b: Port) -> Port {
+    /// Layer `layer`'s attention half on the residual stream `x`: its output (to add to
+    /// `x`) and the rows' new keys and values `[seqs, n_head_kv, rows, head_dim]`.
+    pub fn attention_half(
+        &self,
+        g: &mut Graph<'_>,
+        x: Port,
+        layer: usize,
+        inputs: &LayerInputs<'_>,
+    ) -> (Port, [Port; 2]) {
+        let name = |name: &str| format!("blk.{layer}.{name}");
+        let h = self.rms_norm(g, x, &name("attn_norm"));
+        let q = self.linear(g, h, &name("wq"), Some("bq"), layer);
+        let k = self.linear(g, h, &name("wk"), Some("bk"), layer);
+        let v = self.linear(g, h, &name("wv"), Some("bv"), layer);
+        let q = self.reshape(g, q, "shape_q_heads");
+        let q = self.optional_norm(g, q, &name("q_norm"));
+        let q = self.rope(g, q, inputs.cos, inputs.sin);
+        let k = self.reshape(g, k, "shape_kv_heads");
+        let k = self.optional_norm(g, k, &name("k_norm"));
+        let k = self.rope(g, k, inputs.cos, inputs.sin);
+        let v = self.reshape(g, v, "shape_kv_heads");
+        let (ctx, new) = self.attention_core(g, q, k, v, inputs);
+        let o = self.linear(g, ctx, &name("wo"), None, layer);
+        (self.optional_norm(g, o, &name("post_attn_norm")), new)
+    }
+
+    /// Attention from queries `[seqs, rows, n_head, head_dim]` and keys and values
+    /// `[seqs, rows, n_head_kv, head_dim]` (projected and rotated): the context `[seqs,
+    /// rows, q_dim]` and the keys and values `[seqs, n_head_kv, rows, head_dim]`.
+    pub fn attention_core(
+        &self,
+        g: &mut Graph<'_>,
+        q: Port,
+        k: Port,
+        v: Port,
+        inputs: &LayerInputs<'_>,
+    ) -> (Port, [Port; 2]) {
+        let q = self.reshape(g, q, "shape_q_groups");
+        let q = self.transpose(g, q, "perm_q");
+        let k = self.transpose(g, k, "perm_kv");
+        let v = self.transpose(g, v, "perm_kv");
+        let ctx = self.attention(g, q, [k, v], inputs.past, inputs.mask, inputs.rows);
+        let ctx = self.transpose(g, ctx, "perm_out");
+        (self.reshape(g, ctx, "shape_merge_heads"), [k, v])
+    }
+
+    /// Layer `layer`'s FFN half on the residual stream `x`: its output, to add to `x`.
+    pub fn ffn_half(&self, g: &mut Graph<'_>, x: Port, layer: usize) -> Port {
+        let name = |name: &str| format!("blk.{layer}.{name}");
+        let h = self.rms_norm(g, x, &name("ffn_norm"));
+        let gate = self.linear(g, h, &name("gate"), None, layer);
+        let up = self.linear(g, h, &name("up"), None, layer);
+        let act = match self.cfg.activation {
+            Activation::Silu => g.op("Swish", "opset4", "", &[gate]),
+            Activation::GeluTanh => g.op("Gelu", "opset7", r#"approximation_mode="tanh""#, &[gate]),
+        };
+        let act = self.binary(g, "Multiply", act, up);
+        let down = self.linear(g, act, &name("down"), None, layer);
+        self.optional_norm(g, down, &name("post_ffn_norm"))
+    }
+
+    pub fn binary(&self, g: &mut Graph<'_>, kind: &'static str, a: Port, b: Port) -> Port {
         g.op(kind, "opset1", r#"auto_broadcast="numpy""#, &[a, b])
     }
 
@@ -346,7 +392,7 @@ impl Builder<'_> {
         }
     }
 
-    fn linear(
+    pub fn linear(
         &self,
         g: &mut Graph<'_>,
         x: Port,
@@ -434,6 +480,9 @@ impl Builder<'_> {
                 &[shape, seq_dim, axis0],
             )
         };
+        // Every head splits its probabilities at the same column.
+        let lengths = [columns(g, past[0][0]), columns(g, ks[0])];
+        let lengths = g.op("Concat", "opset1", r#"axis="0""#, &lengths);
         let ctx: Vec<Port> = (0..n)
             .map(|h| {
                 let (k_past, k_new) = (group(g, past[0][h]), group(g, ks[h]));
@@ -441,8 +490,6 @@ impl Builder<'_> {
                 let (s_past, s_new) = (dot(g, qs[h], k_past, true), dot(g, qs[h], k_new, true));
                 let scores = g.op("Concat", "opset1", r#"axis="4""#, &[s_past, s_new]);
                 let probs = softmax(g, scores);
-                let lengths = [columns(g, past[0][h]), columns(g, ks[h])];
-                let lengths = g.op("Concat", "opset1", r#"axis="0""#, &lengths);
                 let parts = g.op_n(
                     "VariadicSplit",
                     "opset1",

@@ -20,10 +20,12 @@ pub mod graph;
 pub mod ir;
 pub mod library;
 mod ov;
+mod probe;
 
 pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY};
 pub use error::{OvError, Result};
 pub use graph::WeightFormat;
+pub use probe::{OvProbe, ProbeGraph};
 
 /// One OpenVINO device and what it says about itself.
 #[derive(Debug, Clone)]
