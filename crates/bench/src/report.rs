@@ -682,7 +682,8 @@ fn decode_charts(file: &ResultsFile) -> Vec<String> {
         .collect()
 }
 
-fn escape(s: &str) -> String {
+/// `s` as SVG or XML text.
+pub fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

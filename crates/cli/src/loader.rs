@@ -47,7 +47,7 @@ fn parse_kv_type(s: &str) -> Result<KvType, String> {
     })
 }
 
-fn parse_precision(s: &str) -> Result<Precision, String> {
+pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
     Precision::parse(s).ok_or_else(|| {
         let names: Vec<&str> = Precision::ALL.iter().map(|p| p.name()).collect();
         format!(

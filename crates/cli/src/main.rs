@@ -41,6 +41,9 @@ enum Command {
     /// Check a route's greedy tokens against the native f32 path on the reference
     /// prompts, window by window.
     Qualify(commands::qualify::QualifyArgs),
+    /// Measure how fast each device runs the model: an operator inside its block and
+    /// alone, the block, each stage and the whole model, each checked against native f32.
+    Affinity(commands::affinity::AffinityArgs),
     /// List the devices routes can use: the native CPU and OpenVINO's devices.
     Devices(commands::devices::DevicesArgs),
     /// List the models known by name and whether they are cached.
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
             Command::Serve(args) => commands::serve::run(args),
             Command::Qualify(args) => commands::qualify::run(args),
             Command::Devices(args) => commands::devices::run(args),
+            Command::Affinity(args) => commands::affinity::run(args),
             Command::Models => commands::models::list(),
             Command::Fetch(args) => commands::models::fetch(args),
         });

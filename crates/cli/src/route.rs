@@ -79,12 +79,12 @@ impl SpeculativeArgs {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Device {
+pub(crate) enum Device {
     Native,
     OpenVino(String),
 }
 
-fn parse_device(name: &str) -> Result<Device> {
+pub(crate) fn parse_device(name: &str) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Native),
         _ => match name.strip_prefix("ov:") {

@@ -524,3 +524,93 @@ fn hugging_face_directories_run_on_openvino_with_the_native_tokens() {
         assert_eq!(v["route"]["decode"]["executed"], "CPU", "{name}");
     }
 }
+
+/// `pyramid affinity` on SmolLM2 with `cpu,ov:CPU`, kept short: every level for every
+/// device and precision, OpenVINO f32 agreeing with the native f32 everywhere, and the
+/// results file and chart written.
+#[test]
+fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
+    let model = pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
+        .join("smollm2-135m-instruct-q4_1.gguf");
+    assert!(
+        model.exists(),
+        "run scripts/test.sh (it fetches the models) first"
+    );
+    let fx = Fixture::new(Architecture::Llama);
+    let results = fx.dir.path().join("affinity.json");
+    let chart = fx.dir.path().join("affinity");
+    let out = fx.run(&[
+        "affinity",
+        "-m",
+        model.to_str().unwrap(),
+        "--devices",
+        "cpu,ov:CPU",
+        "--precision",
+        "f32,int8",
+        "--seq",
+        "32",
+        "--window",
+        "64",
+        "--n-gen",
+        "4",
+        "--reps",
+        "1",
+        "--trials",
+        "2",
+        "--min-batch-ms",
+        "2",
+        "--out",
+        results.to_str().unwrap(),
+        "--chart",
+        chart.to_str().unwrap(),
+        "--json",
+    ]);
+    let v = ok_json(&out);
+    assert_eq!(
+        v,
+        serde_json::from_slice::<Value>(&std::fs::read(&results).unwrap()).unwrap()
+    );
+    assert!(chart.with_extension("svg").exists() && chart.with_extension("png").exists());
+    assert!(v["provenance"]["commit"].is_string() && v["provenance"]["machine"]["cpu"].is_string());
+    let cells = v["cells"].as_array().unwrap();
+    let invalid = v["invalid"].as_array().unwrap();
+    assert!(
+        invalid.iter().all(|c| c["precision"] != "f32"),
+        "f32 agrees: {invalid:?}"
+    );
+    for device in ["cpu", "ov:CPU"] {
+        for precision in ["f32", "int8"] {
+            for level in ["operator", "isolated", "block", "stage", "model"] {
+                let n = cells
+                    .iter()
+                    .chain(invalid)
+                    .filter(|c| {
+                        c["device"] == device && c["precision"] == precision && c["level"] == level
+                    })
+                    .count();
+                let expected = match level {
+                    "operator" => 4,  // attention and FFN, two stages
+                    "isolated" => 16, // seven projections and the core, two stages
+                    "block" => 6,     // whole and two ablations, two stages
+                    "stage" => 2,
+                    _ => 1,
+                };
+                assert_eq!(n, expected, "{device} {precision} {level}");
+            }
+        }
+    }
+    for c in cells.iter().filter(|c| c["device"] == "ov:CPU") {
+        assert_eq!(c["executed_on"], "CPU", "{c}");
+    }
+    let end_to_end = cells
+        .iter()
+        .find(|c| c["level"] == "model" && c["device"] == "ov:CPU" && c["precision"] == "f32")
+        .expect("the f32 end-to-end cell is valid");
+    assert_eq!(end_to_end["tokens_matching"], 4);
+
+    // A stage that does not exist is one clear error.
+    let err = error_of(&fx.run(&["affinity", "-m", &fx.model, "--stage", "verify"]));
+    assert!(err.contains("unknown stage 'verify'"), "{err}");
+}

@@ -177,7 +177,7 @@ pub(crate) fn read_results(path: &Path) -> Result<ResultsFile> {
 }
 
 /// Writes `text` to `path` through a temporary file, so a crash never leaves half a file.
-fn write_atomically(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
+pub(crate) fn write_atomically(path: &Path, contents: impl AsRef<[u8]>) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

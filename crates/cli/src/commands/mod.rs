@@ -1,3 +1,4 @@
+pub mod affinity;
 pub mod bench;
 pub mod bench_matrix;
 pub mod chat;
