@@ -15,9 +15,11 @@
 //!
 //! Modules: [`timing`] (the reps-slope fit), [`check`] (agreement with the f32
 //! reference), [`subject`] (what runs), [`profile`] (the measurement plan and its cells),
-//! [`report`] (tables, chart and results file).
+//! [`report`] (tables, chart and results file), [`predict`] (each level's prediction of
+//! the whole model, and a route placed from the best one).
 
 pub mod check;
+pub mod predict;
 pub mod profile;
 pub mod report;
 pub mod subject;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::{BlockPart, KvCache, KvType, Model, Projection};
+use pyramid_model::{BlockPart, KvCache, KvType, LogitsFor, Model, Projection, Scratch};
 use pyramid_openvino::{OvBackend, ProbeGraph};
 use pyramid_runtime::{ArtifactShape, Backend, CpuBackend, Executable};
 use serde::{Deserialize, Serialize};
@@ -163,18 +163,22 @@ fn tokens(n: usize, n_vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// An f32 cache of `window` positions, its first `past` written with values.
-fn cache(model: &Model, window: usize, past: usize) -> Result<KvCache> {
-    let cfg = &model.config;
+/// An f32 cache of `window` positions, its first `past` filled by the reference model
+/// from random tokens: the keys and values a real session at that length holds, which
+/// compressed weights must reproduce (random rows would give states no model reaches).
+fn cache(reference: &Model, pool: &ThreadPool, window: usize, past: usize) -> Result<KvCache> {
+    let cfg = &reference.config;
     let mut kv = KvCache::new(cfg, window, KvType::F32);
-    for layer in 0..cfg.n_layer {
-        for head in 0..cfg.n_head_kv {
-            let n = past * cfg.head_dim;
-            let seed = (layer * cfg.n_head_kv + head) as u64;
-            kv.write_head_rows(layer, head, 0, &values(n, seed), &values(n, seed + 7919))?;
-        }
+    if past > 0 {
+        let prompt = tokens(past, cfg.n_vocab, 5);
+        reference.forward(
+            pool,
+            &prompt,
+            &mut kv,
+            &mut Scratch::default(),
+            LogitsFor::Last,
+        )?;
     }
-    kv.commit(past)?;
     Ok(kv)
 }
 
@@ -189,7 +193,7 @@ struct StageInputs {
 }
 
 impl StageInputs {
-    fn new(reference: &Model, plan: &Plan, stage: Stage) -> Result<Self> {
+    fn new(reference: &Model, pool: &ThreadPool, plan: &Plan, stage: Stage) -> Result<Self> {
         let cfg = &reference.config;
         let (rows, past) = match stage {
             Stage::Prefill => (plan.seq, 0),
@@ -208,7 +212,7 @@ impl StageInputs {
             rows,
             hidden,
             qkv,
-            kv: cache(reference, plan.window, past)?,
+            kv: cache(reference, pool, plan.window, past)?,
         })
     }
 
@@ -260,7 +264,7 @@ pub fn measure(
     // Stage executables per target, reused end to end.
     let mut compiled: HashMap<(usize, Stage), Arc<dyn Executable>> = HashMap::new();
     for &stage in &plan.stages {
-        let inputs = StageInputs::new(reference, plan, stage)?;
+        let inputs = StageInputs::new(reference, pool, plan, stage)?;
         m.blocks(reference, pool, targets, stage, &inputs)?;
         m.projections(reference, pool, targets, stage, &inputs)?;
         let shape = stage_shape(plan, stage);

@@ -18,6 +18,8 @@ use crate::profile::{AffinityCell, Level, Plan, Stage};
 pub struct AffinityReport {
     pub provenance: Provenance,
     pub model: String,
+    /// Decoder blocks in the model: what block and operator figures are scaled by.
+    pub n_layer: usize,
     pub plan: Plan,
     /// `device precision` in the order asked for: ratios divide by the others the first.
     pub targets: Vec<(String, String)>,
@@ -30,6 +32,7 @@ impl AffinityReport {
     pub fn new(
         provenance: Provenance,
         model: String,
+        n_layer: usize,
         plan: Plan,
         targets: Vec<(String, String)>,
         cells: Vec<AffinityCell>,
@@ -38,6 +41,7 @@ impl AffinityReport {
         Self {
             provenance,
             model,
+            n_layer,
             plan,
             targets,
             cells,
@@ -45,7 +49,7 @@ impl AffinityReport {
         }
     }
 
-    fn find(
+    pub(crate) fn find(
         &self,
         level: Level,
         stage: Stage,
@@ -151,6 +155,7 @@ impl AffinityReport {
             out.push('\n');
         }
         out.push_str("ms per call by a reps-slope fit (in brackets: the trials' spread, (max − min) ÷ median).\n");
+        self.predictions_table(&mut out);
         if !self.invalid.is_empty() {
             out.push_str("\nInvalid cells (kept out of every figure):\n\n");
             for c in &self.invalid {
@@ -167,6 +172,39 @@ impl AffinityReport {
             }
         }
         out
+    }
+
+    /// Each level's prediction of the end-to-end run beside the measured one.
+    fn predictions_table(&self, out: &mut String) {
+        let predictions = self.predictions();
+        if predictions.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n#### whole model predicted from each level (prompt {} + {} tokens)\n",
+            self.plan.seq, self.plan.n_gen
+        );
+        out.push_str("| level | device | precision | prefill ms | decode ms/step | predicted ms | measured ms | predicted ÷ measured |\n|---|---|---|---:|---:|---:|---:|---:|\n");
+        for p in &predictions {
+            let measured = p
+                .measured
+                .map_or("–".to_string(), |m| format!("{:.1}", m * 1e3));
+            let ratio = p.ratio().map_or("–".to_string(), |r| format!("{r:.2}"));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.1} | {:.2} | {:.1} | {measured} | {ratio} |",
+                p.level.title(),
+                p.device,
+                p.precision,
+                p.prefill * 1e3,
+                p.decode_step * 1e3,
+                p.predicted * 1e3
+            );
+        }
+        if let Some(level) = self.best_level() {
+            let _ = writeln!(out, "\nNearest the measured runs: {}.", level.title());
+        }
     }
 
     /// Bars of every valid ratio on a log scale around parity, grouped by level.

@@ -125,7 +125,8 @@ fn every_level_is_measured_and_a_wrong_block_is_kept_out() {
         ("cpu".into(), "f32".into()),
         ("broken".into(), "f32".into()),
     ];
-    let report = AffinityReport::new(provenance, "tiny".into(), plan, targets, cells);
+    let n_layer = reference.config.n_layer;
+    let report = AffinityReport::new(provenance, "tiny".into(), n_layer, plan, targets, cells);
     assert!(report.cells.iter().all(|c| c.is_valid()));
     assert!(report.invalid.iter().all(|c| !c.is_valid()) && !report.invalid.is_empty());
     let md = report.markdown();

@@ -1,14 +1,17 @@
 //! `--device`, `--prefill-device`, `--decode-device`: which backend runs each stage.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use pyramid_affinity::predict::Placement;
+use pyramid_affinity::report::AffinityReport;
 use pyramid_engine::{
     Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
 };
-use pyramid_model::{KvType, Model};
+use pyramid_model::{KvType, Model, Precision};
 use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
 use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
 
@@ -30,6 +33,10 @@ pub struct RouteArgs {
     /// INFERENCE_PRECISION_HINT=f16, INFERENCE_NUM_THREADS=4.
     #[arg(long = "ov-option", value_name = "KEY=VALUE")]
     pub ov_options: Vec<String>,
+    /// The profile (`pyramid affinity --out FILE`) a route of `auto` devices is placed
+    /// from: each stage on the device the best-predicting level says is fastest.
+    #[arg(long, value_name = "FILE")]
+    pub affinity: Option<PathBuf>,
 }
 
 /// `--speculative`, `--draft-tokens`: prompt-lookup speculative decoding.
@@ -92,7 +99,7 @@ pub(crate) fn parse_device(name: &str) -> Result<Device> {
                 Ok(Device::OpenVino(d.to_string()))
             }
             _ => bail!(
-                "unknown device '{name}' (expected cpu, ov:CPU, ov:GPU or ov:NPU; `pyramid devices` lists those present)"
+                "unknown device '{name}' (expected cpu, ov:CPU, ov:GPU, ov:NPU, or auto with --affinity on run, chat, serve, bench, replay and qualify; `pyramid devices` lists those present)"
             ),
         },
     }
@@ -130,6 +137,80 @@ impl Route {
 }
 
 impl RouteArgs {
+    /// Replaces `auto` in `--device`, `--prefill-device` or `--decode-device` by the
+    /// device the `--affinity` profile of `model` places that stage on at `precision`,
+    /// for `work` (prompt and generated tokens; the profile's own when not known), and
+    /// says so on stderr. `None` when no stage is `auto`.
+    pub fn place(
+        &mut self,
+        model: &str,
+        precision: Precision,
+        work: Option<(usize, usize)>,
+    ) -> Result<Option<Placement>> {
+        let auto = |d: Option<&String>| d.is_some_and(|d| d == "auto");
+        let device_auto = self.device == "auto";
+        let prefill_auto =
+            auto(self.prefill_device.as_ref()) || (device_auto && self.prefill_device.is_none());
+        let decode_auto =
+            auto(self.decode_device.as_ref()) || (device_auto && self.decode_device.is_none());
+        if !prefill_auto && !decode_auto {
+            return Ok(None);
+        }
+        let Some(path) = &self.affinity else {
+            bail!("a device of 'auto' is placed from a profile: give --affinity FILE (written by `pyramid affinity --out FILE`)");
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the affinity profile {}", path.display()))?;
+        let profile: AffinityReport = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a `pyramid affinity` results file",
+                path.display()
+            )
+        })?;
+        if profile.model != model {
+            bail!(
+                "{} profiles model '{}', not '{model}': run `pyramid affinity -m {model} --out FILE` first",
+                path.display(),
+                profile.model
+            );
+        }
+        let (prompt, n_gen) = work.unwrap_or((profile.plan.seq, profile.plan.n_gen));
+        let Some(placement) = profile.place(precision.name(), prompt, n_gen) else {
+            bail!(
+                "{} has no valid {} stage figures to place the route from (profiled: {})",
+                path.display(),
+                precision.name(),
+                profile
+                    .targets
+                    .iter()
+                    .map(|(d, p)| format!("{d} {p}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        };
+        if prefill_auto {
+            self.prefill_device = Some(placement.prefill.clone());
+        }
+        if decode_auto {
+            self.decode_device = Some(placement.decode.clone());
+        }
+        if device_auto {
+            // Stages not given explicitly are placed; `device` itself is no longer read.
+            self.device = placement.prefill.clone();
+        }
+        eprintln!(
+            "route auto: prefill on {}, decode on {} (from the {} level of {}: {:.3} ms per prompt token, {:.2} ms per decode step; {prompt} + {n_gen} tokens predicted at {:.0} ms)",
+            self.prefill_device.as_deref().unwrap_or(&self.device),
+            self.decode_device.as_deref().unwrap_or(&self.device),
+            placement.level.title(),
+            path.display(),
+            placement.prefill_per_token * 1e3,
+            placement.decode_step * 1e3,
+            placement.predicted * 1e3
+        );
+        Ok(Some(placement))
+    }
+
     fn stages(&self) -> Result<(String, String)> {
         let prefill = self
             .prefill_device

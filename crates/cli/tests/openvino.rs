@@ -613,4 +613,79 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
     // A stage that does not exist is one clear error.
     let err = error_of(&fx.run(&["affinity", "-m", &fx.model, "--stage", "verify"]));
     assert!(err.contains("unknown stage 'verify'"), "{err}");
+
+    // `--device auto` places bench's route from the profile and predicts beside measuring.
+    let model = model.to_str().unwrap();
+    let results = results.to_str().unwrap();
+    let bench = fx.run(&[
+        "bench",
+        "-m",
+        model,
+        "--precision",
+        "int8",
+        "--device",
+        "auto",
+        "--affinity",
+        results,
+        "-p",
+        "32",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    let records = ok_json(&bench);
+    let stderr = String::from_utf8_lossy(&bench.stderr);
+    assert!(stderr.contains("route auto: prefill on"), "{stderr}");
+    for r in records.as_array().unwrap() {
+        let predicted = r["predicted_ts"].as_f64().expect("a prediction per test");
+        assert!(
+            predicted > 0.0 && r["avg_ts"].as_f64().unwrap() > 0.0,
+            "{r}"
+        );
+        let device = r["device"].as_str().unwrap();
+        assert!(
+            stderr.contains(&format!(
+                "prefill on {}",
+                device.split("->").next().unwrap()
+            )),
+            "{stderr} vs {device}"
+        );
+    }
+    // Placing needs a profile, of this model, with figures at this precision.
+    let err = error_of(&fx.run(&[
+        "run", "-m", model, "--device", "auto", "-n", "1", "--prompt", "Hi",
+    ]));
+    assert!(err.contains("--affinity FILE"), "{err}");
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        &fx.model,
+        "--device",
+        "auto",
+        "--affinity",
+        results,
+        "-n",
+        "1",
+        "--prompt-tokens",
+        "1",
+    ]));
+    assert!(err.contains("profiles model"), "{err}");
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        model,
+        "--precision",
+        "int4",
+        "--device",
+        "auto",
+        "--affinity",
+        results,
+        "-n",
+        "1",
+        "--prompt",
+        "Hi",
+    ]));
+    assert!(err.contains("no valid int4 stage figures"), "{err}");
 }

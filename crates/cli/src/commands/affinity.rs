@@ -178,6 +178,7 @@ pub fn run(args: AffinityArgs) -> Result<()> {
     let report = AffinityReport::new(
         provenance_here(),
         args.model.clone(),
+        cfg.n_layer,
         plan,
         targets
             .iter()

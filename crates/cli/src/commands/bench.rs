@@ -101,6 +101,9 @@ struct Record {
     qualified: Option<bool>,
     /// A random-weight model with a published model's shapes: speed only.
     synthetic: bool,
+    /// With a device of `auto`: the t/s its profile predicted for this test (one
+    /// sequence), beside the measured `avg_ts`.
+    predicted_ts: Option<f64>,
     /// `ngram` or `off`; with drafts, generated tokens per sampling pass in the timed
     /// repetitions (1 without).
     speculative: &'static str,
@@ -176,7 +179,7 @@ fn run_all(
     Ok(())
 }
 
-pub fn run(args: BenchArgs) -> Result<()> {
+pub fn run(mut args: BenchArgs) -> Result<()> {
     if let Some(action) = args.action {
         return super::bench_matrix::run(action);
     }
@@ -186,6 +189,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.batch == 0 {
         bail!("-b/--batch must be at least 1");
     }
+    let work = (
+        args.n_prompt.iter().copied().find(|&p| p > 0).unwrap_or(0),
+        args.n_gen.iter().copied().find(|&g| g > 0).unwrap_or(0),
+    );
+    let placement = args
+        .route
+        .place(&args.model.model, args.model.precision, Some(work))?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
@@ -323,7 +333,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
         if n_depth > 0 {
             test.push_str(&format!(" @ d{n_depth}"));
         }
+        let predicted_ts = placement.as_ref().filter(|_| args.batch == 1).map(|p| {
+            if n_prompt > 0 {
+                1.0 / p.prefill_per_token
+            } else {
+                1.0 / p.decode_step
+            }
+        });
         let record = Record {
+            predicted_ts,
             model: loaded.name.clone(),
             test,
             n_prompt,
@@ -362,8 +380,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if record.qualified == Some(false) {
                 device.push_str(" UNQUALIFIED: wrong tokens, speed not comparable");
             }
+            let predicted = record
+                .predicted_ts
+                .map_or(String::new(), |p| format!(" (predicted {p:.2})"));
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2}{predicted} |",
                 record.model,
                 record.precision,
                 record.threads,

@@ -377,6 +377,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
                 prefill_device: Some(key.prefill_device.clone()),
                 decode_device: Some(key.decode_device.clone()),
                 ov_options: Vec::new(),
+                affinity: None,
             };
             let route = route_args.build(loaded, loaded.f32_model.as_ref())?;
             ctx.routes.insert(route_key.clone(), route);

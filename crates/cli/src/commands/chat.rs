@@ -99,7 +99,7 @@ fn keep(engine: &Engine, path: &Path, prompt: &[u32], messages: &[ChatMessage]) 
     Ok(())
 }
 
-pub fn run(args: ChatArgs) -> Result<()> {
+pub fn run(mut args: ChatArgs) -> Result<()> {
     if let Some(server) = &args.server {
         return super::chat_remote::run(
             server,
@@ -109,6 +109,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
             args.stats,
         );
     }
+    args.route
+        .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let template = crate::loader::chat_template(&loaded.tokenizer)?;

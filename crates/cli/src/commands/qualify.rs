@@ -257,10 +257,12 @@ impl Qualifier {
     }
 }
 
-pub fn run(args: QualifyArgs) -> Result<()> {
+pub fn run(mut args: QualifyArgs) -> Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
+    args.route
+        .place(&args.model.model, args.model.precision, None)?;
     let loaded = args.model.load_keeping_f32(true)?;
     let windows = WindowLadder::parse(&args.windows, loaded.model.config.n_ctx_train)?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;

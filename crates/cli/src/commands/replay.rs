@@ -102,7 +102,7 @@ struct Report<'a> {
     tokens_identical: Option<bool>,
 }
 
-pub fn run(args: ReplayArgs) -> Result<()> {
+pub fn run(mut args: ReplayArgs) -> Result<()> {
     if args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
     }
@@ -139,6 +139,8 @@ pub fn run(args: ReplayArgs) -> Result<()> {
     if steps.is_empty() {
         bail!("the trace has no steps");
     }
+    args.route
+        .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;

@@ -256,7 +256,10 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
     Ok(loaded.tokenizer.encode_prompt(&text)?)
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(mut args: RunArgs) -> Result<()> {
+    // The prompt's length is known only once the tokenizer is loaded: the profile's own.
+    args.route
+        .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;

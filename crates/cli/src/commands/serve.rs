@@ -153,7 +153,7 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("'{s}' is not a byte size like 512MiB"))
 }
 
-pub fn run(args: ServeArgs) -> Result<()> {
+pub fn run(mut args: ServeArgs) -> Result<()> {
     for (name, value) in [
         ("--max-sessions", args.max_sessions),
         ("--max-batch", args.max_batch),
@@ -167,6 +167,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
         .parse()
         .with_context(|| format!("'{}' is not an IP address to listen on", args.host))?;
+    args.route
+        .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let n_ctx = loaded.model.config.n_ctx_train;
