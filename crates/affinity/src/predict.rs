@@ -49,8 +49,13 @@ const ISOLATED_UNITS: [&str; 8] = [
 
 impl AffinityReport {
     /// Seconds `level` gives one stage of `target`'s whole model, when every cell it
-    /// needs is valid.
+    /// needs is valid and the sum is positive (an ablation difference within the noise
+    /// can be negative; it predicts nothing).
     fn stage_seconds(&self, level: Level, stage: Stage, target: &(String, String)) -> Option<f64> {
+        self.level_sum(level, stage, target).filter(|&s| s > 0.0)
+    }
+
+    fn level_sum(&self, level: Level, stage: Stage, target: &(String, String)) -> Option<f64> {
         let sum = |units: &[&str]| -> Option<f64> {
             units
                 .iter()
@@ -221,6 +226,11 @@ mod tests {
                 end_to_end,
             ));
         }
+        // Operators in their block on "a": a decode difference within the noise.
+        for (unit, prefill, decode) in [("attention", 0.5, -0.1), ("ffn", 0.5, 0.05)] {
+            cells.push(cell(Level::Operator, unit, Stage::Prefill, "a", prefill));
+            cells.push(cell(Level::Operator, unit, Stage::Decode, "a", decode));
+        }
         let plan = Plan {
             seq: 100,
             window: 256,
@@ -258,7 +268,8 @@ mod tests {
             .find(|p| p.level == Level::Stage && p.device == "a")
             .unwrap();
         assert_eq!(stage_a.ratio(), Some(1.0));
-        // Operators were not measured: no prediction from them.
+        // Operators: not measured on "b", and a negative decode sum on "a" predicts
+        // nothing.
         assert!(p.iter().all(|p| p.level != Level::Operator));
         assert_eq!(r.best_level(), Some(Level::Stage));
     }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::Agreement;
 use crate::subject::{ModelRun, NativeBlock, NativeProjection, StageRun, Subject};
-use crate::timing::{reps_slope, Clock, FitPlan, SlopeFit};
+use crate::timing::{reps_slope, reps_slope_alternating, Clock, FitPlan, SlopeFit};
 use crate::{AffinityError, Result};
 
 /// The granularity a cell measures.
@@ -355,7 +355,6 @@ pub fn measure(
             m.cells.last_mut().expect("just pushed").tokens_matching = Some(matching);
         }
     }
-    derive_operators(&mut cells);
     Ok(cells)
 }
 
@@ -402,6 +401,15 @@ impl Measurer<'_, '_> {
         reps_slope(self.plan.fit, self.clock, || subject.run())
     }
 
+    fn fit_alternating(&mut self, subjects: &mut [&mut dyn Subject]) -> Result<Vec<SlopeFit>> {
+        let mut calls: Vec<_> = subjects.iter_mut().map(|s| move || s.run()).collect();
+        let mut refs: Vec<&mut dyn FnMut() -> Result<()>> = calls
+            .iter_mut()
+            .map(|c| c as &mut dyn FnMut() -> Result<()>)
+            .collect();
+        reps_slope_alternating(self.plan.fit, self.clock, &mut refs)
+    }
+
     /// Fits `subject`, checks its output against `expected` and records the cell.
     #[allow(clippy::too_many_arguments)]
     fn cell(
@@ -415,13 +423,40 @@ impl Measurer<'_, '_> {
         residual: Option<&[f32]>,
     ) -> Result<()> {
         let fit = self.fit(subject)?;
+        self.check(level, unit, stage, target, subject, fit, expected, residual)?;
+        Ok(())
+    }
+
+    /// Records the cell of `fit`, its subject's output checked against `expected`;
+    /// returns why it is invalid, if it is.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        &mut self,
+        level: Level,
+        unit: &str,
+        stage: Stage,
+        target: &Target<'_>,
+        subject: &dyn Subject,
+        fit: SlopeFit,
+        expected: &[f32],
+        residual: Option<&[f32]>,
+    ) -> Result<Option<String>> {
         let agreement = Agreement::of(expected, &subject.output()?, residual);
         let problem = match &agreement {
             None => Some("the output's shape differs from the reference's".to_string()),
             Some(a) => a.problem(&target.precision),
         };
-        self.push(level, unit, stage, target, subject, fit, agreement, problem);
-        Ok(())
+        self.push(
+            level,
+            unit,
+            stage,
+            target,
+            subject,
+            fit,
+            agreement,
+            problem.clone(),
+        );
+        Ok(problem)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -451,7 +486,8 @@ impl Measurer<'_, '_> {
         });
     }
 
-    /// The block, whole and ablated, and the attention core, on every target.
+    /// The block, whole and ablated, fitted in alternation, with attention and the FFN
+    /// priced as their paired differences; then the attention core alone.
     fn blocks(
         &mut self,
         reference: &Model,
@@ -460,73 +496,126 @@ impl Measurer<'_, '_> {
         stage: Stage,
         inputs: &StageInputs,
     ) -> Result<()> {
+        const PARTS: [BlockPart; 3] = [
+            BlockPart::Whole,
+            BlockPart::WithoutAttention,
+            BlockPart::WithoutFfn,
+        ];
         let layer = self.plan.layer;
-        for part in BlockPart::ALL {
-            let input = inputs.block_input(part);
-            let mut native = NativeBlock::new(
-                reference,
+        let expected = |part: BlockPart| -> Result<Vec<f32>> {
+            let input = inputs.block_input(part).to_vec();
+            let mut native =
+                NativeBlock::new(reference, pool, layer, part, input, inputs.kv.clone());
+            native.run()?;
+            native.output()
+        };
+        let expected_parts = PARTS
+            .iter()
+            .map(|&part| expected(part))
+            .collect::<Result<Vec<_>>>()?;
+        let expected_core = expected(BlockPart::AttentionCore)?;
+        for target in targets {
+            (self.progress)(&format!(
+                "{} {} {} block, whole and ablated",
+                target.device,
+                target.precision,
+                stage.name()
+            ));
+            let mut subjects = PARTS
+                .iter()
+                .map(|&part| self.block_subject(target, part, inputs))
+                .collect::<Result<Vec<_>>>()?;
+            let mut refs: Vec<&mut dyn Subject> = subjects
+                .iter_mut()
+                .map(|s| &mut **s as &mut dyn Subject)
+                .collect();
+            let fits = self.fit_alternating(&mut refs)?;
+            let mut problems = Vec::new();
+            for ((part, subject), (fit, expected)) in PARTS
+                .iter()
+                .zip(&subjects)
+                .zip(fits.iter().zip(&expected_parts))
+            {
+                let residual = Some(inputs.block_input(*part));
+                let problem = self.check(
+                    Level::Block,
+                    part.name(),
+                    stage,
+                    target,
+                    &**subject,
+                    fit.clone(),
+                    expected,
+                    residual,
+                )?;
+                problems.push(problem);
+            }
+            for (unit, without) in [("attention", 1), ("ffn", 2)] {
+                let problem = problems[0]
+                    .clone()
+                    .or_else(|| problems[without].clone())
+                    .map(|p| format!("from an invalid block: {p}"));
+                let fit = fits[0].minus(&fits[without]);
+                self.push(
+                    Level::Operator,
+                    unit,
+                    stage,
+                    target,
+                    &*subjects[0],
+                    fit,
+                    None,
+                    problem,
+                );
+            }
+            (self.progress)(&format!(
+                "{} {} {} attention core",
+                target.device,
+                target.precision,
+                stage.name()
+            ));
+            let mut core = self.block_subject(target, BlockPart::AttentionCore, inputs)?;
+            let fit = self.fit(&mut *core)?;
+            self.check(
+                Level::Isolated,
+                BlockPart::AttentionCore.name(),
+                stage,
+                target,
+                &*core,
+                fit,
+                &expected_core,
+                None,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// `part` of the plan's block on `target`, its inputs bound.
+    fn block_subject<'t>(
+        &self,
+        target: &'t Target<'_>,
+        part: BlockPart,
+        inputs: &StageInputs,
+    ) -> Result<Box<dyn Subject + 't>> {
+        let input = inputs.block_input(part);
+        Ok(match &target.executor {
+            Executor::Native { model, pool } => Box::new(NativeBlock::new(
+                model,
                 pool,
-                layer,
+                self.plan.layer,
                 part,
                 input.to_vec(),
                 inputs.kv.clone(),
-            );
-            native.run()?;
-            let expected = native.output()?;
-            let (level, residual) = match part {
-                BlockPart::AttentionCore => (Level::Isolated, None),
-                _ => (Level::Block, Some(input)),
-            };
-            for target in targets {
-                (self.progress)(&format!(
-                    "{} {} {} {}",
-                    target.device,
-                    target.precision,
-                    stage.name(),
-                    part.name()
-                ));
-                match &target.executor {
-                    Executor::Native { model, pool } => {
-                        let mut subject = NativeBlock::new(
-                            model,
-                            pool,
-                            layer,
-                            part,
-                            input.to_vec(),
-                            inputs.kv.clone(),
-                        );
-                        self.cell(
-                            level,
-                            part.name(),
-                            stage,
-                            target,
-                            &mut subject,
-                            &expected,
-                            residual,
-                        )?;
-                    }
-                    Executor::OpenVino(ov) => {
-                        let mut probe = ov.compile_probe(
-                            ProbeGraph::Block(part),
-                            layer,
-                            inputs.rows,
-                            self.plan.window,
-                        )?;
-                        probe.prepare(input, &inputs.kv)?;
-                        self.cell(
-                            level,
-                            part.name(),
-                            stage,
-                            target,
-                            &mut probe,
-                            &expected,
-                            residual,
-                        )?;
-                    }
-                }
+            )),
+            Executor::OpenVino(ov) => {
+                let mut probe = ov.compile_probe(
+                    ProbeGraph::Block(part),
+                    self.plan.layer,
+                    inputs.rows,
+                    self.plan.window,
+                )?;
+                probe.prepare(input, &inputs.kv)?;
+                Box::new(probe)
             }
-        }
-        Ok(())
+        })
     }
 
     /// Each projection alone on every target.
@@ -584,55 +673,5 @@ impl Measurer<'_, '_> {
             }
         }
         Ok(())
-    }
-}
-
-/// Attention and the FFN inside their block: the whole block's time less the block's
-/// without them, valid where both blocks are.
-fn derive_operators(cells: &mut Vec<AffinityCell>) {
-    let find = |cells: &[AffinityCell], c: &AffinityCell, unit: &str| {
-        cells
-            .iter()
-            .find(|d| {
-                d.level == Level::Block
-                    && d.unit == unit
-                    && d.stage == c.stage
-                    && d.device == c.device
-                    && d.precision == c.precision
-            })
-            .cloned()
-    };
-    let wholes: Vec<AffinityCell> = cells
-        .iter()
-        .filter(|c| c.level == Level::Block && c.unit == BlockPart::Whole.name())
-        .cloned()
-        .collect();
-    for whole in wholes {
-        for (unit, without) in [
-            ("attention", BlockPart::WithoutAttention),
-            ("ffn", BlockPart::WithoutFfn),
-        ] {
-            let Some(ablated) = find(cells, &whole, without.name()) else {
-                continue;
-            };
-            let problem = whole
-                .problem
-                .clone()
-                .or_else(|| ablated.problem.clone())
-                .map(|p| format!("from an invalid block: {p}"));
-            cells.push(AffinityCell {
-                level: Level::Operator,
-                unit: unit.to_string(),
-                seconds: whole.seconds - ablated.seconds,
-                spread: (whole.spread * whole.seconds + ablated.spread * ablated.seconds)
-                    / (whole.seconds - ablated.seconds)
-                        .abs()
-                        .max(f64::MIN_POSITIVE),
-                agreement: None,
-                tokens_matching: None,
-                problem,
-                ..whole.clone()
-            });
-        }
     }
 }

@@ -4,7 +4,9 @@
 //! a device's submission and synchronisation, caches warming. Timing `k` and then `2k`
 //! back-to-back calls and taking the slope, `(t(2k) − t(k)) / k`, cancels whatever is paid
 //! once per batch of calls; what is left is what one more call costs. Several trials give
-//! the fit's spread, reported beside it so a noisy figure shows itself.
+//! the fit's spread, reported beside it so a noisy figure shows itself. Fits to be
+//! compared (a block and the block without a part) run in alternation, trial by trial,
+//! and their difference is taken per trial, so a shared machine's drift cancels.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,15 +42,17 @@ pub struct FitPlan {
 }
 
 /// A reps-slope fit.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SlopeFit {
     /// Seconds one more call costs: the median of the trials' slopes.
     pub seconds: f64,
-    /// The slopes' range, `(max − min) / median`: 0 for a quiet machine.
+    /// The slopes' range, `(max − min) / |median|`: 0 for a quiet machine.
     pub spread: f64,
     /// Seconds paid once per batch whatever its size (the median intercept).
     pub fixed: f64,
     pub plan: FitPlan,
+    /// Each trial's slope, in order.
+    pub slopes: Vec<f64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -61,52 +65,93 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// Fits `call`'s per-call time: one untimed call first, one timed to size the batches,
-/// then `plan.trials` trials of `k` and `2k` calls. The first error stops the fit and is
-/// returned.
+impl SlopeFit {
+    fn of_trials(slopes: Vec<f64>, intercepts: Vec<f64>, plan: FitPlan) -> Self {
+        let lo = slopes.iter().cloned().fold(f64::INFINITY, f64::min);
+        let hi = slopes.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let seconds = median(slopes.clone());
+        Self {
+            seconds,
+            spread: if seconds != 0.0 {
+                (hi - lo) / seconds.abs()
+            } else {
+                f64::INFINITY
+            },
+            fixed: median(intercepts),
+            plan,
+            slopes,
+        }
+    }
+
+    /// This fit less `other`, trial by trial: for fits taken in alternation
+    /// ([`reps_slope_alternating`]), so a drift common to both cancels in each pair.
+    pub fn minus(&self, other: &SlopeFit) -> SlopeFit {
+        let slopes = self
+            .slopes
+            .iter()
+            .zip(&other.slopes)
+            .map(|(a, b)| a - b)
+            .collect();
+        SlopeFit::of_trials(slopes, vec![self.fixed - other.fixed], self.plan)
+    }
+}
+
+/// Fits `call`'s per-call time ([`reps_slope_alternating`] of one call).
 pub fn reps_slope<E>(
     plan: FitPlan,
     clock: &mut dyn Clock,
     mut call: impl FnMut() -> Result<(), E>,
 ) -> Result<SlopeFit, E> {
-    call()?;
-    let start = clock.now();
-    call()?;
-    let one = clock.now() - start;
-    let needed = if one > 0.0 {
-        (plan.min_batch / one).ceil().min(1e6) as usize
-    } else {
-        1
-    };
-    let (k, trials) = (plan.k.max(needed).max(1), plan.trials.max(1));
-    let mut batch = |n: usize, clock: &mut dyn Clock| -> Result<f64, E> {
+    let mut fits = reps_slope_alternating(plan, clock, &mut [&mut call])?;
+    Ok(fits.remove(0))
+}
+
+/// Fits each call's per-call time: for each, one untimed call and one timed to size its
+/// batches; then `plan.trials` rounds in which every call runs one trial of `k` and `2k`
+/// calls, so the machine's drift over the fits reaches all of them alike. The first error
+/// stops the fits and is returned.
+pub fn reps_slope_alternating<E>(
+    plan: FitPlan,
+    clock: &mut dyn Clock,
+    calls: &mut [&mut dyn FnMut() -> Result<(), E>],
+) -> Result<Vec<SlopeFit>, E> {
+    let mut ks = Vec::with_capacity(calls.len());
+    for call in calls.iter_mut() {
+        call()?;
+        let start = clock.now();
+        call()?;
+        let one = clock.now() - start;
+        let needed = if one > 0.0 {
+            (plan.min_batch / one).ceil().min(1e6) as usize
+        } else {
+            1
+        };
+        ks.push(plan.k.max(needed).max(1));
+    }
+    let batch = |call: &mut dyn FnMut() -> Result<(), E>, n: usize, clock: &mut dyn Clock| {
         let start = clock.now();
         for _ in 0..n {
             call()?;
         }
         Ok(clock.now() - start)
     };
-    let (mut slopes, mut intercepts) = (Vec::new(), Vec::new());
-    for _ in 0..trials {
-        let short = batch(k, clock)?;
-        let long = batch(2 * k, clock)?;
-        let slope = (long - short) / k as f64;
-        slopes.push(slope);
-        intercepts.push(short - k as f64 * slope);
+    let mut trials = vec![(Vec::new(), Vec::new()); calls.len()];
+    for _ in 0..plan.trials.max(1) {
+        for ((call, &k), (slopes, intercepts)) in calls.iter_mut().zip(&ks).zip(&mut trials) {
+            let short = batch(&mut **call, k, clock)?;
+            let long = batch(&mut **call, 2 * k, clock)?;
+            let slope = (long - short) / k as f64;
+            slopes.push(slope);
+            intercepts.push(short - k as f64 * slope);
+        }
     }
-    let lo = slopes.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = slopes.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    let seconds = median(slopes);
-    Ok(SlopeFit {
-        seconds,
-        spread: if seconds > 0.0 {
-            (hi - lo) / seconds
-        } else {
-            f64::INFINITY
-        },
-        fixed: median(intercepts),
-        plan: FitPlan { k, ..plan },
-    })
+    Ok(trials
+        .into_iter()
+        .zip(ks)
+        .map(|((slopes, intercepts), k)| {
+            SlopeFit::of_trials(slopes, intercepts, FitPlan { k, ..plan })
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -194,6 +239,36 @@ mod tests {
         });
         assert_eq!(result.unwrap_err(), "device lost");
         assert_eq!(calls, 4);
+    }
+
+    #[test]
+    fn alternating_fits_take_turns_and_differ_per_trial() {
+        let order = std::cell::RefCell::new(String::new());
+        let mut clock = WallClock::default();
+        let plan = FitPlan {
+            k: 1,
+            trials: 2,
+            min_batch: 0.0,
+        };
+        let mut a = || -> Result<(), ()> {
+            order.borrow_mut().push('a');
+            Ok(())
+        };
+        let mut b = || -> Result<(), ()> {
+            order.borrow_mut().push('b');
+            Ok(())
+        };
+        let fits = reps_slope_alternating(plan, &mut clock, &mut [&mut a, &mut b]).unwrap();
+        assert_eq!(fits.len(), 2);
+        // Warm-up and sizing of each, then per trial one short and one long batch each.
+        assert_eq!(*order.borrow(), "aabbaaabbbaaabbb");
+
+        let whole = SlopeFit::of_trials(vec![1.0, 3.0, 1.1], vec![0.0; 3], plan);
+        let ablated = SlopeFit::of_trials(vec![0.5, 2.5, 0.55], vec![0.0; 3], plan);
+        let part = whole.minus(&ablated);
+        assert_eq!(part.slopes, vec![0.5, 0.5, 0.55]);
+        assert_eq!(part.seconds, 0.5);
+        assert!((part.spread - 0.1).abs() < 1e-12, "{part:?}");
     }
 
     #[test]
