@@ -3,7 +3,7 @@
 //! each cell checked against the native f32 computation; tables with device ratios, a
 //! chart and a results file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
@@ -191,9 +191,9 @@ pub fn run(args: AffinityArgs) -> Result<()> {
     }
     if let Some(path) = &args.chart {
         let svg = report.chart();
-        write_atomically(&path.with_extension("svg"), &svg)?;
+        write_atomically(&chart_file(path, "svg"), &svg)?;
         match png_of_svg(&svg) {
-            Ok(png) => write_atomically(&path.with_extension("png"), png)?,
+            Ok(png) => write_atomically(&chart_file(path, "png"), png)?,
             Err(e) => eprintln!("PNG chart not written: {e}"),
         }
     }
@@ -207,4 +207,33 @@ pub fn run(args: AffinityArgs) -> Result<()> {
         print!("{}", report.markdown());
     }
     Ok(())
+}
+
+/// `path` with the extension `ext`: appended, so a stem with dots (`affinity-qwen2.5`)
+/// keeps them, unless `path` already ends in `.svg` or `.png`.
+fn chart_file(path: &Path, ext: &str) -> PathBuf {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("svg" | "png") => path.with_extension(ext),
+        _ => {
+            let mut name = path.as_os_str().to_owned();
+            name.push(format!(".{ext}"));
+            PathBuf::from(name)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chart_files_keep_dotted_stems() {
+        let dotted = Path::new("docs/affinity-qwen2.5-coder-0.5b");
+        assert_eq!(
+            chart_file(dotted, "svg"),
+            Path::new("docs/affinity-qwen2.5-coder-0.5b.svg")
+        );
+        assert_eq!(chart_file(Path::new("a.svg"), "png"), Path::new("a.png"));
+        assert_eq!(chart_file(Path::new("a"), "png"), Path::new("a.png"));
+    }
 }
