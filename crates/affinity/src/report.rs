@@ -209,18 +209,23 @@ impl AffinityReport {
 
     /// Bars of every valid ratio on a log scale around parity, grouped by level.
     pub fn chart(&self) -> String {
+        let pairs = self.ratio_pairs();
+        let divisors: BTreeSet<&str> = pairs.iter().map(|(_, b)| b.0.as_str()).collect();
         let mut bars = Vec::new();
         for level in Level::ALL {
             for (stage, unit) in self.rows(level) {
-                for (a, b) in self.ratio_pairs() {
-                    if let Some(r) = self.ratio(level, stage, &unit, &a, &b) {
-                        let label = format!(
+                for (a, b) in &pairs {
+                    if let Some(r) = self.ratio(level, stage, &unit, a, b) {
+                        let mut label = format!(
                             "{} · {} {} · {}",
                             level_short(level),
                             stage.name(),
                             unit,
                             a.1
                         );
+                        if divisors.len() > 1 {
+                            label.push_str(&format!(" · ÷ {}", b.0));
+                        }
                         bars.push((label, r, level));
                     }
                 }
@@ -235,17 +240,21 @@ impl AffinityReport {
             * 1.1;
         let mid = left + (w - left - right) / 2.0;
         let x = |r: f64| mid + r.log2() / span * (w - left - right) / 2.0;
-        let (a, b) = self
-            .ratio_pairs()
-            .first()
-            .map(|(a, b)| (a.0.clone(), b.0.clone()))
-            .unwrap_or_default();
+        let title = match (pairs.first(), divisors.len()) {
+            (None, _) => "one device: no ratios".to_string(),
+            (Some((a, b)), 1) => format!(
+                "seconds on {0} ÷ seconds on {1} (log scale; left of 1 favours {0})",
+                a.0, b.0
+            ),
+            (Some((a, _)), _) => format!(
+                "seconds on {0} ÷ seconds on the device named (log scale; left of 1 favours {0})",
+                a.0
+            ),
+        };
         let mut svg = format!(
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="10" y="20" font-size="13">{} — seconds on {} ÷ seconds on {} (log scale; left of 1 favours {})</text>"#,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="11"><text x="10" y="20" font-size="13">{} — {}</text>"#,
             escape(&self.model),
-            escape(&a),
-            escape(&b),
-            escape(&a)
+            escape(&title)
         );
         let colors = ["#1f77b4", "#9467bd", "#2ca02c", "#ff7f0e", "#d62728"];
         for (i, (label, r, level)) in bars.iter().enumerate() {
@@ -285,5 +294,76 @@ fn level_short(level: Level) -> &'static str {
         Level::Block => "block",
         Level::Stage => "stage",
         Level::Model => "model",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::FitPlan;
+    use pyramid_bench::results::Machine;
+
+    fn report(devices: &[&str]) -> AffinityReport {
+        let cells = devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| AffinityCell {
+                level: Level::Block,
+                unit: "block".into(),
+                stage: Stage::Prefill,
+                device: d.to_string(),
+                precision: "f32".into(),
+                executed_on: d.to_string(),
+                seconds: 1.0 + i as f64,
+                spread: 0.0,
+                agreement: None,
+                tokens_matching: None,
+                problem: None,
+            })
+            .collect();
+        let plan = Plan {
+            seq: 8,
+            window: 16,
+            n_gen: 2,
+            layer: 0,
+            stages: vec![Stage::Prefill],
+            fit: FitPlan {
+                k: 1,
+                trials: 1,
+                min_batch: 0.0,
+            },
+        };
+        let provenance = Provenance {
+            machine: Machine::detect("test"),
+            commit: "test".into(),
+            command: "test".into(),
+            date: "2026-12-03T00:00:00Z".into(),
+        };
+        let targets = devices
+            .iter()
+            .map(|d| (d.to_string(), "f32".to_string()))
+            .collect();
+        AffinityReport::new(provenance, "m".into(), 2, plan, targets, cells)
+    }
+
+    #[test]
+    fn every_other_device_gets_its_ratio_named() {
+        let r = report(&["a", "b", "c"]);
+        let md = r.markdown();
+        assert!(
+            md.contains("a ÷ b (f32)") && md.contains("a ÷ c (f32)"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| prefill | block | 1000.000 (0 %) | 2000.000 (0 %) | 3000.000 (0 %) | 0.50 | 0.33 |"
+            ),
+            "{md}"
+        );
+        let svg = r.chart();
+        assert!(svg.contains("÷ b") && svg.contains("÷ c") && svg.contains("the device named"));
+        let two = report(&["a", "b"]).chart();
+        assert!(two.contains("seconds on a ÷ seconds on b") && !two.contains("· ÷ b"));
+        assert!(report(&["a"]).chart().contains("one device: no ratios"));
     }
 }
