@@ -198,15 +198,32 @@ impl RouteArgs {
             // Stages not given explicitly are placed; `device` itself is no longer read.
             self.device = placement.prefill.clone();
         }
+        let mut placed = Vec::new();
+        if prefill_auto {
+            placed.push(format!(
+                "prefill on {} ({:.3} ms per prompt token)",
+                placement.prefill,
+                placement.prefill_per_token * 1e3
+            ));
+        }
+        if decode_auto {
+            placed.push(format!(
+                "decode on {} ({:.2} ms per step)",
+                placement.decode,
+                placement.decode_step * 1e3
+            ));
+        }
+        if prefill_auto && decode_auto {
+            placed.push(format!(
+                "{prompt} + {n_gen} tokens predicted at {:.0} ms",
+                placement.predicted * 1e3
+            ));
+        }
         eprintln!(
-            "route auto: prefill on {}, decode on {} (from the {} level of {}: {:.3} ms per prompt token, {:.2} ms per decode step; {prompt} + {n_gen} tokens predicted at {:.0} ms)",
-            self.prefill_device.as_deref().unwrap_or(&self.device),
-            self.decode_device.as_deref().unwrap_or(&self.device),
+            "route auto: {}; from the {} level of {}",
+            placed.join(", "),
             placement.level.title(),
-            path.display(),
-            placement.prefill_per_token * 1e3,
-            placement.decode_step * 1e3,
-            placement.predicted * 1e3
+            path.display()
         );
         Ok(Some(placement))
     }
