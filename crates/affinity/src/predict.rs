@@ -130,30 +130,42 @@ impl AffinityReport {
     /// devices.
     pub fn place(&self, precision: &str, prompt: usize, n_gen: usize) -> Option<Placement> {
         let level = self.best_level().unwrap_or(Level::Stage);
-        let per_token = |t: &(String, String), stage: Stage| {
-            let s = self.stage_seconds(level, stage, t)?;
-            Some(match stage {
-                Stage::Prefill => s / self.plan.seq as f64,
-                _ => s,
-            })
-        };
         let targets: Vec<&(String, String)> =
             self.targets.iter().filter(|t| t.1 == precision).collect();
         let best = |stage: Stage| {
             targets
                 .iter()
-                .filter_map(|t| Some((t.0.clone(), per_token(t, stage)?)))
+                .filter_map(|t| Some((t.0.clone(), self.per_token(level, stage, t)?)))
                 .min_by(|a, b| a.1.total_cmp(&b.1))
         };
         let (prefill, prefill_per_token) = best(Stage::Prefill)?;
         let (decode, decode_step) = best(Stage::Decode)?;
+        let on = |device: &str| (device.to_string(), precision.to_string());
+        let by_level = [Level::Isolated, Level::Operator, Level::Block, Level::Stage]
+            .into_iter()
+            .map(|level| LevelFigures {
+                level,
+                prefill_per_token: self.per_token(level, Stage::Prefill, &on(&prefill)),
+                decode_step: self.per_token(level, Stage::Decode, &on(&decode)),
+            })
+            .collect();
         Some(Placement {
             level,
-            prefill,
-            decode,
             prefill_per_token,
             decode_step,
             predicted: prefill_per_token * prompt as f64 + decode_step * n_gen as f64,
+            prefill,
+            decode,
+            by_level,
+        })
+    }
+
+    /// Seconds per prompt token (prefill) or per step (decode) by `level`.
+    fn per_token(&self, level: Level, stage: Stage, target: &(String, String)) -> Option<f64> {
+        let s = self.stage_seconds(level, stage, target)?;
+        Some(match stage {
+            Stage::Prefill => s / self.plan.seq as f64,
+            _ => s,
         })
     }
 }
@@ -170,6 +182,16 @@ pub struct Placement {
     pub decode_step: f64,
     /// Seconds for the prompt and generation it was asked about.
     pub predicted: f64,
+    /// What every level predicts for the chosen devices, to set beside a measured run.
+    pub by_level: Vec<LevelFigures>,
+}
+
+/// One level's figures for a placement's devices, where its cells were valid.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelFigures {
+    pub level: Level,
+    pub prefill_per_token: Option<f64>,
+    pub decode_step: Option<f64>,
 }
 
 #[cfg(test)]
@@ -286,6 +308,16 @@ mod tests {
         assert_eq!(placed.prefill_per_token, 5.0 / 100.0);
         assert_eq!(placed.decode_step, 1.0);
         assert_eq!(placed.predicted, 200.0 * 0.05 + 50.0);
+        // Every level's figures for the chosen devices: blocks scale by the 4 layers.
+        let block = placed
+            .by_level
+            .iter()
+            .find(|f| f.level == Level::Block)
+            .unwrap();
+        assert_eq!(block.prefill_per_token, Some(4.0 / 100.0));
+        assert_eq!(block.decode_step, Some(1.0));
+        let isolated = placed.by_level.iter().find(|f| f.level == Level::Isolated);
+        assert_eq!(isolated.unwrap().prefill_per_token, None, "not measured");
         assert!(
             r.place("f32", 1, 1).is_none(),
             "no f32 targets were profiled"

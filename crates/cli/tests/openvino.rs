@@ -640,6 +640,11 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
     assert!(stderr.contains("route auto: prefill on"), "{stderr}");
     for r in records.as_array().unwrap() {
         let predicted = r["predicted_ts"].as_f64().expect("a prediction per test");
+        let levels = r["predicted_ts_by_level"].as_object().unwrap();
+        assert!(
+            levels.contains_key("stage") && levels.contains_key("decoder block"),
+            "{r}"
+        );
         assert!(
             predicted > 0.0 && r["avg_ts"].as_f64().unwrap() > 0.0,
             "{r}"

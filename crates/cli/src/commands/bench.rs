@@ -3,6 +3,7 @@
 //! Prompts are random token ids (as llama-bench uses), so the figures measure the engine,
 //! not the text. Each test runs once untimed to warm caches, then `-r` timed repetitions.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -102,8 +103,10 @@ struct Record {
     /// A random-weight model with a published model's shapes: speed only.
     synthetic: bool,
     /// With a device of `auto`: the t/s its profile predicted for this test (one
-    /// sequence), beside the measured `avg_ts`.
+    /// sequence) from the level it placed the route by, beside the measured `avg_ts`.
     predicted_ts: Option<f64>,
+    /// What each level of the profile predicted, where its figures were valid.
+    predicted_ts_by_level: BTreeMap<&'static str, f64>,
     /// `ngram` or `off`; with drafts, generated tokens per sampling pass in the timed
     /// repetitions (1 without).
     speculative: &'static str,
@@ -333,15 +336,25 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         if n_depth > 0 {
             test.push_str(&format!(" @ d{n_depth}"));
         }
-        let predicted_ts = placement.as_ref().filter(|_| args.batch == 1).map(|p| {
-            if n_prompt > 0 {
-                1.0 / p.prefill_per_token
+        let rate = |prefill_per_token: Option<f64>, decode_step: Option<f64>| {
+            let seconds = if n_prompt > 0 {
+                prefill_per_token
             } else {
-                1.0 / p.decode_step
-            }
-        });
+                decode_step
+            };
+            seconds.map(|s| 1.0 / s)
+        };
+        let placed = placement.as_ref().filter(|_| args.batch == 1);
+        let predicted_ts =
+            placed.and_then(|p| rate(Some(p.prefill_per_token), Some(p.decode_step)));
+        let predicted_ts_by_level = placed
+            .into_iter()
+            .flat_map(|p| &p.by_level)
+            .filter_map(|f| Some((f.level.title(), rate(f.prefill_per_token, f.decode_step)?)))
+            .collect();
         let record = Record {
             predicted_ts,
+            predicted_ts_by_level,
             model: loaded.name.clone(),
             test,
             n_prompt,
