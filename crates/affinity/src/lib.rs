@@ -19,9 +19,11 @@
 //! the whole model, and a route placed from the best one).
 
 pub mod check;
+pub mod hetero;
 pub mod predict;
 pub mod profile;
 pub mod report;
+pub mod schedule;
 pub mod subject;
 pub mod timing;
 

@@ -14,7 +14,7 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::LinearScratch;
 use pyramid_model::{BlockPart, KvCache, Linear, Model, Scratch, Segment};
 use pyramid_openvino::OvProbe;
-use pyramid_runtime::Executable;
+use pyramid_runtime::{argmax, Executable};
 
 use crate::Result;
 
@@ -234,16 +234,6 @@ impl<'a> ModelRun<'a> {
             generated: Vec::new(),
         }
     }
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl Subject for ModelRun<'_> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use pyramid_affinity::hetero::HeteroBackend;
 use pyramid_affinity::predict::Placement;
 use pyramid_affinity::report::AffinityReport;
 use pyramid_engine::{
@@ -89,9 +90,20 @@ impl SpeculativeArgs {
 pub(crate) enum Device {
     Native,
     OpenVino(String),
+    /// `cpu+ov:X`: prefill split between the native kernels (one thread) and an OpenVINO
+    /// device, (chunk, layer) tasks out of order on both.
+    Split(String),
 }
 
 pub(crate) fn parse_device(name: &str) -> Result<Device> {
+    if let Some(ov) = name.strip_prefix("cpu+") {
+        return match parse_device(ov)? {
+            Device::OpenVino(device) => Ok(Device::Split(device)),
+            _ => {
+                bail!("unknown device '{name}': a split prefill is cpu+ov:DEVICE, e.g. cpu+ov:CPU")
+            }
+        };
+    }
     match name {
         "cpu" => Ok(Device::Native),
         _ => match name.strip_prefix("ov:") {
@@ -253,26 +265,45 @@ impl RouteArgs {
     /// loaded model.
     pub fn build(&self, loaded: &Loaded, f32_model: Option<&Arc<Model>>) -> Result<Route> {
         let (prefill, decode) = self.stages()?;
+        if let Device::Split(_) = parse_device(&decode)? {
+            bail!("{decode} splits prefill only: give it as --prefill-device, with --decode-device cpu or ov:DEVICE");
+        }
+        // An OpenVINO backend on `device` (named `name` on the command line).
+        let openvino = |device: &str,
+                        name: &str,
+                        threads: usize,
+                        ov_options: &[String]|
+         -> Result<OvBackend> {
+            if loaded.kv_type != KvType::F32 {
+                bail!("OpenVINO stages bind the KV cache in f32: pass --kv f32 with {name}");
+            }
+            let model = f32_model.expect("an OpenVINO route loads the f32 model");
+            let options = OvOptions::for_device(device, Some(threads), ov_options)?;
+            let format = WeightFormat::for_precision(loaded.model.precision);
+            Ok(OvBackend::new(Arc::clone(model), device, format, options)?)
+        };
         let make = |name: &str| -> Result<Arc<dyn Backend>> {
             Ok(match parse_device(name)? {
                 Device::Native => Arc::new(CpuBackend::new(
                     Arc::clone(&loaded.model),
                     loaded.pool.n_threads(),
                 )),
-                Device::OpenVino(device) => {
-                    if loaded.kv_type != KvType::F32 {
-                        bail!(
-                            "OpenVINO stages bind the KV cache in f32: pass --kv f32 with {name}"
-                        );
+                Device::OpenVino(device) => Arc::new(openvino(
+                    &device,
+                    name,
+                    loaded.pool.n_threads(),
+                    &self.ov_options,
+                )?),
+                Device::Split(device) => {
+                    // The native executor takes one core, OpenVINO the others.
+                    let threads = loaded.pool.n_threads().saturating_sub(1).max(1);
+                    let mut options = vec!["ENABLE_CPU_PINNING=YES".to_string()];
+                    if !device.starts_with("CPU") {
+                        options.clear();
                     }
-                    let model = f32_model.expect("an OpenVINO route loads the f32 model");
-                    let options = OvOptions::for_device(
-                        &device,
-                        Some(loaded.pool.n_threads()),
-                        &self.ov_options,
-                    )?;
-                    let format = WeightFormat::for_precision(loaded.model.precision);
-                    Arc::new(OvBackend::new(Arc::clone(model), &device, format, options)?)
+                    options.extend(self.ov_options.iter().cloned());
+                    let ov = openvino(&device, name, threads, &options)?;
+                    Arc::new(HeteroBackend::new(Arc::clone(&loaded.model), Arc::new(ov)))
                 }
             })
         };

@@ -694,3 +694,78 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
     ]));
     assert!(err.contains("no valid int4 stage figures"), "{err}");
 }
+
+/// Prefill split between the native kernels and ov:CPU (`--prefill-device cpu+ov:CPU`)
+/// gives SmolLM2's native f32 greedy tokens, and its audit names both executors.
+#[test]
+fn a_split_prefill_on_cpu_and_openvino_gives_the_native_tokens() {
+    let model = pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
+        .join("smollm2-135m-instruct-q4_1.gguf");
+    assert!(
+        model.exists(),
+        "run scripts/test.sh (it fetches the models) first"
+    );
+    let model = model.to_str().unwrap();
+    let fx = Fixture::new(Architecture::Llama);
+    let prompt = "The old lighthouse keeper climbed the stairs every evening to";
+    let args = |route: &[&'static str]| {
+        let mut args = vec![
+            "run",
+            "-m",
+            model,
+            "--precision",
+            "f32",
+            "-n",
+            "16",
+            "--temperature",
+            "0",
+            "--prompt",
+            prompt,
+            "--json",
+        ];
+        args.extend_from_slice(route);
+        args
+    };
+    let native = ok_json(&fx.run(&args(&[])));
+    let split = ok_json(&fx.run(&args(&[
+        "--prefill-device",
+        "cpu+ov:CPU",
+        "--decode-device",
+        "cpu",
+    ])));
+    assert_eq!(tokens(&split), tokens(&native));
+    let prefill = &split["route"]["prefill"];
+    assert_eq!(prefill["requested"], "cpu+ov:CPU");
+    assert!(
+        prefill["executed"].as_str().unwrap().ends_with("+ CPU"),
+        "{prefill}"
+    );
+    assert_eq!(prefill["as_requested"], true);
+
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        model,
+        "--device",
+        "cpu+ov:CPU",
+        "-n",
+        "1",
+        "--prompt",
+        "hi",
+    ]));
+    assert!(err.contains("splits prefill only"), "{err}");
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        model,
+        "--prefill-device",
+        "cpu+cpu",
+        "-n",
+        "1",
+        "--prompt",
+        "hi",
+    ]));
+    assert!(err.contains("cpu+ov:DEVICE"), "{err}");
+}

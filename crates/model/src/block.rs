@@ -5,7 +5,10 @@
 //! block graph against these runs, which compute with the same kernels, threads and
 //! barriers as a forward pass's layer.
 
+use pyramid_kernels::ops::rms_norm;
 use pyramid_kernels::{SharedSlice, ThreadPool};
+
+use crate::linear::LinearScratch;
 
 use crate::forward::Layers;
 use crate::{
@@ -186,6 +189,27 @@ impl Model {
     }
 }
 
+impl Model {
+    /// Logits `[rows, n_vocab]` of residual-stream rows that have passed the last block:
+    /// the final norm and the output projection, as a forward pass ends.
+    pub fn logits_of(&self, pool: &ThreadPool, hidden: &[f32]) -> Vec<f32> {
+        let (e, w) = (self.config.n_embd, &self.weights);
+        let rows = hidden.len() / e;
+        let mut normed = vec![0.0; rows * e];
+        rms_norm(
+            &mut normed,
+            &hidden[..rows * e],
+            &w.output_norm,
+            self.config.rms_eps,
+        );
+        let mut logits = vec![0.0; rows * w.output.n_out()];
+        let mut scratch = LinearScratch::for_shape(rows, e);
+        w.output
+            .forward(pool, &normed, None, &mut logits, rows, &mut scratch);
+        logits
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +365,45 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn blocks_in_sequence_then_the_head_are_the_forward_pass() {
+        let model = tiny();
+        let cfg = &model.config;
+        let pool = ThreadPool::new(2).unwrap();
+        let tokens = [5u32, 17, 3, 99, 42, 7];
+        let mut kv = model.new_kv_cache(16);
+        let expected = model
+            .forward(
+                &pool,
+                &tokens,
+                &mut kv,
+                &mut Scratch::default(),
+                LogitsFor::All,
+            )
+            .unwrap();
+        let mut blocks_kv = model.new_kv_cache(16);
+        let mut hidden = vec![0.0; tokens.len() * cfg.n_embd];
+        for (row, &t) in hidden.chunks_exact_mut(cfg.n_embd).zip(&tokens) {
+            model.weights.embed(t as usize, row);
+        }
+        let mut out = vec![0.0; hidden.len()];
+        for layer in 0..cfg.n_layer {
+            model
+                .run_block(
+                    &pool,
+                    layer,
+                    BlockPart::Whole,
+                    &hidden,
+                    &mut out,
+                    &mut blocks_kv,
+                    &mut Scratch::default(),
+                )
+                .unwrap();
+            std::mem::swap(&mut hidden, &mut out);
+        }
+        assert_eq!(model.logits_of(&pool, &hidden), expected);
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub enum ProbeGraph {
     Block(BlockPart),
     /// One projection: `[rows, n_in]` in, `[rows, n_out]` out, with its bias if any.
     Projection(Projection),
+    /// A whole block that also returns the rows' keys and values ([`OvProbe::new_rows`]):
+    /// one layer of a prefill run layer by layer.
+    Layer,
 }
 
 /// One host buffer bound as a graph input.
@@ -72,6 +75,7 @@ impl OvBackend {
         }
         let width = match graph {
             ProbeGraph::Block(part) => part.input_width(cfg),
+            ProbeGraph::Layer => cfg.n_embd,
             ProbeGraph::Projection(p) => p.weight(&self.model().weights.layers[layer]).n_in(),
         };
         let (xml, inputs) = emit(shared, graph, layer, rows, window, width);
@@ -133,7 +137,11 @@ fn emit(
             let down = b.ffn_half(&mut g, x, layer);
             b.binary(&mut g, "Add", x, down)
         }
-        ProbeGraph::Block(part) => {
+        ProbeGraph::Block(_) | ProbeGraph::Layer => {
+            let (part, with_rows) = match probe {
+                ProbeGraph::Block(part) => (part, false),
+                _ => (BlockPart::Whole, true),
+            };
             let half = hd / 2;
             let rope = match cfg.arch.rope_style() {
                 RopeStyle::Neox => vec![1, rows, 1, half],
@@ -171,7 +179,11 @@ fn emit(
                     b.attention_core(&mut g, q, k, v, &layer_inputs).0
                 }
                 Some(x) => {
-                    let (o, _) = b.attention_half(&mut g, x, layer, &layer_inputs);
+                    let (o, [k, v]) = b.attention_half(&mut g, x, layer, &layer_inputs);
+                    if with_rows {
+                        g.output(k, "present_k");
+                        g.output(v, "present_v");
+                    }
                     let x = b.binary(&mut g, "Add", x, o);
                     if part == BlockPart::WithoutFfn {
                         x
@@ -297,5 +309,12 @@ impl OvProbe {
     /// The last run's output, `[rows, width]`.
     pub fn output(&self) -> Result<Vec<f32>> {
         Ok(self.request.tensor("out")?.as_f32()?.to_vec())
+    }
+
+    /// A [`ProbeGraph::Layer`]'s last run's keys and values of its rows, each `[n_head_kv,
+    /// rows, head_dim]`.
+    pub fn new_rows(&self) -> Result<(Vec<f32>, Vec<f32>)> {
+        let read = |name| -> Result<Vec<f32>> { Ok(self.request.tensor(name)?.as_f32()?.to_vec()) };
+        Ok((read("present_k")?, read("present_v")?))
     }
 }

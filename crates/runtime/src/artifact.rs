@@ -217,8 +217,14 @@ impl Backend for RouteBackend {
 
 /// Whether a device that really executed (`executed`, as a backend reports it: `cpu
 /// (avx2)`, `CPU`, `GPU.0`, `HETERO:NPU,CPU`) is the one asked for (`cpu`, `ov:GPU`).
-/// A fallback to another device, or a split across several, is a mismatch.
+/// A fallback to another device, or a split across several, is a mismatch. A split
+/// prefill asked for as `cpu+ov:CPU` reports each executor's device, `cpu (avx2) + CPU`.
 pub fn executed_as_requested(requested: &str, executed: &str) -> bool {
+    if let Some((first, second)) = requested.split_once('+') {
+        return executed.split_once(" + ").is_some_and(|(a, b)| {
+            executed_as_requested(first, a) && executed_as_requested(second, b)
+        });
+    }
     match requested.strip_prefix("ov:") {
         None => executed.split_whitespace().next() == Some(requested),
         Some(device) => {
@@ -421,4 +427,20 @@ pub fn prefill_chunked(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::executed_as_requested;
+
+    #[test]
+    fn executed_devices_match_what_was_asked() {
+        assert!(executed_as_requested("cpu", "cpu (avx2)"));
+        assert!(executed_as_requested("ov:GPU", "GPU.0"));
+        assert!(!executed_as_requested("ov:NPU", "CPU"));
+        assert!(!executed_as_requested("ov:NPU", "NPU,CPU"));
+        assert!(executed_as_requested("cpu+ov:CPU", "cpu (avx2) + CPU"));
+        assert!(!executed_as_requested("cpu+ov:NPU", "cpu (avx2) + CPU"));
+        assert!(!executed_as_requested("cpu+ov:CPU", "cpu (avx2)"));
+    }
 }

@@ -128,6 +128,9 @@ pub fn run(args: AffinityArgs) -> Result<()> {
     for (device, kind) in &devices {
         for (precision, loaded) in &loads {
             let executor = match kind {
+                Device::Split(_) => bail!(
+                    "{device} is a split prefill, not a device: profile cpu and ov:… apart, and compare the split with `pyramid bench --prefill-device {device}`"
+                ),
                 Device::Native => Executor::Native {
                     model: &loaded.model,
                     pool: &loaded.pool,
