@@ -16,7 +16,7 @@ use pyramid_engine::{
 };
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvType, Model, Precision};
-use pyramid_runtime::{CpuBackend, SamplerConfig};
+use pyramid_runtime::{CpuBackend, SamplerConfig, WindowLadder};
 
 fn engine(model: &Arc<Model>, windows: &[usize], max_batch: usize, pool: &ThreadPool) -> Engine {
     let config = EngineConfig {
@@ -390,4 +390,94 @@ fn a_prediction_of_the_reply_is_verified_and_never_changes_a_token() {
     assert!(s.accepted_tokens >= 30, "{s:?}");
     let wrong: Vec<u32> = (0..40).map(|i| (i * 13 + 7) % 250 + 1).collect();
     assert_eq!(alone(&model, &pool, with(wrong)).tokens, plain.tokens);
+}
+
+/// On every reference prompt of SmolLM2 and Qwen2.5 at INT8 (the default precision, whose
+/// multi-row verify pass must give each row what a one-row pass gives), greedy decoding with
+/// drafts equals greedy decoding without, and drafts are accepted somewhere. Each model is
+/// loaded once: this was 24 CLI runs, each loading and quantising its model again.
+#[test]
+fn speculative_greedy_gives_the_plain_tokens_on_the_reference_prompts_of_real_models() {
+    let pool = ThreadPool::with_available_parallelism();
+    let mut accepted = 0;
+    for (file, golden) in [
+        (
+            "smollm2-135m-instruct-q4_1.gguf",
+            "golden-smollm2-135m-public.json",
+        ),
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "golden-qwen2.5-coder-0.5b-public.json",
+        ),
+    ] {
+        let model = Arc::new(reference_model(file).into_precision(Precision::Int8, None));
+        let run = |prompt: &[u32], speculation| {
+            let mut config = EngineConfig {
+                speculative: SpeculativeConfig::default(),
+                ..common::config(Arm::OnDemand, &[256], 256, 1)
+            };
+            config.pyramid.ladder = WindowLadder::new(vec![512], 8192).unwrap();
+            let backend = Arc::new(CpuBackend::new(Arc::clone(&model), pool.n_threads()));
+            let mut e = Engine::new(backend, 7, KvType::F32, config).unwrap();
+            let r = request(0, prompt.to_vec(), 32, speculation);
+            run_all(&mut e, &pool, vec![r]).remove(&0).unwrap()
+        };
+        for (id, prompt) in reference_prompts(golden) {
+            let (plain, spec) = (
+                run(&prompt, Speculation::Off),
+                run(&prompt, Speculation::Ngram),
+            );
+            assert_eq!(spec.tokens, plain.tokens, "{file} {id}");
+            assert_eq!(plain.tokens.len(), 32, "{file} {id}");
+            assert_eq!(plain.usage.speculative.drafted_tokens, 0);
+            let s = spec.usage.speculative;
+            assert_eq!(
+                s.decode_passes + s.accepted_tokens,
+                32,
+                "{file} {id}: {s:?}"
+            );
+            accepted += s.accepted_tokens;
+        }
+    }
+    assert!(
+        accepted > 0,
+        "no draft was accepted on any reference prompt"
+    );
+}
+
+/// A cached model file at f32; CI fetches them before the tests run.
+fn reference_model(file: &str) -> Model {
+    let path = pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory")
+        .models_dir()
+        .join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test.sh first",
+        path.display()
+    );
+    Model::load(&path).unwrap()
+}
+
+/// `(id, prompt_token_ids)` of every prompt in a reference file under testdata/refs.
+fn reference_prompts(golden: &str) -> Vec<(String, Vec<u32>)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(golden);
+    let refs: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    refs["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let ids = p["prompt_token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            (p["id"].as_str().unwrap().to_string(), ids)
+        })
+        .collect()
 }

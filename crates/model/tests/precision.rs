@@ -2,11 +2,13 @@
 //! decoding agrees, and the KL divergence of the next-token distributions when both are
 //! fed the reference path's tokens (teacher forcing).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
-use pyramid_model::linear::CALIBRATION_TEXT;
+use pyramid_model::linear::{Calibration, CALIBRATION_TEXT};
 use pyramid_model::{KvType, LogitsFor, Model, Precision, Scratch};
 use pyramid_tokenizer::Tokenizer;
 use serde_json::Value;
@@ -73,6 +75,74 @@ fn argmax(l: &[f32]) -> u32 {
 
 const N_STEPS: usize = 16;
 
+/// The f32 reference on one prompt, teacher-forcing itself: its greedy tokens and the
+/// logits before each.
+struct Trajectory {
+    id: String,
+    ids: Vec<u32>,
+    tokens: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+/// The f32 reference's trajectories on a model's prompts and its outlier calibration.
+struct Reference {
+    trajectories: Vec<Trajectory>,
+    calibration: Calibration,
+}
+
+/// The reference of `file`, computed once and shared by every test of this binary: its
+/// f32 forward passes were most of each test's time.
+fn reference(file: &str, golden: &str) -> Arc<Reference> {
+    static CACHE: Mutex<BTreeMap<String, Arc<Reference>>> = Mutex::new(BTreeMap::new());
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let entry = cache.entry(file.to_string()).or_insert_with(|| {
+        let gguf = GgufFile::open(model_path(file)).unwrap();
+        let model = Model::from_gguf(&gguf).unwrap();
+        let pool = ThreadPool::with_available_parallelism();
+        let calibration_tokens = Tokenizer::from_gguf(gguf.metadata())
+            .unwrap()
+            .encode(CALIBRATION_TEXT, false)
+            .unwrap();
+        let calibration = model.calibrate(&pool, &calibration_tokens).unwrap();
+        let trajectories = reference_prompts(golden)
+            .into_iter()
+            .map(|(id, ids)| {
+                let mut kv = model.new_kv_cache(ids.len() + N_STEPS);
+                let mut scratch = Scratch::default();
+                let mut logits = vec![model
+                    .forward(&pool, &ids, &mut kv, &mut scratch, LogitsFor::Last)
+                    .unwrap()];
+                let mut tokens = Vec::new();
+                loop {
+                    let t = argmax(logits.last().unwrap());
+                    tokens.push(t);
+                    if tokens.len() == N_STEPS {
+                        break;
+                    }
+                    logits.push(
+                        model
+                            .forward(&pool, &[t], &mut kv, &mut scratch, LogitsFor::Last)
+                            .unwrap(),
+                    );
+                }
+                Trajectory {
+                    id,
+                    ids,
+                    tokens,
+                    logits,
+                }
+            })
+            .collect();
+        Arc::new(Reference {
+            trajectories,
+            calibration,
+        })
+    });
+    Arc::clone(entry)
+}
+
 /// Returns per prompt (agreeing greedy steps, mean KL over the steps).
 fn compare(
     file: &str,
@@ -80,49 +150,39 @@ fn compare(
     precision: Precision,
     calibrate: bool,
 ) -> Vec<(String, usize, f64)> {
-    let path = model_path(file);
-    let gguf = GgufFile::open(&path).unwrap();
-    let reference = Model::from_gguf(&gguf).unwrap();
+    let reference = reference(file, golden);
+    let gguf = GgufFile::open(model_path(file)).unwrap();
     let pool = ThreadPool::with_available_parallelism();
-    let calibration = calibrate.then(|| {
-        let tokens = Tokenizer::from_gguf(gguf.metadata())
-            .unwrap()
-            .encode(CALIBRATION_TEXT, false)
-            .unwrap();
-        reference.calibrate(&pool, &tokens).unwrap()
-    });
     let fast = Model::from_gguf(&gguf)
         .unwrap()
-        .into_precision(precision, calibration.as_ref());
+        .into_precision(precision, calibrate.then_some(&reference.calibration));
     let mut results = Vec::new();
-    for (id, ids) in reference_prompts(golden) {
-        let (mut kv_r, mut kv_f) = (
-            reference.new_kv_cache(ids.len() + N_STEPS),
-            fast.new_kv_cache(ids.len() + N_STEPS),
-        );
-        let (mut s_r, mut s_f) = (Scratch::default(), Scratch::default());
-        let mut l_r = reference
-            .forward(&pool, &ids, &mut kv_r, &mut s_r, LogitsFor::Last)
-            .unwrap();
+    for t in &reference.trajectories {
+        let mut kv = fast.new_kv_cache(t.ids.len() + N_STEPS);
+        let mut scratch = Scratch::default();
         let mut l_f = fast
-            .forward(&pool, &ids, &mut kv_f, &mut s_f, LogitsFor::Last)
+            .forward(&pool, &t.ids, &mut kv, &mut scratch, LogitsFor::Last)
             .unwrap();
         let (mut agree, mut diverged, mut kl_sum) = (0, false, 0.0);
-        for _ in 0..N_STEPS {
-            kl_sum += kl(&l_r, &l_f);
-            let (t_r, t_f) = (argmax(&l_r), argmax(&l_f));
-            diverged |= t_r != t_f;
+        for (step, (&t_r, l_r)) in t.tokens.iter().zip(&t.logits).enumerate() {
+            if step > 0 {
+                l_f = fast
+                    .forward(
+                        &pool,
+                        &[t.tokens[step - 1]],
+                        &mut kv,
+                        &mut scratch,
+                        LogitsFor::Last,
+                    )
+                    .unwrap();
+            }
+            kl_sum += kl(l_r, &l_f);
+            diverged |= t_r != argmax(&l_f);
             if !diverged {
                 agree += 1;
             }
-            l_r = reference
-                .forward(&pool, &[t_r], &mut kv_r, &mut s_r, LogitsFor::Last)
-                .unwrap();
-            l_f = fast
-                .forward(&pool, &[t_r], &mut kv_f, &mut s_f, LogitsFor::Last)
-                .unwrap();
         }
-        results.push((id, agree, kl_sum / N_STEPS as f64));
+        results.push((t.id.clone(), agree, kl_sum / N_STEPS as f64));
     }
     results
 }
