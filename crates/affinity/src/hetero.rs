@@ -6,7 +6,8 @@
 //! the OpenVINO executor on a copy of the session's past, with one compiled layer graph
 //! ([`ProbeGraph::Layer`]) per decoder block. Each stores its rows and sends them to the
 //! other; at the end the session's cache holds every row, as a single-device prefill
-//! leaves it.
+//! leaves it. Given each layer's cost on both executors (from a profile), the layers are
+//! placed by [`crate::split::plan_layers`]; without, any layer runs on whichever is free.
 
 use std::sync::{Arc, Mutex};
 
@@ -15,7 +16,8 @@ use pyramid_model::{BlockPart, KvCache, KvType, Model, Scratch, Segment};
 use pyramid_openvino::{OvBackend, OvProbe, ProbeGraph};
 use pyramid_runtime::{check_fits, ArtifactShape, Backend, Executable, RuntimeError};
 
-use crate::schedule::{run_tasks, LayerWorker, Rows, ScheduleStats};
+use crate::schedule::{run_tasks, Assignment, LayerWorker, Rows, ScheduleStats};
+use crate::split::{plan_layers, SplitPlan};
 use crate::{AffinityError, Result};
 
 /// Sub-chunks each prefill chunk is cut into: enough for the two executors to overlap
@@ -27,13 +29,42 @@ pub const SUB_CHUNKS: usize = 4;
 pub struct HeteroBackend {
     model: Arc<Model>,
     ov: Arc<OvBackend>,
+    /// Seconds per prompt row of each layer on `[native, device]`, when known.
+    per_row: Option<Vec<[f64; 2]>>,
 }
 
 impl HeteroBackend {
     /// `model` runs on the native kernels (one thread); `ov` should be limited to the
-    /// other core(s) (`INFERENCE_NUM_THREADS`).
+    /// other core(s) (`INFERENCE_NUM_THREADS`). Any layer runs on whichever is free.
     pub fn new(model: Arc<Model>, ov: Arc<OvBackend>) -> Self {
-        Self { model, ov }
+        Self {
+            model,
+            ov,
+            per_row: None,
+        }
+    }
+
+    /// Places the layers by predicting the schedule from each layer's seconds per prompt
+    /// row on `[native, device]` (see [`crate::report::AffinityReport::split_costs`]).
+    pub fn with_costs(mut self, per_row: Vec<[f64; 2]>) -> Result<Self> {
+        let n_layer = self.model.config.n_layer;
+        if per_row.len() != n_layer {
+            return Err(AffinityError::Plan(format!(
+                "costs for {} layers, but the model has {n_layer}",
+                per_row.len()
+            )));
+        }
+        self.per_row = Some(per_row);
+        Ok(self)
+    }
+
+    /// The layers' placement for prefill chunks of `chunk` tokens, and its predicted time;
+    /// `None` without costs.
+    pub fn plan_for(&self, chunk: usize) -> Option<Result<SplitPlan>> {
+        let per_row = self.per_row.as_ref()?;
+        let rows = (chunk / SUB_CHUNKS) as f64;
+        let task_seconds: Vec<[f64; 2]> = per_row.iter().map(|c| c.map(|s| s * rows)).collect();
+        Some(plan_layers(&task_seconds, SUB_CHUNKS))
     }
 }
 
@@ -75,6 +106,10 @@ impl HeteroBackend {
                 ),
             });
         }
+        let assignment = match self.plan_for(chunk) {
+            Some(plan) => plan.map_err(device_error)?.assignment,
+            None => vec![Assignment::Either; self.model.config.n_layer],
+        };
         let rows = chunk / SUB_CHUNKS;
         let layers = (0..self.model.config.n_layer)
             .map(|layer| {
@@ -93,6 +128,7 @@ impl HeteroBackend {
             model: Arc::clone(&self.model),
             pool: ThreadPool::new(1).map_err(|e| RuntimeError::Device(e.to_string()))?,
             executed_on,
+            assignment,
             state: Mutex::new(HeteroState {
                 layers,
                 last: ScheduleStats::default(),
@@ -113,6 +149,7 @@ pub struct HeteroExecutable {
     /// The native executor's one thread.
     pool: ThreadPool,
     executed_on: String,
+    assignment: Vec<Assignment>,
     state: Mutex<HeteroState>,
 }
 
@@ -288,8 +325,13 @@ impl Executable for HeteroExecutable {
             kv: ov_kv,
             heads: cfg.n_head_kv,
         };
-        let stats = run_tasks(cfg.n_layer, &positions, &mut chunks, [&mut native, &mut ov])
-            .map_err(device_error)?;
+        let stats = run_tasks(
+            &self.assignment,
+            &positions,
+            &mut chunks,
+            [&mut native, &mut ov],
+        )
+        .map_err(device_error)?;
         state.last = stats;
         seek(segment.kv, p0 + n_real).map_err(device_error)?;
         let last = n_real - 1;

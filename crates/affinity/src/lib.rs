@@ -16,7 +16,9 @@
 //! Modules: [`timing`] (the reps-slope fit), [`check`] (agreement with the f32
 //! reference), [`subject`] (what runs), [`profile`] (the measurement plan and its cells),
 //! [`report`] (tables, chart and results file), [`predict`] (each level's prediction of
-//! the whole model, and a route placed from the best one).
+//! the whole model, and a route placed from the best one), [`schedule`] and [`hetero`]
+//! (prefill on the native kernels and a device at once), [`split`] (its layers placed by
+//! predicting the schedule).
 
 pub mod check;
 pub mod hetero;
@@ -24,6 +26,7 @@ pub mod predict;
 pub mod profile;
 pub mod report;
 pub mod schedule;
+pub mod split;
 pub mod subject;
 pub mod timing;
 

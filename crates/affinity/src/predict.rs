@@ -160,6 +160,25 @@ impl AffinityReport {
         })
     }
 
+    /// Each layer's seconds per prompt row on `[cpu, device]` at `precision`, for placing a
+    /// split prefill's layers ([`crate::split`]): the block level's prefill figures, per
+    /// row of the profile's chunk. One measured block stands for every layer. The figures
+    /// predict a split best when profiled with the split's own threads (`-t 1` and
+    /// `INFERENCE_NUM_THREADS=1` on two cores).
+    pub fn split_costs(&self, precision: &str, device: &str) -> Option<Vec<[f64; 2]>> {
+        let per_row = |d: &str| {
+            self.find(
+                Level::Block,
+                Stage::Prefill,
+                "block",
+                &(d.to_string(), precision.to_string()),
+            )
+            .map(|c| c.seconds / self.plan.seq as f64)
+            .filter(|s| *s > 0.0)
+        };
+        Some(vec![[per_row("cpu")?, per_row(device)?]; self.n_layer])
+    }
+
     /// Seconds per prompt token (prefill) or per step (decode) by `level`.
     fn per_token(&self, level: Level, stage: Stage, target: &(String, String)) -> Option<f64> {
         let s = self.stage_seconds(level, stage, target)?;
@@ -322,5 +341,21 @@ mod tests {
             r.place("f32", 1, 1).is_none(),
             "no f32 targets were profiled"
         );
+    }
+
+    #[test]
+    fn split_costs_are_each_blocks_seconds_per_row_on_both_executors() {
+        let mut r = report();
+        assert_eq!(r.split_costs("int8", "b"), None, "no cpu figures");
+        for c in &mut r.cells {
+            if c.device == "a" {
+                c.device = "cpu".into();
+            }
+        }
+        assert_eq!(
+            r.split_costs("int8", "b"),
+            Some(vec![[1.0 / 100.0, 3.0 / 100.0]; 4])
+        );
+        assert_eq!(r.split_costs("f32", "b"), None);
     }
 }

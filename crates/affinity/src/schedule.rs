@@ -7,15 +7,43 @@
 //! layers. Each executor keeps its own host cache; when a task ends, its rows' keys and
 //! values go to the other executor, which writes them before its next task. A cache is
 //! only ever written by the thread that owns it, and nothing is locked while computing.
-//! An idle executor takes the ready task of the earliest chunk, the faster executor (by
-//! its mean task time so far) choosing first, so the work forms a wavefront: the faster
-//! one carries the earliest chunk down the layers while the other starts the next.
+//! An idle executor takes the ready task of the earliest chunk among the layers it may
+//! run ([`Assignment`]), the faster executor (by its mean task time so far) choosing
+//! first, so the work forms a wavefront: the faster one carries the earliest chunk down
+//! the layers while the other starts the next.
+//!
+//! The policy ([`Policy`]) is plain data, driven here by real executors on two threads
+//! and in [`crate::split`] by predicted task times, so a prediction follows the very
+//! choices a run makes.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::{AffinityError, Result};
+
+/// Which executor may run a layer's tasks. The workers of [`run_tasks`] are `[native,
+/// device]`; the native one's cache is the session's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Assignment {
+    /// Whichever is free first.
+    Either,
+    Native,
+    Device,
+}
+
+impl Assignment {
+    fn allows(self, worker: usize) -> bool {
+        match self {
+            Assignment::Either => true,
+            Assignment::Native => worker == 0,
+            Assignment::Device => worker == 1,
+        }
+    }
+}
 
 /// Keys and values of a task's rows, `[n_head_kv, rows, head_dim]` each.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -68,11 +96,86 @@ enum State {
     Done,
 }
 
+/// Which task each idle executor takes next, and what has run.
+pub(crate) struct Policy<'a> {
+    assignment: &'a [Assignment],
+    state: Vec<Vec<State>>,
+    running: [Option<(usize, usize)>; 2],
+    left: usize,
+    pub(crate) stats: ScheduleStats,
+}
+
+impl<'a> Policy<'a> {
+    /// `assignment` holds one entry per layer.
+    pub(crate) fn new(n_chunks: usize, assignment: &'a [Assignment]) -> Self {
+        Self {
+            assignment,
+            state: vec![vec![State::Waiting; assignment.len()]; n_chunks],
+            running: [None, None],
+            left: n_chunks * assignment.len(),
+            stats: ScheduleStats::default(),
+        }
+    }
+
+    /// The tasks `(worker, chunk, layer)` that start now, each marked running.
+    pub(crate) fn start(&mut self) -> Vec<(usize, usize, usize)> {
+        let stats = &self.stats;
+        let mean = |w: usize| stats.busy[w].as_secs_f64() / stats.tasks[w].max(1) as f64;
+        let first = usize::from(mean(1) < mean(0));
+        let mut started = Vec::new();
+        for w in [first, 1 - first] {
+            if self.running[w].is_some() {
+                continue;
+            }
+            let ready = (0..self.state.len()).find_map(|c| {
+                let l = self.state[c].iter().position(|s| *s != State::Done)?;
+                let input_ready = self.state[c][l] == State::Waiting;
+                let earlier_done = c == 0 || self.state[c - 1][l] == State::Done;
+                (input_ready && earlier_done && self.assignment[l].allows(w)).then_some((c, l))
+            });
+            let Some((c, l)) = ready else { continue };
+            self.state[c][l] = State::Running;
+            if self.running[1 - w].is_some() {
+                self.stats.overlapped += 1;
+            }
+            self.running[w] = Some((c, l));
+            started.push((w, c, l));
+        }
+        started
+    }
+
+    /// Worker `w`'s task ended after `took`, done or not; returns its (chunk, layer).
+    pub(crate) fn finish(&mut self, w: usize, took: Duration, done: bool) -> (usize, usize) {
+        let (c, l) = self.running[w]
+            .take()
+            .expect("a task ends only once it has started");
+        self.stats.tasks[w] += 1;
+        self.stats.busy[w] += took;
+        if done {
+            self.state[c][l] = State::Done;
+            self.left -= 1;
+        } else {
+            self.state[c][l] = State::Waiting;
+        }
+        (c, l)
+    }
+
+    /// Whether `w` is running a task.
+    pub(crate) fn is_running(&self, w: usize) -> bool {
+        self.running[w].is_some()
+    }
+
+    pub(crate) fn all_done(&self) -> bool {
+        self.left == 0
+    }
+}
+
 /// Runs every layer over every chunk: `chunks[c]` is chunk c's rows (its input to layer
-/// 0, replaced by the last layer's output) at cache position `positions[c]`. Returns when
-/// all tasks are done, or with the first executor's error once the other is idle.
+/// 0, replaced by the last layer's output) at cache position `positions[c]`; layer l's
+/// tasks run where `assignment[l]` allows. Returns when all tasks are done, or with the
+/// first executor's error once the other is idle.
 pub fn run_tasks(
-    n_layers: usize,
+    assignment: &[Assignment],
     positions: &[usize],
     chunks: &mut [Vec<f32>],
     workers: [&mut dyn LayerWorker; 2],
@@ -85,8 +188,7 @@ pub fn run_tasks(
         )));
     }
     let start = Instant::now();
-    let mut stats = ScheduleStats::default();
-    let mut state = vec![vec![State::Waiting; n_layers]; n_chunks];
+    let mut policy = Policy::new(n_chunks, assignment);
     let (report_tx, reports) = mpsc::channel::<Report>();
     std::thread::scope(|scope| {
         let mut orders = Vec::new();
@@ -133,29 +235,10 @@ pub fn run_tasks(
         }
         drop(report_tx);
         let mut pending: [Vec<(usize, usize, Rows)>; 2] = Default::default();
-        let mut running: [Option<(usize, usize)>; 2] = [None, None];
         let mut failure = None;
-        let mut left = n_chunks * n_layers;
-        while left > 0 || running.iter().any(Option::is_some) {
+        loop {
             if failure.is_none() {
-                let mean = |w: usize| stats.busy[w].as_secs_f64() / stats.tasks[w].max(1) as f64;
-                let first = usize::from(mean(1) < mean(0));
-                for w in [first, 1 - first] {
-                    if running[w].is_some() {
-                        continue;
-                    }
-                    let ready = (0..n_chunks).find_map(|c| {
-                        let l = state[c].iter().position(|s| *s != State::Done)?;
-                        let input_ready = state[c][l] == State::Waiting;
-                        let earlier_done = c == 0 || state[c - 1][l] == State::Done;
-                        (input_ready && earlier_done).then_some((c, l))
-                    });
-                    let Some((c, l)) = ready else { break };
-                    state[c][l] = State::Running;
-                    if running[1 - w].is_some() {
-                        stats.overlapped += 1;
-                    }
-                    running[w] = Some((c, l));
+                for (w, c, l) in policy.start() {
                     let order = Order::Run {
                         layer: l,
                         pos: positions[c],
@@ -164,12 +247,11 @@ pub fn run_tasks(
                     };
                     if orders[w].send(order).is_err() {
                         failure = Some(AffinityError::Plan(format!("executor {w} stopped")));
-                        state[c][l] = State::Waiting;
-                        running[w] = None;
+                        policy.finish(w, Duration::ZERO, false);
                     }
                 }
             }
-            if running.iter().all(Option::is_none) {
+            if !policy.is_running(0) && !policy.is_running(1) {
                 // Nothing runs and nothing could start: done, or stopped by a failure.
                 break;
             }
@@ -178,17 +260,14 @@ pub fn run_tasks(
                 break;
             };
             let w = report.worker;
-            let (c, l) = running[w].take().expect("a report answers a running task");
-            stats.tasks[w] += 1;
-            stats.busy[w] += report.took;
             match report.result {
                 Ok((hidden, rows)) => {
+                    let (c, l) = policy.finish(w, report.took, true);
                     chunks[c] = hidden;
-                    state[c][l] = State::Done;
-                    left -= 1;
                     pending[1 - w].push((l, positions[c], rows));
                 }
                 Err(e) => {
+                    policy.finish(w, report.took, false);
                     failure.get_or_insert(e);
                 }
             }
@@ -196,9 +275,14 @@ pub fn run_tasks(
         for order in &orders {
             let _ = order.send(Order::Stop);
         }
+        let mut stats = std::mem::take(&mut policy.stats);
         stats.wall = start.elapsed();
         match failure {
             Some(e) => Err(e),
+            // Every layer allows an executor, so an idle pair always finds the next task.
+            None if !policy.all_done() => Err(AffinityError::Plan(
+                "the schedule stopped with tasks left".into(),
+            )),
             None => Ok(stats),
         }
     })
@@ -270,7 +354,15 @@ mod tests {
     }
 
     fn run(delays: [u64; 2], fail: Option<(usize, usize)>) -> Outcome {
-        let (layers, rows) = (5, 2);
+        run_assigned(delays, fail, &[Assignment::Either; 5])
+    }
+
+    fn run_assigned(
+        delays: [u64; 2],
+        fail: Option<(usize, usize)>,
+        assignment: &[Assignment],
+    ) -> Outcome {
+        let (layers, rows) = (assignment.len(), 2);
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut a = Scripted::new(0, layers, delays[0], &log);
         let mut b = Scripted::new(1, layers, delays[1], &log);
@@ -281,7 +373,7 @@ mod tests {
         }
         let positions: Vec<usize> = (0..4).map(|c| c * rows).collect();
         let mut chunks: Vec<Vec<f32>> = (0..4).map(|c| vec![c as f32; rows]).collect();
-        let result = run_tasks(layers, &positions, &mut chunks, [&mut a, &mut b]);
+        let result = run_tasks(assignment, &positions, &mut chunks, [&mut a, &mut b]);
         let log = log.lock().unwrap().clone();
         (result, chunks, log)
     }
@@ -315,6 +407,25 @@ mod tests {
     }
 
     #[test]
+    fn layers_run_only_where_they_are_assigned() {
+        use Assignment::{Device, Either, Native};
+        let assignment = [Native, Device, Either, Device, Native];
+        let free = run([0, 0], None);
+        // A slow native executor must still get every native layer, and nothing else
+        // takes them; a slow device likewise.
+        for delays in [[0, 0], [4, 0], [0, 4]] {
+            let (result, chunks, log) = run_assigned(delays, None, &assignment);
+            let stats = result.unwrap();
+            assert_eq!(chunks, free.1, "the same rows as an unassigned run");
+            assert_eq!(log.len(), 20);
+            for &(worker, _, layer) in &log {
+                assert!(assignment[layer].allows(worker), "{log:?}");
+            }
+            assert!(stats.tasks[0] >= 8 && stats.tasks[1] >= 8, "{stats:?}");
+        }
+    }
+
+    #[test]
     fn a_failing_executor_ends_the_schedule_with_its_error() {
         for who in [0, 1] {
             let (result, _, log) = run([1, 1], Some((who, 2)));
@@ -336,7 +447,8 @@ mod tests {
             }
         }
         let mut chunks = vec![vec![0.0; 2]; 3];
-        let err = run_tasks(3, &[0, 2, 4], &mut chunks, [&mut Panics, &mut Panics])
+        let either = [Assignment::Either; 3];
+        let err = run_tasks(&either, &[0, 2, 4], &mut chunks, [&mut Panics, &mut Panics])
             .unwrap_err()
             .to_string();
         assert!(err.contains("panicked"), "{err}");

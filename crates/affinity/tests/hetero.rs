@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use pyramid_affinity::hetero::HeteroBackend;
+use pyramid_affinity::schedule::Assignment;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
@@ -131,4 +132,67 @@ fn both_executors_run_and_unrunnable_shapes_are_errors() {
     let stats = executable.last_schedule();
     assert_eq!(stats.tasks[0] + stats.tasks[1], 4 * model.config.n_layer);
     assert!(stats.tasks[0] > 0 && stats.tasks[1] > 0, "{stats:?}");
+}
+
+/// Given each layer's cost on both executors, the layers run where the plan puts them,
+/// and the prompt's logits are the free-for-all's.
+#[test]
+fn layers_placed_from_costs_run_where_the_plan_says() {
+    let spec = SyntheticSpec {
+        n_layer: 6,
+        ..SyntheticSpec::tiny(Architecture::Llama)
+    };
+    let bytes = synthetic_gguf(&spec).unwrap().to_bytes();
+    let model = Arc::new(Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap());
+    let n_layer = model.config.n_layer;
+    let backend = || {
+        let options = OvOptions::for_device("CPU", Some(1), &[]).unwrap();
+        let ov = OvBackend::new(Arc::clone(&model), "CPU", WeightFormat::F32, options).unwrap();
+        HeteroBackend::new(Arc::clone(&model), Arc::new(ov))
+    };
+    let err = backend()
+        .with_costs(vec![[1.0, 1.0]; n_layer + 1])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("layers"), "{err}");
+    // The device runs layers 2 and 5 ten times slower than its others, which it runs
+    // twice as fast as the native kernels: a free-for-all would hand it some of them.
+    let mut costs = vec![[2e-3, 1e-3]; n_layer];
+    costs[2][1] = 1e-2;
+    costs[5][1] = 1e-2;
+    let placed = backend().with_costs(costs).unwrap();
+    let (window, chunk) = (32, 8);
+    let plan = placed.plan_for(chunk).unwrap().unwrap();
+    assert!(plan.predicted < plan.predicted_either, "{plan:?}");
+    assert_eq!(plan.assignment[2], Assignment::Native, "{plan:?}");
+    assert_eq!(plan.assignment[5], Assignment::Native, "{plan:?}");
+    let on = |place| plan.assignment.iter().filter(|a| **a == place).count();
+    assert_eq!(on(Assignment::Either), 0, "{plan:?}");
+    let free = backend();
+    assert!(free.plan_for(chunk).is_none());
+
+    let pool = ThreadPool::new(2).unwrap();
+    let prompt: Vec<u32> = (0..8u32).map(|i| (i * 17 + 3) % 250).collect();
+    let run = |backend: &HeteroBackend| {
+        let executable = backend
+            .compile_split(ArtifactShape::Prefill { chunk, window })
+            .unwrap();
+        let mut kv = model.new_kv_cache_of(window, KvType::F32);
+        let mut logits = Vec::new();
+        prefill_chunked(&executable, &pool, &prompt, &mut kv, &mut logits).unwrap();
+        (logits, executable.last_schedule())
+    };
+    let (placed_logits, stats) = run(&placed);
+    assert_eq!(
+        stats.tasks,
+        [4 * on(Assignment::Native), 4 * on(Assignment::Device)],
+        "{stats:?}"
+    );
+    let (free_logits, _) = run(&free);
+    let diff = placed_logits
+        .iter()
+        .zip(&free_logits)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    assert!(diff < 1e-4, "logits differ by {diff}");
 }

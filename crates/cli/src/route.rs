@@ -1,7 +1,7 @@
 //! `--device`, `--prefill-device`, `--decode-device`: which backend runs each stage.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -9,6 +9,7 @@ use clap::Args;
 use pyramid_affinity::hetero::HeteroBackend;
 use pyramid_affinity::predict::Placement;
 use pyramid_affinity::report::AffinityReport;
+use pyramid_affinity::split::SplitPlan;
 use pyramid_engine::{
     Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
 };
@@ -35,7 +36,9 @@ pub struct RouteArgs {
     #[arg(long = "ov-option", value_name = "KEY=VALUE")]
     pub ov_options: Vec<String>,
     /// The profile (`pyramid affinity --out FILE`) a route of `auto` devices is placed
-    /// from: each stage on the device the best-predicting level says is fastest.
+    /// from: each stage on the device the best-predicting level says is fastest. With
+    /// `--prefill-device cpu+ov:DEVICE`, it also places the split's layers from the block
+    /// figures (profile with the split's threads: `-t 1 --ov-option INFERENCE_NUM_THREADS=1`).
     #[arg(long, value_name = "FILE")]
     pub affinity: Option<PathBuf>,
 }
@@ -122,6 +125,37 @@ pub struct Route {
     pub backend: Arc<dyn Backend>,
     pub prefill: String,
     pub decode: String,
+    split: Option<Split>,
+}
+
+/// A split prefill's backend, the profile its layers were placed from, and the chunk sizes
+/// whose placement has been printed.
+struct Split {
+    backend: Arc<HeteroBackend>,
+    /// The OpenVINO device beside the native kernels, e.g. `CPU`.
+    device: String,
+    profile: Option<PathBuf>,
+    announced: Mutex<Vec<usize>>,
+}
+
+/// The `pyramid affinity` results file at `path`, which must profile `model`.
+fn read_profile(path: &Path, model: &str) -> Result<AffinityReport> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the affinity profile {}", path.display()))?;
+    let profile: AffinityReport = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a `pyramid affinity` results file",
+            path.display()
+        )
+    })?;
+    if profile.model != model {
+        bail!(
+            "{} profiles model '{}', not '{model}': run `pyramid affinity -m {model} --out FILE` first",
+            path.display(),
+            profile.model
+        );
+    }
+    Ok(profile)
 }
 
 impl Route {
@@ -171,21 +205,7 @@ impl RouteArgs {
         let Some(path) = &self.affinity else {
             bail!("a device of 'auto' is placed from a profile: give --affinity FILE (written by `pyramid affinity --out FILE`)");
         };
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the affinity profile {}", path.display()))?;
-        let profile: AffinityReport = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{} is not a `pyramid affinity` results file",
-                path.display()
-            )
-        })?;
-        if profile.model != model {
-            bail!(
-                "{} profiles model '{}', not '{model}': run `pyramid affinity -m {model} --out FILE` first",
-                path.display(),
-                profile.model
-            );
-        }
+        let profile = read_profile(path, model)?;
         let (prompt, n_gen) = work.unwrap_or((profile.plan.seq, profile.plan.n_gen));
         let Some(placement) = profile.place(precision.name(), prompt, n_gen) else {
             bail!(
@@ -262,8 +282,14 @@ impl RouteArgs {
 
     /// Builds the route's backend. OpenVINO stages build their graphs from the f32 model
     /// (`f32_model`) with weights stored as `--precision` asks; native stages run the
-    /// loaded model.
-    pub fn build(&self, loaded: &Loaded, f32_model: Option<&Arc<Model>>) -> Result<Route> {
+    /// loaded model. A split prefill with `--affinity` places its layers from the profile
+    /// of `model` (as named on the command line).
+    pub fn build(
+        &self,
+        model: &str,
+        loaded: &Loaded,
+        f32_model: Option<&Arc<Model>>,
+    ) -> Result<Route> {
         let (prefill, decode) = self.stages()?;
         if let Device::Split(_) = parse_device(&decode)? {
             bail!("{decode} splits prefill only: give it as --prefill-device, with --decode-device cpu or ov:DEVICE");
@@ -282,7 +308,8 @@ impl RouteArgs {
             let format = WeightFormat::for_precision(loaded.model.precision);
             Ok(OvBackend::new(Arc::clone(model), device, format, options)?)
         };
-        let make = |name: &str| -> Result<Arc<dyn Backend>> {
+        let mut split = None;
+        let mut make = |name: &str| -> Result<Arc<dyn Backend>> {
             Ok(match parse_device(name)? {
                 Device::Native => Arc::new(CpuBackend::new(
                     Arc::clone(&loaded.model),
@@ -295,6 +322,22 @@ impl RouteArgs {
                     &self.ov_options,
                 )?),
                 Device::Split(device) => {
+                    // Layers placed from a profile's block figures, or run where free.
+                    let costs = match &self.affinity {
+                        Some(path) => {
+                            let precision = loaded.model.precision.name();
+                            let costs = read_profile(path, model)?
+                                .split_costs(precision, &format!("ov:{device}"));
+                            let Some(costs) = costs else {
+                                bail!(
+                                    "{} has no valid {precision} prefill block figures for both cpu and ov:{device}: profile them with `pyramid affinity -m {model} --devices cpu,ov:{device} --precision {precision} --stage prefill -t 1 --ov-option INFERENCE_NUM_THREADS=1`",
+                                    path.display()
+                                );
+                            };
+                            Some(costs)
+                        }
+                        None => None,
+                    };
                     // The native executor takes one core, OpenVINO the others.
                     let threads = loaded.pool.n_threads().saturating_sub(1).max(1);
                     let mut options = vec!["ENABLE_CPU_PINNING=YES".to_string()];
@@ -303,7 +346,18 @@ impl RouteArgs {
                     }
                     options.extend(self.ov_options.iter().cloned());
                     let ov = openvino(&device, name, threads, &options)?;
-                    Arc::new(HeteroBackend::new(Arc::clone(&loaded.model), Arc::new(ov)))
+                    let mut hetero = HeteroBackend::new(Arc::clone(&loaded.model), Arc::new(ov));
+                    if let Some(costs) = costs {
+                        hetero = hetero.with_costs(costs)?;
+                    }
+                    let hetero = Arc::new(hetero);
+                    split = Some(Split {
+                        backend: Arc::clone(&hetero),
+                        device,
+                        profile: self.affinity.clone(),
+                        announced: Mutex::default(),
+                    });
+                    hetero
                 }
             })
         };
@@ -317,6 +371,7 @@ impl RouteArgs {
             backend,
             prefill,
             decode,
+            split,
         })
     }
 }
@@ -375,14 +430,39 @@ pub const PREDICTION_MARGIN: Duration = Duration::from_millis(20);
 pub const FIRST_COMPILE_ESTIMATE: Duration = Duration::from_millis(50);
 
 impl Route {
-    /// The engine core on this route's backend.
+    /// The engine core on this route's backend. A split prefill placed from a profile
+    /// says on stderr (once per chunk size) where its layers run and what it predicts.
     pub fn engine(&self, loaded: &Loaded, config: EngineConfig) -> Result<Engine> {
+        let chunk = config.pyramid.prefill_chunk;
+        if let (Some(split), Some(plan)) = (&self.split, self.split_plan(chunk)?) {
+            let mut announced = split.announced.lock().unwrap_or_else(|e| e.into_inner());
+            if !announced.contains(&chunk) {
+                announced.push(chunk);
+                let profile = split.profile.as_deref().unwrap_or(Path::new("?"));
+                eprintln!(
+                    "split prefill: {}; predicted {:.1} ms per {chunk}-token chunk ({:.1} ms with any layer on either), from the block level of {}",
+                    plan.describe("cpu", &format!("ov:{}", split.device)),
+                    plan.predicted * 1e3,
+                    plan.predicted_either * 1e3,
+                    profile.display()
+                );
+            }
+        }
         Ok(Engine::new(
             Arc::clone(&self.backend),
             crate::loader::file_model_id(&loaded.path)?,
             loaded.kv_type,
             config,
         )?)
+    }
+
+    /// Where a split prefill's layers run for `chunk`-token chunks and what that is
+    /// predicted to take; `None` unless the route splits prefill by a profile.
+    pub fn split_plan(&self, chunk: usize) -> Result<Option<SplitPlan>> {
+        let Some(split) = &self.split else {
+            return Ok(None);
+        };
+        Ok(split.backend.plan_for(chunk).transpose()?)
     }
 
     /// The route audit of what `engine` ran.

@@ -658,6 +658,78 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
             "{stderr} vs {device}"
         );
     }
+    // A split prefill places its layers from the profile's block figures and predicts
+    // its chunks beside measuring them.
+    let split = fx.run(&[
+        "bench",
+        "-m",
+        model,
+        "--precision",
+        "int8",
+        "--prefill-device",
+        "cpu+ov:CPU",
+        "--decode-device",
+        "cpu",
+        "--affinity",
+        results,
+        "--window",
+        "64",
+        "--prefill-chunk",
+        "32",
+        "-p",
+        "32",
+        "-n",
+        "0",
+        "-r",
+        "1",
+        "--json",
+    ]);
+    let records = ok_json(&split);
+    let stderr = String::from_utf8_lossy(&split.stderr);
+    assert!(
+        stderr.contains("split prefill: ") && stderr.contains("from the block level of"),
+        "{stderr}"
+    );
+    let record = &records[0];
+    let plan = &record["split_plan"];
+    let assignment = plan["assignment"].as_array().unwrap();
+    assert_eq!(assignment.len(), 30, "{plan}");
+    assert!(
+        assignment
+            .iter()
+            .all(|a| ["either", "native", "device"].contains(&a.as_str().unwrap())),
+        "{plan}"
+    );
+    let per_chunk = plan["predicted"].as_f64().unwrap();
+    assert!(per_chunk > 0.0 && per_chunk <= plan["predicted_either"].as_f64().unwrap());
+    let predicted_ts = record["predicted_ts"].as_f64().unwrap();
+    assert!(
+        (predicted_ts - 32.0 / per_chunk).abs() < 1e-6 * predicted_ts,
+        "{record}"
+    );
+    assert!(record["avg_ts"].as_f64().unwrap() > 0.0);
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        model,
+        "--precision",
+        "int4",
+        "--prefill-device",
+        "cpu+ov:CPU",
+        "--decode-device",
+        "cpu",
+        "--affinity",
+        results,
+        "-n",
+        "1",
+        "--prompt",
+        "Hi",
+    ]));
+    assert!(
+        err.contains("no valid int4 prefill block figures for both cpu and ov:CPU"),
+        "{err}"
+    );
+
     // Placing needs a profile, of this model, with figures at this precision.
     let err = error_of(&fx.run(&[
         "run", "-m", model, "--device", "auto", "-n", "1", "--prompt", "Hi",

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Args;
+use pyramid_affinity::split::SplitPlan;
 use pyramid_bench::results::Stat;
 use pyramid_engine::{Engine, EngineConfig, Event, Request, RouteAudit, Speculation};
 use pyramid_kernels::isa;
@@ -102,11 +103,14 @@ struct Record {
     qualified: Option<bool>,
     /// A random-weight model with a published model's shapes: speed only.
     synthetic: bool,
-    /// With a device of `auto`: the t/s its profile predicted for this test (one
-    /// sequence) from the level it placed the route by, beside the measured `avg_ts`.
+    /// With a device of `auto`, or a split prefill placed from a profile: the t/s the
+    /// profile predicted for this test (one sequence), beside the measured `avg_ts`.
     predicted_ts: Option<f64>,
     /// What each level of the profile predicted, where its figures were valid.
     predicted_ts_by_level: BTreeMap<&'static str, f64>,
+    /// A split prefill placed from a profile (`cpu+ov:DEVICE` with `--affinity`): each
+    /// layer's executor and the predicted seconds per chunk; `predicted_ts` is its rate.
+    split_plan: Option<SplitPlan>,
     /// `ngram` or `off`; with drafts, generated tokens per sampling pass in the timed
     /// repetitions (1 without).
     speculative: &'static str,
@@ -201,7 +205,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         .place(&args.model.model, args.model.precision, Some(work))?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let on_artifacts = !native || args.window.is_some();
     if on_artifacts && args.prefill_chunk == 0 {
         bail!("--prefill-chunk must be at least 1");
@@ -279,6 +285,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                 speculative,
             ),
         };
+        let chunk = config.pyramid.prefill_chunk;
         let mut engine = route.engine(
             &loaded,
             EngineConfig {
@@ -345,8 +352,18 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             seconds.map(|s| 1.0 / s)
         };
         let placed = placement.as_ref().filter(|_| args.batch == 1);
-        let predicted_ts =
-            placed.and_then(|p| rate(Some(p.prefill_per_token), Some(p.decode_step)));
+        // A split prefill's plan predicts its chunks' layer tasks (a padded last chunk
+        // costs a whole one), not the embedding or the output head.
+        let split_plan = match n_prompt > 0 && args.batch == 1 {
+            true => route.split_plan(chunk)?,
+            false => None,
+        };
+        let predicted_ts = match &split_plan {
+            Some(plan) => {
+                Some(n_prompt as f64 / (n_prompt.div_ceil(chunk) as f64 * plan.predicted))
+            }
+            None => placed.and_then(|p| rate(Some(p.prefill_per_token), Some(p.decode_step))),
+        };
         let predicted_ts_by_level = placed
             .into_iter()
             .flat_map(|p| &p.by_level)
@@ -355,6 +372,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let record = Record {
             predicted_ts,
             predicted_ts_by_level,
+            split_plan,
             model: loaded.name.clone(),
             test,
             n_prompt,

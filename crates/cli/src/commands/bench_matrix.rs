@@ -379,7 +379,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
                 ov_options: Vec::new(),
                 affinity: None,
             };
-            let route = route_args.build(loaded, loaded.f32_model.as_ref())?;
+            let route = route_args.build(&key.model, loaded, loaded.f32_model.as_ref())?;
             ctx.routes.insert(route_key.clone(), route);
         }
         let route = &ctx.routes[&route_key];

@@ -120,7 +120,9 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         .sampler
         .check_vocab(loaded.tokenizer.n_vocab())?;
     let grammar = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)?;
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let ladder = WindowLadder::default_for(loaded.model.config.n_ctx_train);
     let chunk = prefill_chunk_for(&route, &ladder, DEFAULT_PREFILL_CHUNK);
     let speculative = args

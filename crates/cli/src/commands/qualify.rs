@@ -265,7 +265,9 @@ pub fn run(mut args: QualifyArgs) -> Result<()> {
         .place(&args.model.model, args.model.precision, None)?;
     let loaded = args.model.load_keeping_f32(true)?;
     let windows = WindowLadder::parse(&args.windows, loaded.model.config.n_ctx_train)?;
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let qualifier = Qualifier::new(
         &loaded,
         &args.prompt_file,

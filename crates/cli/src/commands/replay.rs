@@ -143,7 +143,9 @@ pub fn run(mut args: ReplayArgs) -> Result<()> {
         .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let n_ctx = loaded.model.config.n_ctx_train;
     let ladder = match &args.windows {
         Some(text) => WindowLadder::parse(text, n_ctx)?,

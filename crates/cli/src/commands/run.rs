@@ -262,7 +262,9 @@ pub fn run(mut args: RunArgs) -> Result<()> {
         .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let prompt = prompt_ids(&args, &loaded)?;
     if prompt.is_empty() {
         bail!("the prompt is empty");

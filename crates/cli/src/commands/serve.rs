@@ -177,7 +177,9 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         None => WindowLadder::default_for(n_ctx),
     };
     let max_context = ladder.largest();
-    let route = args.route.build(&loaded, loaded.f32_model.as_ref())?;
+    let route = args
+        .route
+        .build(&args.model.model, &loaded, loaded.f32_model.as_ref())?;
     let prefill_chunk = if route.backend.runs_mixed_passes() {
         args.prefill_chunk.min(ladder.largest())
     } else {
