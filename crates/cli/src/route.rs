@@ -186,7 +186,8 @@ impl RouteArgs {
     /// Replaces `auto` in `--device`, `--prefill-device` or `--decode-device` by the
     /// device the `--affinity` profile of `model` places that stage on at `precision`,
     /// for `work` (prompt and generated tokens; the profile's own when not known), and
-    /// says so on stderr. `None` when no stage is `auto`.
+    /// says so on stderr. `None` when no stage is `auto`; an error when `--affinity` is given
+    /// to a route with neither an `auto` stage nor a split prefill to place.
     pub fn place(
         &mut self,
         model: &str,
@@ -200,6 +201,11 @@ impl RouteArgs {
         let decode_auto =
             auto(self.decode_device.as_ref()) || (device_auto && self.decode_device.is_none());
         if !prefill_auto && !decode_auto {
+            let prefill = self.prefill_device.as_ref().unwrap_or(&self.device);
+            let splits = matches!(parse_device(prefill), Ok(Device::Split(_)));
+            if self.affinity.is_some() && !splits {
+                bail!("--affinity places a device of 'auto' or the layers of a split prefill (--prefill-device cpu+ov:DEVICE); this route has neither");
+            }
             return Ok(None);
         }
         let Some(path) = &self.affinity else {

@@ -730,6 +730,19 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
         "{err}"
     );
 
+    // A profile on a route with nothing to place is an error, not ignored.
+    let err = error_of(&fx.run(&[
+        "run",
+        "-m",
+        model,
+        "--affinity",
+        results,
+        "-n",
+        "1",
+        "--prompt",
+        "Hi",
+    ]));
+    assert!(err.contains("this route has neither"), "{err}");
     // Placing needs a profile, of this model, with figures at this precision.
     let err = error_of(&fx.run(&[
         "run", "-m", model, "--device", "auto", "-n", "1", "--prompt", "Hi",
