@@ -354,9 +354,10 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
         let placed = placement.as_ref().filter(|_| args.batch == 1);
         // A split prefill's plan predicts its chunks' layer tasks (a padded last chunk
         // costs a whole one), not the embedding or the output head.
-        let split_plan = match n_prompt > 0 && args.batch == 1 {
-            true => route.split_plan(chunk)?,
-            false => None,
+        let split_plan = if n_prompt > 0 && args.batch == 1 {
+            route.split_plan(chunk)?
+        } else {
+            None
         };
         let predicted_ts = match &split_plan {
             Some(plan) => {
@@ -364,7 +365,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             }
             None => placed.and_then(|p| rate(Some(p.prefill_per_token), Some(p.decode_step))),
         };
+        // The levels' figures are the placed devices', not a split's.
         let predicted_ts_by_level = placed
+            .filter(|_| split_plan.is_none())
             .into_iter()
             .flat_map(|p| &p.by_level)
             .filter_map(|f| Some((f.level.title(), rate(f.prefill_per_token, f.decode_step)?)))
