@@ -46,6 +46,13 @@ fn greedy(
     tokens
 }
 
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
 #[test]
 fn a_split_prefill_leaves_the_single_device_cache_and_tokens() {
     let pool = ThreadPool::new(2).unwrap();
@@ -81,11 +88,7 @@ fn a_split_prefill_leaves_the_single_device_cache_and_tokens() {
                 LogitsFor::Last,
             )
             .unwrap();
-        let diff = logits
-            .iter()
-            .zip(&expected)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let diff = max_abs_diff(&logits, &expected);
         assert!(diff < 1e-3, "{arch:?}: logits differ by {diff}");
         let first = argmax(&expected);
         assert_eq!(argmax(&logits), first);
@@ -189,10 +192,6 @@ fn layers_placed_from_costs_run_where_the_plan_says() {
         "{stats:?}"
     );
     let (free_logits, _) = run(&free);
-    let diff = placed_logits
-        .iter()
-        .zip(&free_logits)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
+    let diff = max_abs_diff(&placed_logits, &free_logits);
     assert!(diff < 1e-4, "logits differ by {diff}");
 }
