@@ -385,14 +385,14 @@ mod x86 {
                     head_dim,
                 };
                 match q[0].len() / head_dim {
-                    1 => rows::<_, 1>(q, &cache, first_len, scale, scratch, out, wide),
-                    2 => rows::<_, 2>(q, &cache, first_len, scale, scratch, out, wide),
-                    3 => rows::<_, 3>(q, &cache, first_len, scale, scratch, out, wide),
-                    4 => rows::<_, 4>(q, &cache, first_len, scale, scratch, out, wide),
-                    5 => rows::<_, 5>(q, &cache, first_len, scale, scratch, out, wide),
-                    6 => rows::<_, 6>(q, &cache, first_len, scale, scratch, out, wide),
-                    7 => rows::<_, 7>(q, &cache, first_len, scale, scratch, out, wide),
-                    8 => rows::<_, 8>(q, &cache, first_len, scale, scratch, out, wide),
+                    1 => rows::<_, 1, 8, 8>(q, &cache, first_len, scale, scratch, out, wide),
+                    2 => rows::<_, 2, 4, 4>(q, &cache, first_len, scale, scratch, out, wide),
+                    3 => rows::<_, 3, 3, 2>(q, &cache, first_len, scale, scratch, out, wide),
+                    4 => rows::<_, 4, 2, 2>(q, &cache, first_len, scale, scratch, out, wide),
+                    5 => rows::<_, 5, 2, 1>(q, &cache, first_len, scale, scratch, out, wide),
+                    6 => rows::<_, 6, 2, 1>(q, &cache, first_len, scale, scratch, out, wide),
+                    7 => rows::<_, 7, 1, 1>(q, &cache, first_len, scale, scratch, out, wide),
+                    8 => rows::<_, 8, 1, 1>(q, &cache, first_len, scale, scratch, out, wide),
                     n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
                 }
             }};
@@ -423,9 +423,15 @@ mod x86 {
     /// exponentials are the same operations in the same order whatever `n_rows` is: the
     /// loops over rows only sit inside the loops over positions, so that a key row and a
     /// block of value rows are read once for every query row.
+    ///
+    /// A sum of products is a chain of fused multiply-adds, each waiting for the last. A
+    /// group of few heads (SmolLM2 has three per KV head) gives too few chains to keep the
+    /// multipliers busy, so the scores take `P` positions and the weighted sums `Z`
+    /// eight-wide column chunks at once: more independent chains, and every element still
+    /// the same chain in the same order, so the results do not depend on `P` or `Z`.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn rows<T: Widen, const NQ: usize>(
+    unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
         q: &[&[f32]],
         cache: &Cache<'_, T>,
         first_len: usize,
@@ -439,35 +445,26 @@ mod x86 {
         let n_rows = q.len();
         let n_pos = cache.keys.len() / head_dim;
         let len = |r: usize| first_len + r;
-        let chunks = head_dim / 8;
         scratch.clear();
         scratch.resize(n_rows * n_pos * 8, 0.0);
         let scores = scratch.as_mut_ptr();
         let row_scores = |r: usize| scores.add(r * n_pos * 8);
-        let keys = cache.keys.as_ptr();
 
-        // Scores, and their running maximum per row and head.
+        // Scores, and their running maximum per row and head, `P` positions at a time.
         let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); MAX_ROWS];
-        for p in 0..n_pos {
-            let row = keys.add(p * head_dim);
-            let row_scale = cache
-                .key_scales
-                .map_or(scale, |s| scale * *s.get_unchecked(p));
-            // Rows from the first whose causal window holds position p.
-            let first_row = (p + 1).saturating_sub(first_len);
+        for p0 in (0..n_pos).step_by(P) {
+            // Rows from the first whose causal window holds position p0.
+            let first_row = (p0 + 1).saturating_sub(first_len);
             for (r, max_r) in max.iter_mut().enumerate().take(n_rows).skip(first_row) {
                 let q_r = q.get_unchecked(r).as_ptr();
-                let mut acc = [_mm256_setzero_ps(); 8];
-                for c in 0..chunks {
-                    let k = T::load8(row.add(c * 8));
-                    for (h, acc_h) in acc.iter_mut().enumerate().take(NQ) {
-                        let q_hc = _mm256_loadu_ps(q_r.add(h * head_dim + c * 8));
-                        *acc_h = _mm256_fmadd_ps(q_hc, k, *acc_h);
+                let seen = (len(r) - p0).min(P);
+                if seen == P {
+                    score_positions::<T, NQ, P>(q_r, cache, p0, scale, row_scores(r), max_r);
+                } else {
+                    for p in p0..p0 + seen {
+                        score_positions::<T, NQ, 1>(q_r, cache, p, scale, row_scores(r), max_r);
                     }
                 }
-                let s = _mm256_mul_ps(sum_lanes(&acc), _mm256_set1_ps(row_scale));
-                _mm256_storeu_ps(row_scores(r).add(p * 8), s);
-                *max_r = _mm256_max_ps(*max_r, s);
             }
         }
 
@@ -498,7 +495,59 @@ mod x86 {
         if wide {
             weighted_sums_wide::<T, NQ>(cache, &weights, out);
         } else {
-            weighted_sums::<T, NQ>(cache, &weights, out);
+            let chunks = head_dim / 8;
+            let mut c = 0;
+            while c < chunks {
+                if chunks - c >= Z {
+                    columns::<T, NQ, Z>(cache, &weights, out, c);
+                    c += Z;
+                } else {
+                    columns::<T, NQ, 1>(cache, &weights, out, c);
+                    c += 1;
+                }
+            }
+        }
+    }
+
+    /// Row `r`'s scores of positions `p0..p0 + P` (each the lane sums of its heads'
+    /// products, times the scale), stored at `dst[p][..8]` and folded into `max`.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `q_r` holds `NQ` heads of `head_dim`, the cache
+    /// holds the positions and `dst` has room for them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn score_positions<T: Widen, const NQ: usize, const P: usize>(
+        q_r: *const f32,
+        cache: &Cache<'_, T>,
+        p0: usize,
+        scale: f32,
+        dst: *mut f32,
+        max: &mut __m256,
+    ) {
+        let head_dim = cache.head_dim;
+        let keys = cache.keys.as_ptr();
+        let mut acc = [[_mm256_setzero_ps(); 8]; P];
+        for c in 0..head_dim / 8 {
+            let mut k = [_mm256_setzero_ps(); P];
+            for (i, k_i) in k.iter_mut().enumerate() {
+                *k_i = T::load8(keys.add((p0 + i) * head_dim + c * 8));
+            }
+            for h in 0..NQ {
+                let q_hc = _mm256_loadu_ps(q_r.add(h * head_dim + c * 8));
+                for (acc_i, k_i) in acc.iter_mut().zip(&k) {
+                    acc_i[h] = _mm256_fmadd_ps(q_hc, *k_i, acc_i[h]);
+                }
+            }
+        }
+        for (i, acc_i) in acc.iter().enumerate() {
+            let p = p0 + i;
+            let row_scale = cache
+                .key_scales
+                .map_or(scale, |s| scale * *s.get_unchecked(p));
+            let s = _mm256_mul_ps(sum_lanes(acc_i), _mm256_set1_ps(row_scale));
+            _mm256_storeu_ps(dst.add(p * 8), s);
+            *max = _mm256_max_ps(*max, s);
         }
     }
 
@@ -526,47 +575,56 @@ mod x86 {
         }
     }
 
-    /// `out[r][h] = inv[r][h] · Σ_p w[r][p][h] · v[p]`, one 8-wide chunk of every head's
-    /// output at a time; each row's sums carried across value blocks in `partial` (stored
+    /// `out[r][h] = inv[r][h] · Σ_p w[r][p][h] · v[p]` for output columns `8 c0..8 (c0 +
+    /// Z)` of every head; each row's sums carried across value blocks in `partial` (stored
     /// and reloaded exactly), so every element is the same fused sum over `p` in order.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn weighted_sums<T: Widen, const NQ: usize>(
+    unsafe fn columns<T: Widen, const NQ: usize, const Z: usize>(
         cache: &Cache<'_, T>,
         weights: &Weights<'_>,
         out: &mut [&mut [f32]],
+        c0: usize,
     ) {
         let head_dim = cache.head_dim;
         let values = cache.values.as_ptr();
-        for c in 0..head_dim / 8 {
-            let mut partial = [[_mm256_setzero_ps(); NQ]; MAX_ROWS];
-            for block in (0..weights.n_pos).step_by(super::VALUE_BLOCK) {
-                let first_row = weights.first_row_seeing(block);
-                let rows = partial.iter_mut().enumerate().take(weights.n_rows);
-                for (r, part) in rows.skip(first_row) {
-                    let end = (block + super::VALUE_BLOCK).min(weights.first_len + r);
-                    let mut acc = *part;
-                    for p in block..end {
-                        let v = T::load8(values.add(p * head_dim + c * 8));
-                        let w = weights.at(r, p);
-                        for (h, acc_h) in acc.iter_mut().enumerate() {
-                            *acc_h = _mm256_fmadd_ps(_mm256_broadcast_ss(&*w.add(h)), v, *acc_h);
+        let mut partial = [[[_mm256_setzero_ps(); Z]; NQ]; MAX_ROWS];
+        for block in (0..weights.n_pos).step_by(super::VALUE_BLOCK) {
+            let first_row = weights.first_row_seeing(block);
+            let rows = partial.iter_mut().enumerate().take(weights.n_rows);
+            for (r, part) in rows.skip(first_row) {
+                let end = (block + super::VALUE_BLOCK).min(weights.first_len + r);
+                let mut acc = *part;
+                for p in block..end {
+                    let row = values.add(p * head_dim + c0 * 8);
+                    let w = weights.at(r, p);
+                    let mut w_h = [_mm256_setzero_ps(); NQ];
+                    for (h, w_h) in w_h.iter_mut().enumerate() {
+                        *w_h = _mm256_broadcast_ss(&*w.add(h));
+                    }
+                    for j in 0..Z {
+                        let v = T::load8(row.add(8 * j));
+                        for (acc_h, w_h) in acc.iter_mut().zip(&w_h) {
+                            acc_h[j] = _mm256_fmadd_ps(*w_h, v, acc_h[j]);
                         }
                     }
-                    *part = acc;
                 }
+                *part = acc;
             }
-            for (r, o) in out.iter_mut().enumerate() {
-                let o = o.as_mut_ptr();
-                for (h, acc_h) in partial[r].iter().enumerate() {
-                    let scaled = _mm256_mul_ps(*acc_h, _mm256_set1_ps(weights.inv[r][h]));
-                    _mm256_storeu_ps(o.add(h * head_dim + c * 8), scaled);
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            let o = o.as_mut_ptr();
+            for (h, acc_h) in partial[r].iter().enumerate() {
+                let inv = _mm256_set1_ps(weights.inv[r][h]);
+                for (j, a) in acc_h.iter().enumerate() {
+                    let at = o.add(h * head_dim + (c0 + j) * 8);
+                    _mm256_storeu_ps(at, _mm256_mul_ps(*a, inv));
                 }
             }
         }
     }
 
-    /// [`weighted_sums`] with 16-wide vectors, 32 output columns of every head at a time
+    /// [`columns`] with 16-wide vectors, 32 output columns of every head at a time
     /// (32 registers hold the sums of up to eight heads): one weight broadcast feeds two
     /// products instead of one, and the loads no longer bound the products. The same fused
     /// sum per element in the same order, so the results equal the 8-wide ones bit for bit.
@@ -738,8 +796,16 @@ mod tests {
 
     #[test]
     fn grouped_heads_match_each_head_alone() {
-        for (head_dim, n_q, n_pos) in [(8, 1, 1), (64, 7, 300), (64, 3, 17), (16, 8, 5), (24, 2, 9)]
-        {
+        for (head_dim, n_q, n_pos) in [
+            (8, 1, 1),
+            (64, 7, 300),
+            (64, 3, 17),
+            (16, 8, 5),
+            (24, 2, 9),
+            (64, 1, 13),
+            (40, 4, 9),
+            (64, 6, 7),
+        ] {
             check(head_dim, n_q, n_pos, head_dim as u64 + n_pos as u64);
         }
     }
@@ -757,6 +823,9 @@ mod tests {
             (48, 5, 70, 4),
             (128, 2, 33, 7),
             (20, 4, 9, 6),
+            (64, 6, 2, 8),
+            (64, 3, 1, 8),
+            (56, 1, 5, 8),
         ] {
             let n_pos = first_len + n_rows - 1 + 3; // the cache may hold more
             let seed = (head_dim * 1000 + first_len) as u64;
