@@ -6,6 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::Architecture;
+use pyramid_testdata::{models_dir, refs as golden};
 use serde_json::Value;
 
 fn pyramid(args: &[&str], home: &Path) -> Output {
@@ -489,20 +490,6 @@ fn forced_scalar_isa_gives_the_same_greedy_tokens() {
         serde_json::from_str::<Value>(&stdout(&out)).unwrap()["tokens"].clone()
     };
     assert_eq!(run(Some("scalar")), run(None));
-}
-
-fn models_dir() -> PathBuf {
-    pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-}
-
-/// A reference file under testdata/refs.
-fn golden(name: &str) -> Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/refs")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
 /// Text in, the reference's ids out: tokenizer, chat template and greedy decode together.

@@ -530,14 +530,7 @@ fn hugging_face_directories_run_on_openvino_with_the_native_tokens() {
 /// results file and chart written.
 #[test]
 fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
-    let model = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-        .join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(
-        model.exists(),
-        "run scripts/test.sh (it fetches the models) first"
-    );
+    let model = pyramid_testdata::model_path("smollm2-135m-instruct-q4_1.gguf");
     let fx = Fixture::new(Architecture::Llama);
     let results = fx.dir.path().join("affinity.json");
     let chart = fx.dir.path().join("affinity");
@@ -784,14 +777,7 @@ fn affinity_on_smollm2_measures_every_level_on_cpu_and_openvino_cpu() {
 /// gives SmolLM2's native f32 greedy tokens, and its audit names both executors.
 #[test]
 fn a_split_prefill_on_cpu_and_openvino_gives_the_native_tokens() {
-    let model = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-        .join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(
-        model.exists(),
-        "run scripts/test.sh (it fetches the models) first"
-    );
+    let model = pyramid_testdata::model_path("smollm2-135m-instruct-q4_1.gguf");
     let model = model.to_str().unwrap();
     let fx = Fixture::new(Architecture::Llama);
     let prompt = "The old lighthouse keeper climbed the stairs every evening to";

@@ -14,14 +14,12 @@ const MODEL: &str = "smollm2-135m";
 const WINDOWS: &str = "256,512,1024,2048";
 
 fn models_home() -> PathBuf {
-    let models = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir();
-    assert!(
-        models.join("smollm2-135m-instruct-q4_1.gguf").exists(),
-        "run scripts/test.sh (it fetches the models) first"
-    );
-    models.parent().unwrap().to_path_buf()
+    let model = pyramid_testdata::model_path("smollm2-135m-instruct-q4_1.gguf");
+    model
+        .parent()
+        .and_then(|models| models.parent())
+        .unwrap()
+        .to_path_buf()
 }
 
 fn python() -> PathBuf {

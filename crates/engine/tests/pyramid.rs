@@ -364,15 +364,7 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
 /// 4,096 window; and the INT8 KV cache migrates bit for bit as well.
 #[test]
 fn smollm2_migrates_across_1024_and_2048_with_identical_tokens() {
-    let path = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-        .join("smollm2-135m-instruct-q4_1.gguf");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh first",
-        path.display()
-    );
+    let path = pyramid_testdata::model_path("smollm2-135m-instruct-q4_1.gguf");
     let gguf = GgufFile::open(&path).unwrap();
     let model = Arc::new(Model::from_gguf_with(&gguf, Precision::Int8).unwrap());
     let pool = ThreadPool::with_available_parallelism();

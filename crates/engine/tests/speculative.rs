@@ -422,7 +422,7 @@ fn speculative_greedy_gives_the_plain_tokens_on_the_reference_prompts_of_real_mo
             let r = request(0, prompt.to_vec(), 32, speculation);
             run_all(&mut e, &pool, vec![r]).remove(&0).unwrap()
         };
-        for (id, prompt) in reference_prompts(golden) {
+        for (id, prompt) in pyramid_testdata::reference_prompts(golden) {
             let (plain, spec) = (
                 run(&prompt, Speculation::Off),
                 run(&prompt, Speculation::Ngram),
@@ -445,39 +445,7 @@ fn speculative_greedy_gives_the_plain_tokens_on_the_reference_prompts_of_real_mo
     );
 }
 
-/// A cached model file at f32; CI fetches them before the tests run.
+/// A cached model file at f32.
 fn reference_model(file: &str) -> Model {
-    let path = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-        .join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh first",
-        path.display()
-    );
-    Model::load(&path).unwrap()
-}
-
-/// `(id, prompt_token_ids)` of every prompt in a reference file under testdata/refs.
-fn reference_prompts(golden: &str) -> Vec<(String, Vec<u32>)> {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/refs")
-        .join(golden);
-    let refs: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    refs["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let ids = p["prompt_token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            (p["id"].as_str().unwrap().to_string(), ids)
-        })
-        .collect()
+    Model::load(&pyramid_testdata::model_path(file)).unwrap()
 }

@@ -1,41 +1,12 @@
 //! Greedy decode from the reference prompt ids must reproduce Hugging Face transformers'
 //! fp32 output (testdata/refs, see its README for provenance).
 
-use std::path::PathBuf;
-
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{LogitsFor, Model, Scratch};
-use serde_json::Value;
-
-fn models_dir() -> PathBuf {
-    pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-}
+use pyramid_testdata::{ids, model_path, refs as golden};
 
 fn load_model(file: &str) -> Model {
-    let path = models_dir().join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run `scripts/setup.sh` (or `pyramid fetch`) first",
-        path.display()
-    );
-    Model::load(&path).expect("model loads")
-}
-
-fn golden(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/refs")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("golden json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    Model::load(&model_path(file)).expect("model loads")
 }
 
 fn argmax(logits: &[f32]) -> u32 {

@@ -3,54 +3,14 @@
 //! fed the reference path's tokens (teacher forcing).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::{Calibration, CALIBRATION_TEXT};
 use pyramid_model::{KvType, LogitsFor, Model, Precision, Scratch};
+use pyramid_testdata::{model_path, reference_prompts};
 use pyramid_tokenizer::Tokenizer;
-use serde_json::Value;
-
-fn models_dir() -> PathBuf {
-    pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-}
-
-/// The path of a cached model file; CI fetches them before the tests run.
-fn model_path(file: &str) -> PathBuf {
-    let path = models_dir().join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test.sh first",
-        path.display()
-    );
-    path
-}
-
-/// `(id, prompt_token_ids)` of every prompt in a reference file under testdata/refs.
-fn reference_prompts(golden: &str) -> Vec<(String, Vec<u32>)> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/refs")
-        .join(golden);
-    let refs: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    refs["prompts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| {
-            let ids = p["prompt_token_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            (p["id"].as_str().unwrap().to_string(), ids)
-        })
-        .collect()
-}
 
 fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;

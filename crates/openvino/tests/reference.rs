@@ -5,14 +5,13 @@
 //! Needs OpenVINO (`scripts/setup-openvino.sh`) and the cached models (`pyramid fetch`);
 //! `scripts/test.sh` provides both.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvCache, KvType, Model, Segment};
 use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
 use pyramid_runtime::{argmax, prefill_chunked, ArtifactShape, Backend, CpuBackend, Executable};
-use serde_json::Value;
+use pyramid_testdata::{ids, model_path, refs as golden};
 
 /// A reference step whose top-1/top-2 gap is below this may flip under another (equally
 /// valid) f32 summation order; comparison stops there, as in the model crate's golden test.
@@ -20,31 +19,7 @@ const TIE_GAP: f64 = 0.01;
 const CHUNK: usize = 128;
 
 fn load(file: &str) -> Arc<Model> {
-    let path = pyramid_registry::ModelCache::from_env()
-        .expect("a cache directory")
-        .models_dir()
-        .join(file);
-    assert!(
-        path.exists(),
-        "{} is missing: run `pyramid fetch` first",
-        path.display()
-    );
-    Arc::new(Model::load(&path).expect("model loads"))
-}
-
-fn golden(name: &str) -> Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/refs")
-        .join(name);
-    serde_json::from_str(&std::fs::read_to_string(path).expect("golden file")).expect("json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("array")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
+    Arc::new(Model::load(&model_path(file)).expect("model loads"))
 }
 
 fn greedy(

@@ -12,7 +12,7 @@ use serde_json::Value as Json;
 const REFERENCE: &str = include_str!("data/whitespace_digits.json");
 
 fn check_against_reference(file: &str) {
-    let path = model_location(file);
+    let path = models_dir().join(file);
     if !path.is_file() {
         eprintln!("skipping {file}: {} is missing", path.display());
         return;

@@ -1,0 +1,90 @@
+//! What the test suites share: the cached real models (CI fetches them before the tests
+//! run, `scripts/test.sh` on a developer's machine) and the Hugging Face reference files
+//! under `testdata/refs` (see its README for their provenance).
+//!
+//! A dev-dependency only. Its functions panic with a message naming the missing or broken
+//! file, which is how a test should fail when its data is not in place.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+/// The directory the models are cached in (`$PYRAMID_HOME/models`, by default under
+/// `~/.cache/pyramid`).
+pub fn models_dir() -> PathBuf {
+    pyramid_registry::ModelCache::from_env()
+        .expect("a cache directory (PYRAMID_HOME or HOME)")
+        .models_dir()
+}
+
+/// The path of a cached model file, which must be there.
+pub fn model_path(file: &str) -> PathBuf {
+    let path = models_dir().join(file);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/test.sh (or `pyramid fetch`) first",
+        path.display()
+    );
+    path
+}
+
+/// The path of a file under `testdata/refs`.
+pub fn refs_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/refs")
+        .join(name)
+}
+
+/// A JSON file under `testdata/refs`.
+pub fn refs(name: &str) -> Value {
+    let path = refs_path(name);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A JSON array of token ids.
+pub fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|id| {
+            let id = id.as_u64().expect("a token id");
+            u32::try_from(id).expect("a token id within u32")
+        })
+        .collect()
+}
+
+/// `(id, prompt_token_ids)` of every prompt in a reference file.
+pub fn reference_prompts(name: &str) -> Vec<(String, Vec<u32>)> {
+    refs(name)["prompts"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{name} has no prompts array"))
+        .iter()
+        .map(|p| {
+            let id = p["id"].as_str().expect("a prompt id").to_string();
+            (id, ids(&p["prompt_token_ids"]))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_public_prompts_have_ids_and_tokens() {
+        let prompts = reference_prompts("golden-smollm2-135m-public.json");
+        assert!(!prompts.is_empty());
+        for (id, tokens) in &prompts {
+            assert!(!id.is_empty() && !tokens.is_empty(), "{id}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "cannot read")]
+    fn a_missing_reference_names_its_path() {
+        refs("no-such-file.json");
+    }
+}
