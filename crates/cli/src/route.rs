@@ -55,6 +55,11 @@ pub struct SpeculativeArgs {
     /// Draft tokens verified per pass at most.
     #[arg(long, default_value_t = SpeculativeConfig::default().max_draft, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub draft_tokens: usize,
+    /// Rows (prompt, next and draft tokens) a pass may reach with drafts: beyond it
+    /// drafts are cut, the best-accepted sequences' kept first. A pass of many sequences
+    /// is bound by its products, where a draft costs a row accepted or not.
+    #[arg(long, default_value_t = SpeculativeConfig::default().pass_rows, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub draft_pass_rows: usize,
 }
 
 impl SpeculativeArgs {
@@ -69,6 +74,7 @@ impl SpeculativeArgs {
             Speculation::Off => SpeculativeConfig::off(),
             Speculation::Ngram => SpeculativeConfig {
                 max_draft: self.draft_tokens,
+                pass_rows: self.draft_pass_rows,
                 ..SpeculativeConfig::default()
             },
         }

@@ -136,6 +136,8 @@ pub struct StepSummary {
     pub n_decoded: usize,
     /// Prompt tokens prefilled.
     pub n_prefilled: usize,
+    /// Draft tokens verified beside the decoded ones.
+    pub n_drafted: usize,
     /// How long each migration took.
     pub migrations: Vec<Duration>,
 }

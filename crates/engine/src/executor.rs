@@ -220,6 +220,7 @@ impl Engine {
                 seq.next_input = None;
                 seq.session.observe_decode(elapsed);
                 self.summary.n_decoded += 1;
+                self.summary.n_drafted += f.tokens.len() - 1;
             }
             out.logits.push((seq.request.id, rows.to_vec()));
         }

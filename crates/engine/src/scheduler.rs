@@ -102,6 +102,7 @@ impl Engine {
         let mut decoding: Vec<(RequestId, usize)> = Vec::new();
         let mut overflow: Vec<RequestId> = Vec::new();
         let mut planned_bytes = self.running_bytes();
+        let mut proposed: Vec<(RequestId, Vec<u32>, f64)> = Vec::new();
         for i in 0..self.running.len() {
             let seq = &self.running[i];
             let prefilling = seq.prefilling();
@@ -161,7 +162,7 @@ impl Engine {
                 if how.is_none() {
                     let draft = self.draft_for(i, window);
                     if !draft.is_empty() {
-                        schedule.drafts.push((id, draft));
+                        proposed.push((id, draft, self.running[i].drafter.rank()));
                     }
                 }
                 decoding.push((id, window));
@@ -182,6 +183,9 @@ impl Engine {
                 });
             }
         }
+        let rows = schedule.prefills.iter().map(|p| p.1).sum::<usize>() + decoding.len();
+        let room = self.config.speculative.pass_rows.saturating_sub(rows);
+        schedule.drafts = fit_drafts(proposed, room);
         self.plan_decodes(&decoding, &mut schedule);
         self.plan_predictive_compiles(&mut schedule);
         schedule.compiles.sort_unstable();
@@ -375,9 +379,47 @@ impl Engine {
     }
 }
 
+/// The drafts a pass with room for `room` more rows verifies: the best-accepted
+/// sequences' first, each cut to the room left (a draft's prefix is a draft too).
+fn fit_drafts(
+    mut proposed: Vec<(RequestId, Vec<u32>, f64)>,
+    mut room: usize,
+) -> Vec<(RequestId, Vec<u32>)> {
+    proposed.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let mut drafts = Vec::new();
+    for (id, mut draft, _) in proposed {
+        if room == 0 {
+            break;
+        }
+        draft.truncate(room);
+        room -= draft.len();
+        drafts.push((id, draft));
+    }
+    drafts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drafts_fit_the_room_best_accepted_first() {
+        let proposed = vec![
+            (1, vec![10, 11, 12], 0.2),
+            (2, vec![20, 21, 22, 23], 0.9),
+            (3, vec![30, 31], 0.5),
+        ];
+        assert_eq!(
+            fit_drafts(proposed.clone(), 6),
+            [(2, vec![20, 21, 22, 23]), (3, vec![30, 31])]
+        );
+        assert_eq!(
+            fit_drafts(proposed.clone(), 5),
+            [(2, vec![20, 21, 22, 23]), (3, vec![30])]
+        );
+        assert_eq!(fit_drafts(proposed.clone(), 100).len(), 3);
+        assert!(fit_drafts(proposed, 0).is_empty());
+    }
 
     #[test]
     fn decode_batch_sizes_are_powers_of_two_and_the_maximum() {

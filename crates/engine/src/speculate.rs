@@ -73,6 +73,12 @@ pub struct SpeculativeConfig {
     /// Suffix lengths matched, longest first.
     pub min_ngram: usize,
     pub max_ngram: usize,
+    /// Rows a pass may reach with drafts (prompt tokens, next tokens and draft tokens
+    /// together); drafts beyond it are cut. A pass of few rows costs about what reading
+    /// the weights costs, so a draft rides almost free; a pass of many is bound by the
+    /// products, where every draft token costs a row whether accepted or not, and
+    /// drafting for a large batch slows it down.
+    pub pass_rows: usize,
 }
 
 impl Default for SpeculativeConfig {
@@ -81,6 +87,7 @@ impl Default for SpeculativeConfig {
             max_draft: 8,
             min_ngram: 2,
             max_ngram: 4,
+            pass_rows: DEFAULT_PASS_ROWS,
         }
     }
 }
@@ -94,6 +101,13 @@ impl SpeculativeConfig {
         }
     }
 }
+
+/// [`SpeculativeConfig::pass_rows`] by default. On a two-core AVX2 host a SmolLM2 pass
+/// costs about 5 ms plus 1.6 ms a row, so in a batch of `b` a draft token pays for itself
+/// only if it is accepted with odds above 1.6 / (5 / b + 1.6): a quarter alone, three in
+/// four at eight. Eight rows let a lone sequence draft seven tokens and a busy batch none
+/// (docs/BENCHMARKS.md, "Drafts in a busy batch").
+pub const DEFAULT_PASS_ROWS: usize = 8;
 
 /// Decode steps a sequence skips drafting at most after wholly rejected drafts.
 pub const MAX_COOL_DOWN: u32 = 16;
@@ -163,6 +177,13 @@ fn ratio(a: usize, b: usize) -> f64 {
 }
 
 impl Drafter {
+    /// Its drafts' acceptance so far, as a rank for the rows a pass has room for: the
+    /// accepted share with one accepted and one rejected token assumed, so a sequence
+    /// that has not drafted yet ranks in the middle.
+    pub fn rank(&self) -> f64 {
+        (self.stats.accepted_tokens as f64 + 1.0) / (self.stats.drafted_tokens as f64 + 2.0)
+    }
+
     /// A draft to verify after `tokens` (the sequence's tokens and the input it feeds
     /// next, whose last `reply_len` are its reply so far), from them or from
     /// `prediction` (text the client expects in the reply), at most `room` tokens; empty
@@ -323,6 +344,7 @@ mod tests {
             max_draft: 8,
             min_ngram: min,
             max_ngram: max,
+            pass_rows: usize::MAX,
         }
     }
 

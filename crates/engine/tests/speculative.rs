@@ -19,12 +19,23 @@ use pyramid_model::{KvType, Model, Precision};
 use pyramid_runtime::{CpuBackend, SamplerConfig, WindowLadder};
 
 fn engine(model: &Arc<Model>, windows: &[usize], max_batch: usize, pool: &ThreadPool) -> Engine {
+    engine_with_pass_rows(model, windows, max_batch, usize::MAX, pool)
+}
+
+fn engine_with_pass_rows(
+    model: &Arc<Model>,
+    windows: &[usize],
+    max_batch: usize,
+    pass_rows: usize,
+    pool: &ThreadPool,
+) -> Engine {
     let config = EngineConfig {
         aging: Duration::ZERO,
         speculative: SpeculativeConfig {
             max_draft: 6,
             min_ngram: 1,
             max_ngram: 3,
+            pass_rows,
         },
         ..common::config(Arm::OnDemand, windows, 16, max_batch)
     };
@@ -198,6 +209,71 @@ fn a_batch_mixing_speculative_and_plain_sequences_gives_each_its_own_tokens() {
     let stats = e.stats().speculative;
     assert!(stats.verify_passes > 0 && stats.accepted_tokens > 0);
     assert_eq!(got[&1].usage.speculative.drafted_tokens, 0);
+}
+
+/// A pass takes drafts only up to its row budget (prompt, next and draft tokens
+/// together), so a busy batch is not slowed by drafts; the tokens stay the plain ones.
+#[test]
+fn drafts_stay_within_the_rows_a_pass_has_room_for() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Precision::Int8);
+    let requests: Vec<Request> = (0..4)
+        .map(|i| {
+            request(
+                i,
+                looping_prompt(i as u32 + 20, 12 + 5 * i as usize),
+                40,
+                Speculation::Ngram,
+            )
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| {
+            let plain = Request {
+                speculation: Speculation::Off,
+                ..r.clone()
+            };
+            alone(&model, &pool, plain).tokens
+        })
+        .collect();
+    let pass_rows = 7;
+    let mut e = engine_with_pass_rows(&model, &[32, 64, 128, 256], 4, pass_rows, &pool);
+    for r in requests {
+        e.add_request(r);
+    }
+    let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let (mut steps_with_drafts, mut busy_steps) = (0, 0);
+    while e.has_work() {
+        for event in e.step(&pool) {
+            match event {
+                Event::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
+                Event::Failed { id, error } => panic!("request {id} failed: {error}"),
+                _ => {}
+            }
+        }
+        let step = e.last_step();
+        let rows = step.n_prefilled + step.n_decoded;
+        if step.n_drafted > 0 {
+            steps_with_drafts += 1;
+            assert!(
+                rows + step.n_drafted <= pass_rows,
+                "{rows} rows and {} draft tokens in a pass of at most {pass_rows}",
+                step.n_drafted
+            );
+        }
+        if rows >= pass_rows {
+            busy_steps += 1;
+        }
+    }
+    for (i, want) in want.iter().enumerate() {
+        assert_eq!(&tokens[&(i as u64)], want, "request {i}");
+    }
+    assert!(steps_with_drafts > 0, "no pass had room for a draft");
+    assert!(
+        busy_steps > 0,
+        "no pass filled its rows (the prefills should)"
+    );
 }
 
 #[test]
