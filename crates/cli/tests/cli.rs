@@ -570,6 +570,20 @@ fn a_prediction_file_drafts_the_reply_without_changing_it() {
         .as_u64()
         .unwrap();
     assert!(accepted >= 12, "{}", predicted["speculative"]);
+    // A pass of three rows verifies the next token and at most two drafted ones.
+    let narrow = args(&[
+        "--prediction",
+        file.to_str().unwrap(),
+        "--draft-pass-rows",
+        "3",
+    ]);
+    assert_eq!(narrow["tokens"], plain["tokens"]);
+    let s = &narrow["speculative"];
+    let (drafted, verify_passes) = (
+        s["drafted_tokens"].as_u64().unwrap(),
+        s["verify_passes"].as_u64().unwrap(),
+    );
+    assert!(drafted > 0 && drafted <= 2 * verify_passes, "{s}");
     let out = pyramid(
         &[
             "run",
