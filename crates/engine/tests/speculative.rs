@@ -523,5 +523,5 @@ fn speculative_greedy_gives_the_plain_tokens_on_the_reference_prompts_of_real_mo
 
 /// A cached model file at f32.
 fn reference_model(file: &str) -> Model {
-    Model::load(&pyramid_testdata::model_path(file)).unwrap()
+    Model::load(pyramid_testdata::model_path(file)).unwrap()
 }

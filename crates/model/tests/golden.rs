@@ -6,7 +6,7 @@ use pyramid_model::{LogitsFor, Model, Scratch};
 use pyramid_testdata::{ids, model_path, refs as golden};
 
 fn load_model(file: &str) -> Model {
-    Model::load(&model_path(file)).expect("model loads")
+    Model::load(model_path(file)).expect("model loads")
 }
 
 fn argmax(logits: &[f32]) -> u32 {

@@ -19,7 +19,7 @@ const TIE_GAP: f64 = 0.01;
 const CHUNK: usize = 128;
 
 fn load(file: &str) -> Arc<Model> {
-    Arc::new(Model::load(&model_path(file)).expect("model loads"))
+    Arc::new(Model::load(model_path(file)).expect("model loads"))
 }
 
 fn greedy(
