@@ -509,7 +509,7 @@ mod x86 {
         }
     }
 
-    /// Row `r`'s scores of positions `p0..p0 + P` (each the lane sums of its heads'
+    /// One query row's scores of positions `p0..p0 + P` (each the lane sums of its heads'
     /// products, times the scale), stored at `dst[p][..8]` and folded into `max`.
     ///
     /// # Safety
