@@ -164,19 +164,30 @@ impl AffinityReport {
     /// split prefill's layers ([`crate::split`]): the block level's prefill figures, per
     /// row of the profile's chunk. One measured block stands for every layer. The figures
     /// predict a split best when profiled with the split's own threads (`-t 1` and
-    /// `INFERENCE_NUM_THREADS=1` on two cores).
-    pub fn split_costs(&self, precision: &str, device: &str) -> Option<Vec<[f64; 2]>> {
+    /// `INFERENCE_NUM_THREADS=1` on two cores). Without a valid figure for both, says
+    /// what is missing: not profiled, or the cell's problem.
+    pub fn split_costs(&self, precision: &str, device: &str) -> Result<Vec<[f64; 2]>, String> {
         let per_row = |d: &str| {
-            self.find(
-                Level::Block,
-                Stage::Prefill,
-                "block",
-                &(d.to_string(), precision.to_string()),
-            )
-            .map(|c| c.seconds / self.plan.seq as f64)
-            .filter(|s| *s > 0.0)
+            let target = (d.to_string(), precision.to_string());
+            if let Some(c) = self.find(Level::Block, Stage::Prefill, "block", &target) {
+                let seconds = c.seconds / self.plan.seq as f64;
+                return (seconds > 0.0)
+                    .then_some(seconds)
+                    .ok_or_else(|| format!("{d}'s block took no time"));
+            }
+            let problem = self.invalid.iter().find_map(|c| {
+                let same =
+                    c.level == Level::Block && c.stage == Stage::Prefill && c.unit == "block";
+                (same && (&c.device, &c.precision) == (&target.0, &target.1))
+                    .then_some(c.problem.as_deref())
+                    .flatten()
+            });
+            Err(match problem {
+                Some(problem) => format!("{d}'s block is invalid: {problem}"),
+                None => format!("{d}'s block was not profiled"),
+            })
         };
-        Some(vec![[per_row("cpu")?, per_row(device)?]; self.n_layer])
+        Ok(vec![[per_row("cpu")?, per_row(device)?]; self.n_layer])
     }
 
     /// Seconds per prompt token (prefill) or per step (decode) by `level`.
@@ -346,7 +357,10 @@ mod tests {
     #[test]
     fn split_costs_are_each_blocks_seconds_per_row_on_both_executors() {
         let mut r = report();
-        assert_eq!(r.split_costs("int8", "b"), None, "no cpu figures");
+        assert_eq!(
+            r.split_costs("int8", "b"),
+            Err("cpu's block was not profiled".to_string())
+        );
         for c in &mut r.cells {
             if c.device == "a" {
                 c.device = "cpu".into();
@@ -354,8 +368,18 @@ mod tests {
         }
         assert_eq!(
             r.split_costs("int8", "b"),
-            Some(vec![[1.0 / 100.0, 3.0 / 100.0]; 4])
+            Ok(vec![[1.0 / 100.0, 3.0 / 100.0]; 4])
         );
-        assert_eq!(r.split_costs("f32", "b"), None);
+        assert!(r.split_costs("f32", "b").is_err());
+        let block = r.cells.iter().position(|c| {
+            (c.device.as_str(), c.level, c.stage) == ("b", Level::Block, Stage::Prefill)
+        });
+        let mut invalid = r.cells.remove(block.unwrap());
+        invalid.problem = Some("logits differ".into());
+        r.invalid.push(invalid);
+        assert_eq!(
+            r.split_costs("int8", "b"),
+            Err("b's block is invalid: logits differ".to_string())
+        );
     }
 }

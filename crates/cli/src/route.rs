@@ -1,10 +1,10 @@
 //! `--device`, `--prefill-device`, `--decode-device`: which backend runs each stage.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use pyramid_affinity::hetero::HeteroBackend;
 use pyramid_affinity::predict::Placement;
@@ -41,9 +41,14 @@ pub struct RouteArgs {
     /// figures (profile with the split's threads: `-t 1 --ov-option INFERENCE_NUM_THREADS=1`).
     #[arg(long, value_name = "FILE")]
     pub affinity: Option<PathBuf>,
+    /// The `--affinity` file once read: placing an `auto` stage and a split's layers
+    /// both read it.
+    #[arg(skip)]
+    profile: OnceLock<AffinityReport>,
 }
 
-/// `--speculative`, `--draft-tokens`: prompt-lookup speculative decoding.
+/// `--speculative`, `--draft-tokens`, `--draft-pass-rows`: prompt-lookup speculative
+/// decoding.
 #[derive(Args, Debug, Clone)]
 pub struct SpeculativeArgs {
     /// Decoding with drafts looked up in the conversation's own tokens (ngram), verified
@@ -217,7 +222,7 @@ impl RouteArgs {
         let Some(path) = &self.affinity else {
             bail!("a device of 'auto' is placed from a profile: give --affinity FILE (written by `pyramid affinity --out FILE`)");
         };
-        let profile = read_profile(path, model)?;
+        let profile = self.profile(path, model)?;
         let (prompt, n_gen) = work.unwrap_or((profile.plan.seq, profile.plan.n_gen));
         let Some(placement) = profile.place(precision.name(), prompt, n_gen) else {
             bail!(
@@ -270,6 +275,28 @@ impl RouteArgs {
             path.display()
         );
         Ok(Some(placement))
+    }
+
+    /// Prefill on `prefill` and decode on `decode`, with no OpenVINO options or profile.
+    pub fn for_stages(prefill: String, decode: String) -> Self {
+        Self {
+            device: prefill.clone(),
+            prefill_device: Some(prefill),
+            decode_device: Some(decode),
+            ov_options: Vec::new(),
+            affinity: None,
+            profile: OnceLock::new(),
+        }
+    }
+
+    /// The `--affinity` profile at `path`, which must profile `model`; read once (every
+    /// caller passes the model named on the command line).
+    fn profile(&self, path: &Path, model: &str) -> Result<&AffinityReport> {
+        if let Some(profile) = self.profile.get() {
+            return Ok(profile);
+        }
+        let profile = read_profile(path, model)?;
+        Ok(self.profile.get_or_init(|| profile))
     }
 
     fn stages(&self) -> Result<(String, String)> {
@@ -338,14 +365,15 @@ impl RouteArgs {
                     let costs = match &self.affinity {
                         Some(path) => {
                             let precision = loaded.model.precision.name();
-                            let costs = read_profile(path, model)?
+                            let costs = self
+                                .profile(path, model)?
                                 .split_costs(precision, &format!("ov:{device}"));
-                            let Some(costs) = costs else {
-                                bail!(
-                                    "{} has no valid {precision} prefill block figures for both cpu and ov:{device}: profile them with `pyramid affinity -m {model} --devices cpu,ov:{device} --precision {precision} --stage prefill -t 1 --ov-option INFERENCE_NUM_THREADS=1`",
+                            let costs = costs.map_err(|why| {
+                                anyhow!(
+                                    "{} has no valid {precision} prefill block figures for both cpu and ov:{device} ({why}): profile them with `pyramid affinity -m {model} --devices cpu,ov:{device} --precision {precision} --stage prefill -t 1 --ov-option INFERENCE_NUM_THREADS=1`",
                                     path.display()
-                                );
-                            };
+                                )
+                            })?;
                             Some(costs)
                         }
                         None => None,

@@ -583,7 +583,11 @@ fn a_prediction_file_drafts_the_reply_without_changing_it() {
         s["drafted_tokens"].as_u64().unwrap(),
         s["verify_passes"].as_u64().unwrap(),
     );
-    assert!(drafted > 0 && drafted <= 2 * verify_passes, "{s}");
+    // Some pass verified two: the room is cut to, not below, three rows.
+    assert!(
+        drafted > verify_passes && drafted <= 2 * verify_passes,
+        "{s}"
+    );
     let out = pyramid(
         &[
             "run",

@@ -380,7 +380,9 @@ impl Engine {
 }
 
 /// The drafts a pass with room for `room` more rows verifies: the best-accepted
-/// sequences' first, each cut to the room left (a draft's prefix is a draft too).
+/// sequences' first (ties in running order), each cut to the room left (a draft's prefix
+/// is a draft too). A sequence left out keeps its rank, so it drafts again once the
+/// leaders' acceptance falls or the batch thins.
 fn fit_drafts(
     mut proposed: Vec<(RequestId, Vec<u32>, f64)>,
     mut room: usize,

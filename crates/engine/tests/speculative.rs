@@ -243,7 +243,7 @@ fn drafts_stay_within_the_rows_a_pass_has_room_for() {
         e.add_request(r);
     }
     let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
-    let (mut steps_with_drafts, mut busy_steps) = (0, 0);
+    let (mut steps_with_drafts, mut filled_by_drafts, mut busy_steps) = (0, 0, 0);
     while e.has_work() {
         for event in e.step(&pool) {
             match event {
@@ -261,6 +261,9 @@ fn drafts_stay_within_the_rows_a_pass_has_room_for() {
                 "{rows} rows and {} draft tokens in a pass of at most {pass_rows}",
                 step.n_drafted
             );
+            if rows + step.n_drafted == pass_rows {
+                filled_by_drafts += 1;
+            }
         }
         if rows >= pass_rows {
             busy_steps += 1;
@@ -270,6 +273,10 @@ fn drafts_stay_within_the_rows_a_pass_has_room_for() {
         assert_eq!(&tokens[&(i as u64)], want, "request {i}");
     }
     assert!(steps_with_drafts > 0, "no pass had room for a draft");
+    assert!(
+        filled_by_drafts > 0,
+        "drafts never filled a pass's room (cut, not dropped)"
+    );
     assert!(
         busy_steps > 0,
         "no pass filled its rows (the prefills should)"

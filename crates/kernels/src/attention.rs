@@ -706,6 +706,89 @@ mod x86 {
         let hi = _mm256_permute2f128_ps::<0x31>(s0123, s4567);
         _mm256_add_ps(lo, hi)
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::test_support::random;
+
+        /// Rows of `q` through [`rows`] with `P` positions and `Z` column chunks at once.
+        fn run<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
+            q: &[Vec<f32>],
+            cache: &Cache<'_, T>,
+            first_len: usize,
+        ) -> Vec<Vec<f32>> {
+            let q_rows: Vec<&[f32]> = q.iter().map(Vec::as_slice).collect();
+            let mut out = vec![vec![f32::NAN; q[0].len()]; q.len()];
+            let mut outs: Vec<&mut [f32]> = out.iter_mut().map(Vec::as_mut_slice).collect();
+            // SAFETY: the caller checked AVX2, FMA and F16C; `check` gives a head_dim that
+            // is a multiple of 8, NQ heads per row and a cache of exactly the last row's
+            // positions.
+            unsafe {
+                rows::<T, NQ, P, Z>(
+                    &q_rows,
+                    cache,
+                    first_len,
+                    0.3,
+                    &mut Vec::new(),
+                    &mut outs,
+                    false,
+                )
+            };
+            out
+        }
+
+        /// `rows::<NQ, P, Z>` equals `rows::<NQ, 1, 1>` bit for bit on f32 and INT8
+        /// caches, across value blocks, with position groups and column chunks left over.
+        fn check<const NQ: usize, const P: usize, const Z: usize>() {
+            let (head_dim, first_len, n_rows) = (40, 70, 5);
+            let n_pos = first_len + n_rows - 1;
+            let q: Vec<Vec<f32>> = (0..n_rows)
+                .map(|r| random(NQ * head_dim, 10 + r as u64))
+                .collect();
+            let (keys, values) = (random(n_pos * head_dim, 1), random(n_pos * head_dim, 2));
+            let to_i8 = |v: &[f32]| -> Vec<i8> { v.iter().map(|x| (x * 127.0) as i8).collect() };
+            let (keys_q, values_q) = (to_i8(&keys), to_i8(&values));
+            let scales: Vec<f32> = random(n_pos, 3).iter().map(|s| s.abs() + 0.01).collect();
+            let f32_cache = Cache {
+                keys: &keys[..],
+                key_scales: None,
+                values: &values[..],
+                value_scales: None,
+                head_dim,
+            };
+            let i8_cache = Cache {
+                keys: &keys_q[..],
+                key_scales: Some(&scales[..]),
+                values: &values_q[..],
+                value_scales: Some(&scales[..]),
+                head_dim,
+            };
+            assert_eq!(
+                run::<_, NQ, P, Z>(&q, &f32_cache, first_len),
+                run::<_, NQ, 1, 1>(&q, &f32_cache, first_len),
+                "f32, {NQ} heads, P={P}, Z={Z}"
+            );
+            assert_eq!(
+                run::<_, NQ, P, Z>(&q, &i8_cache, first_len),
+                run::<_, NQ, 1, 1>(&q, &i8_cache, first_len),
+                "int8, {NQ} heads, P={P}, Z={Z}"
+            );
+        }
+
+        #[test]
+        fn positions_and_columns_taken_together_change_no_bit() {
+            if !crate::isa::Isa::available().contains(&crate::isa::Isa::Avx2) {
+                return;
+            }
+            check::<1, 8, 8>();
+            check::<2, 4, 4>();
+            check::<3, 3, 2>();
+            check::<4, 2, 2>();
+            check::<6, 2, 1>();
+            check::<3, 5, 3>();
+        }
+    }
 }
 
 #[cfg(test)]

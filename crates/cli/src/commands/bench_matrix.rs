@@ -372,13 +372,8 @@ fn matrix(args: MatrixArgs) -> Result<()> {
         let loaded = &ctx.models[&model_key];
         let route_key = (key.model.clone(), key.precision.clone(), key.route());
         if !ctx.routes.contains_key(&route_key) {
-            let route_args = RouteArgs {
-                device: key.prefill_device.clone(),
-                prefill_device: Some(key.prefill_device.clone()),
-                decode_device: Some(key.decode_device.clone()),
-                ov_options: Vec::new(),
-                affinity: None,
-            };
+            let route_args =
+                RouteArgs::for_stages(key.prefill_device.clone(), key.decode_device.clone());
             let route = route_args.build(&key.model, loaded, loaded.f32_model.as_ref())?;
             ctx.routes.insert(route_key.clone(), route);
         }
