@@ -25,7 +25,7 @@ fn integer_gemm(c: &mut Criterion) {
     let (w8, w4) = (PackedI8::quantize(&w, N, K), PackedI4::quantize(&w, N, K));
     let mut group = c.benchmark_group("gemm");
     group.sample_size(20);
-    for m in [1, 8, 128] {
+    for m in [1, 8, 32, 128] {
         let mut a = QuantizedRows::default();
         a.quantize(&values(m * K, 2), m, K, w8.k_pad);
         let mut out = vec![0.0; m * N];

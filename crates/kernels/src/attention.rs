@@ -242,10 +242,10 @@ pub fn attend_rows_with(
     let kv = kv.prefix(last_len, head_dim);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for both `Isa::Avx2` and
-        // `Isa::Avx512`; the shapes were checked above, and every row sees a position.
-        Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
-            let wide = isa == Isa::Avx512 && head_dim.is_multiple_of(16);
+        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
+        // family above it; the shapes were checked above, and every row sees a position.
+        Isa::Amx | Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
+            let wide = isa >= Isa::Avx512 && head_dim.is_multiple_of(16);
             x86::attend_rows(q, head_dim, kv, first_len, scale, scratch, out, wide)
         },
         _ => {

@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avx512")]
+    #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avx512, amx")]
     UnknownIsa(String),
     #[error(
         "PYRAMID_ISA={requested} was requested but this CPU lacks it (best available: {available})"
@@ -24,6 +24,9 @@ pub enum Isa {
     Avx2,
     /// AVX-512 F/BW/VL (+ VNNI where present, used by the integer kernels).
     Avx512,
+    /// AVX-512 with VNNI and the AMX-INT8 tile unit (Sapphire Rapids and later): the INT8
+    /// GEMM of prefill-sized batches runs on tiles, everything else as [`Isa::Avx512`].
+    Amx,
 }
 
 impl Isa {
@@ -32,6 +35,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -40,12 +44,18 @@ impl Isa {
             "scalar" => Ok(Isa::Scalar),
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512),
+            "amx" => Ok(Isa::Amx),
             _ => Err(KernelError::UnknownIsa(s.to_string())),
         }
     }
 
     /// The best family this CPU supports.
     pub fn detect() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(Isa::probe)
+    }
+
+    fn probe() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx512f")
@@ -55,7 +65,12 @@ impl Isa {
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
             {
-                return Isa::Avx512;
+                let vnni = is_x86_feature_detected!("avx512vnni");
+                return if vnni && crate::int8::amx::enable() {
+                    Isa::Amx
+                } else {
+                    Isa::Avx512
+                };
             }
             if is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
@@ -80,7 +95,7 @@ impl Isa {
     /// Every family usable on this CPU; tests run each against the scalar oracle.
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
             .into_iter()
             .filter(|&isa| isa <= best)
             .collect()

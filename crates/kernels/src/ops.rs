@@ -46,8 +46,8 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { dot_avx512(a, b) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe { dot_avx512(a, b) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { dot_avx2(a, b) },
@@ -95,8 +95,8 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
     debug_assert_eq!(x.len(), y.len());
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { axpy_avx512(y, alpha, x) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe { axpy_avx512(y, alpha, x) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { axpy_avx2(y, alpha, x) },
@@ -176,7 +176,7 @@ pub unsafe fn outlier_product_cols_with(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and F16C for both; shapes checked above.
-        Isa::Avx512 | Isa::Avx2 => outlier_product_avx2(x, n_o, w, out, n_out, cols),
+        Isa::Amx | Isa::Avx512 | Isa::Avx2 => outlier_product_avx2(x, n_o, w, out, n_out, cols),
         _ => outlier_product_scalar(x, n_o, w, out, n_out, cols),
     }
 }
@@ -277,8 +277,8 @@ pub fn attention_scores(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>)
     out.clear();
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { scores_avx512(q, keys, scale, out) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe { scores_avx512(q, keys, scale, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { scores_avx2(q, keys, scale, out) },
@@ -312,8 +312,8 @@ pub fn weighted_sum(weights: &[f32], values: &[f32], out: &mut [f32]) {
     out.fill(0.0);
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { weighted_sum_avx512(weights, values, out) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe { weighted_sum_avx512(weights, values, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { weighted_sum_avx2(weights, values, out) },
@@ -351,8 +351,8 @@ pub fn attention_scores_i8(
     out.clear();
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { scores_i8_avx512(q, keys, key_scales, scale, out) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe { scores_i8_avx512(q, keys, key_scales, scale, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { scores_i8_avx2(q, keys, key_scales, scale, out) },
@@ -414,8 +414,10 @@ pub fn weighted_sum_i8(weights: &[f32], values: &[i8], value_scales: &[f32], out
     out.fill(0.0);
     match isa::active() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512` is only selected when the CPU has AVX-512F.
-        Isa::Avx512 => unsafe { weighted_sum_i8_avx512(weights, values, value_scales, out) },
+        // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F.
+        Isa::Avx512 | Isa::Amx => unsafe {
+            weighted_sum_i8_avx512(weights, values, value_scales, out)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
         Isa::Avx2 => unsafe { weighted_sum_i8_avx2(weights, values, value_scales, out) },
@@ -533,7 +535,7 @@ pub fn silu_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
-        Isa::Avx2 | Isa::Avx512 => unsafe { silu_mul_avx2(gate, up) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { silu_mul_avx2(gate, up) },
         _ => silu_mul_scalar(gate, up),
     }
 }
@@ -574,7 +576,7 @@ pub fn gelu_tanh_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
-        Isa::Avx2 | Isa::Avx512 => unsafe { gelu_tanh_mul_avx2(gate, up) },
+        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { gelu_tanh_mul_avx2(gate, up) },
         _ => gelu_tanh_mul_scalar(gate, up),
     }
 }

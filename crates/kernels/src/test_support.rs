@@ -31,6 +31,17 @@ pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 8] = [
 pub const L2_CROSSING_GEMM_SHAPES: [(usize, usize, usize); 3] =
     [(5, 112, 4864), (3, 208, 4864), (1, 896, 4864)];
 
+/// `(m, k, n)` of batches from 8 rows: whole and partial 16-row AMX tiles, one and two
+/// tiles per pass, an odd last weight block, and (the last) weights crossing an L2 chunk.
+pub const PREFILL_GEMM_SHAPES: [(usize, usize, usize); 6] = [
+    (8, 64, 40),
+    (16, 32, 16),
+    (17, 96, 33),
+    (32, 64, 48),
+    (45, 576, 67),
+    (40, 112, 4864),
+];
+
 /// A packed integer weight format, as the GEMM tests drive it: the same checks hold for
 /// INT8 and INT4.
 pub trait PackedGemm: Sized {

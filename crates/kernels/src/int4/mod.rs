@@ -234,9 +234,9 @@ pub unsafe fn gemm_i4_cols(
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for both `Isa::Avx2` and
-        // `Isa::Avx512`.
-        Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),
+        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
+        // family above it.
+        Isa::Amx | Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),
         _ => reference::gemm_blocks_scalar(a, w, out, blocks),
     }
 }

@@ -25,7 +25,10 @@ const L2_CHUNK_BYTES: usize = 512 * 1024;
 
 /// Splits `blocks` (of `block_bytes` packed weights each) into runs that fit in
 /// [`L2_CHUNK_BYTES`] (even-sized, so VNNI's block pairs stay whole).
-fn block_chunks(blocks: Range<usize>, block_bytes: usize) -> impl Iterator<Item = Range<usize>> {
+pub(super) fn block_chunks(
+    blocks: Range<usize>,
+    block_bytes: usize,
+) -> impl Iterator<Item = Range<usize>> {
     let per_chunk = (L2_CHUNK_BYTES / block_bytes.max(1)).max(2) & !1;
     (blocks.start..blocks.end)
         .step_by(per_chunk)

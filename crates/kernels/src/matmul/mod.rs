@@ -81,8 +81,8 @@ pub unsafe fn matmul_cols<W: WeightElem>(
         let block = block_start..(block_start + N_BLOCK).min(cols.end);
         match isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Isa::Avx512` is only ever selected when the CPU has it.
-            Isa::Avx512 => x86::matmul_cols_avx512(a, w, out, m, k, n, block),
+            // SAFETY: `Isa::Avx512` and `Isa::Amx` are only ever selected when the CPU has AVX-512F.
+            Isa::Avx512 | Isa::Amx => x86::matmul_cols_avx512(a, w, out, m, k, n, block),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only ever selected when the CPU has AVX2 and FMA.
             Isa::Avx2 => x86::matmul_cols_avx2(a, w, out, m, k, n, block),
