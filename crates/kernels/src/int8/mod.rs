@@ -186,8 +186,9 @@ pub fn quantize_blocks_excluding(
 }
 
 /// As [`quantize_blocks_excluding`] with an explicit ISA. Every token's activations go
-/// through this at each projection site, so whole blocks with no excluded channel (nearly
-/// all of them) take a vector path, which gives the scalar one's bytes and scales exactly.
+/// through this at each projection site, so every block takes a vector path (a block with
+/// excluded channels, or the short last one, as a copy with zeros there), which gives the
+/// scalar one's bytes and scales exactly.
 pub fn quantize_blocks_excluding_with(
     isa: Isa,
     x: &[f32],
@@ -200,6 +201,30 @@ pub fn quantize_blocks_excluding_with(
     isa.assert_supported();
     out[x.len()..k_pad].fill(0);
     let mut excluded = excluded.iter().copied().peekable();
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let mut zeroed = [0.0f32; BLOCK_K];
+        for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
+            let (start, end) = (b * BLOCK_K, b * BLOCK_K + xb.len());
+            let whole = xb.len() == BLOCK_K && excluded.peek().is_none_or(|&c| c >= end);
+            let block = if whole {
+                xb
+            } else {
+                // Excluded channels and padding as zeros: they leave the scale and quantise
+                // to zero, which is what the scalar path below gives them.
+                zeroed = [0.0; BLOCK_K];
+                zeroed[..xb.len()].copy_from_slice(xb);
+                while let Some(c) = excluded.next_if(|&c| c < end) {
+                    zeroed[c - start] = 0.0;
+                }
+                &zeroed
+            };
+            // SAFETY: `Isa::detect` requires AVX2 for `Isa::Avx2` and every family above;
+            // `block` is whole, and so is `qb` (`out` holds `k_pad`).
+            scales[b] = unsafe { x86::quantize_block_avx2(block, qb) };
+        }
+        return;
+    }
     for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
         let start = b * BLOCK_K;
         let mut skipped = [false; BLOCK_K];
@@ -207,12 +232,6 @@ pub fn quantize_blocks_excluding_with(
         while let Some(c) = excluded.next_if(|&c| c < start + xb.len()) {
             skipped[c - start] = true;
             any_skipped = true;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if !any_skipped && xb.len() == BLOCK_K && isa >= Isa::Avx2 {
-            // SAFETY: `Isa::detect` requires AVX2 for both; the block is whole.
-            scales[b] = unsafe { x86::quantize_block_avx2(xb, qb) };
-            continue;
         }
         let mut max = 0.0f32;
         for (v, skip) in xb.iter().zip(skipped) {
@@ -493,7 +512,11 @@ mod tests {
         x[75] = -0.0;
         x[100] = f32::NAN;
         x[130] = f32::INFINITY; // a block that cannot be scaled
-        let excluded = [3, 200];
+                                // Excluded: an infinity and the largest value (left out of their blocks' scales),
+                                // and a channel of the short last block.
+        let excluded = [3, 200, 226];
+        x[3] = f32::INFINITY;
+        x[200] = -5000.0;
         let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
         let run = |isa| {
             let (mut q, mut s) = (vec![7i8; k_pad], vec![-1.0f32; k_pad / BLOCK_K]);
