@@ -219,9 +219,16 @@ pub fn quantize_blocks_excluding_with(
                 }
                 &zeroed
             };
-            // SAFETY: `Isa::detect` requires AVX2 for `Isa::Avx2` and every family above;
-            // `block` is whole, and so is `qb` (`out` holds `k_pad`).
-            scales[b] = unsafe { x86::quantize_block_avx2(block, qb) };
+            // SAFETY: `Isa::detect` requires AVX2 for `Isa::Avx2` and every family above,
+            // and AVX-512F for `Isa::Avx512` and above; `block` is whole, and so is `qb`
+            // (`out` holds `k_pad`).
+            scales[b] = unsafe {
+                if isa >= Isa::Avx512 {
+                    x86::quantize_block_avx512(block, qb)
+                } else {
+                    x86::quantize_block_avx2(block, qb)
+                }
+            };
         }
         return;
     }

@@ -299,3 +299,43 @@ pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
     _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered);
     max / 127.0
 }
+
+/// As [`quantize_block_avx2`], the block in two AVX-512 vectors: the same operations on
+/// each value, so the same bytes and scale.
+///
+/// # Safety
+/// The CPU has AVX-512F; `x` and `q` hold at least [`super::BLOCK_K`] elements.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+    debug_assert!(x.len() >= super::BLOCK_K && q.len() >= super::BLOCK_K);
+    let v = [0, 16].map(|i| _mm512_loadu_ps(x.as_ptr().add(i)));
+    let mut max = _mm512_setzero_ps();
+    for vi in v {
+        // A NaN lane keeps `max` (the second operand), as `f32::max` ignores NaN.
+        max = _mm512_max_ps(_mm512_abs_ps(vi), max);
+    }
+    let max = _mm512_reduce_max_ps(max);
+    if max == 0.0 || !max.is_finite() {
+        q[..super::BLOCK_K].fill(0);
+        return 0.0;
+    }
+    let inv = _mm512_set1_ps(127.0 / max);
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let sign_bit = _mm512_set1_epi32(i32::MIN);
+    for (i, vi) in v.into_iter().enumerate() {
+        let scaled = _mm512_mul_ps(vi, inv);
+        let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(scaled, scaled);
+        let scaled = _mm512_maskz_mov_ps(ordered, scaled);
+        let scaled = _mm512_min_ps(_mm512_max_ps(scaled, lo), hi);
+        let half = _mm512_or_si512(
+            _mm512_and_si512(_mm512_castps_si512(scaled), sign_bit),
+            _mm512_castps_si512(_mm512_set1_ps(0.5)),
+        );
+        let rounded = _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_castsi512_ps(half)));
+        _mm_storeu_si128(
+            q.as_mut_ptr().add(16 * i).cast(),
+            _mm512_cvtsepi32_epi8(rounded),
+        );
+    }
+    max / 127.0
+}
