@@ -203,7 +203,7 @@ pub fn quantize_blocks_excluding_with(
     let mut excluded = excluded.iter().copied().peekable();
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        let mut zeroed = [0.0f32; BLOCK_K];
+        let mut zeroed: [f32; BLOCK_K];
         for (b, (xb, qb)) in x.chunks(BLOCK_K).zip(out.chunks_mut(BLOCK_K)).enumerate() {
             let (start, end) = (b * BLOCK_K, b * BLOCK_K + xb.len());
             let whole = xb.len() == BLOCK_K && excluded.peek().is_none_or(|&c| c >= end);
