@@ -34,8 +34,9 @@ use crate::ops::{
 /// Query heads one call takes at most: the lanes of one AVX2 register of scores.
 pub const MAX_GROUP: usize = 8;
 
-/// Query rows [`attend_rows`] takes at most.
-pub const MAX_ROWS: usize = 8;
+/// Query rows [`attend_rows`] takes at most: each block reads its KV head's cache once.
+/// 16 rather than 8 made prefill 3-6 % faster on Sapphire Rapids (pp512, both models).
+pub const MAX_ROWS: usize = 16;
 
 /// Value positions read once for every query row of a block.
 pub const VALUE_BLOCK: usize = 64;
@@ -304,6 +305,7 @@ mod x86 {
 
     use super::{KvRows, MAX_GROUP, MAX_ROWS};
     use crate::ops::exp_avx2 as exp256;
+    use crate::ops::exp_avx512 as exp512;
 
     /// A cache element type: eight of them widen to one f32 vector.
     trait Widen: Copy {
@@ -471,17 +473,12 @@ mod x86 {
         // exp(s - max) in place, a value row's scale folded in; the sum stays unscaled.
         let mut inv = [[0.0f32; 8]; MAX_ROWS];
         for r in 0..n_rows {
-            let mut sum = _mm256_setzero_ps();
-            for p in 0..len(r) {
-                let at = row_scores(r).add(p * 8);
-                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max[r]));
-                sum = _mm256_add_ps(sum, e);
-                let weight = match cache.value_scales {
-                    Some(s) => _mm256_mul_ps(e, _mm256_set1_ps(*s.get_unchecked(p))),
-                    None => e,
-                };
-                _mm256_storeu_ps(at, weight);
-            }
+            let (at, value_scales) = (row_scores(r), cache.value_scales);
+            let sum = if wide {
+                exponentiate_wide(at, len(r), max[r], value_scales)
+            } else {
+                exponentiate(at, 0, len(r), max[r], value_scales, _mm256_setzero_ps())
+            };
             _mm256_storeu_ps(inv[r].as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
         }
 
@@ -507,6 +504,73 @@ mod x86 {
                 }
             }
         }
+    }
+
+    /// Replaces one row's scores of positions `from..to` (`scores[p][..8]`) by `exp(s - max)`
+    /// times the position's value scale, if any; returns `sum` plus the exponentials, added
+    /// in position order.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `scores` holds the positions, `value_scales` (if any) too.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn exponentiate(
+        scores: *mut f32,
+        from: usize,
+        to: usize,
+        max: __m256,
+        value_scales: Option<&[f32]>,
+        mut sum: __m256,
+    ) -> __m256 {
+        for p in from..to {
+            let at = scores.add(p * 8);
+            let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max));
+            sum = _mm256_add_ps(sum, e);
+            let weight = match value_scales {
+                Some(s) => _mm256_mul_ps(e, _mm256_set1_ps(*s.get_unchecked(p))),
+                None => e,
+            };
+            _mm256_storeu_ps(at, weight);
+        }
+        sum
+    }
+
+    /// [`exponentiate`] of positions `0..len`, two positions to a 16-wide vector: the same
+    /// operations per lane, and the sum still taken one position after the other.
+    ///
+    /// # Safety
+    /// As [`exponentiate`], and the CPU has AVX-512F.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn exponentiate_wide(
+        scores: *mut f32,
+        len: usize,
+        max: __m256,
+        value_scales: Option<&[f32]>,
+    ) -> __m256 {
+        let max2 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(max)));
+        let mut sum = _mm256_setzero_ps();
+        let pairs = len / 2 * 2;
+        for p in (0..pairs).step_by(2) {
+            let at = scores.add(p * 8);
+            let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(at), max2));
+            let first = _mm512_castps512_ps256(e);
+            let second = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(e)));
+            sum = _mm256_add_ps(_mm256_add_ps(sum, first), second);
+            let weight = match value_scales {
+                Some(s) => _mm512_mul_ps(
+                    e,
+                    _mm512_mask_blend_ps(
+                        0xFF00,
+                        _mm512_set1_ps(*s.get_unchecked(p)),
+                        _mm512_set1_ps(*s.get_unchecked(p + 1)),
+                    ),
+                ),
+                None => e,
+            };
+            _mm512_storeu_ps(at, weight);
+        }
+        exponentiate(scores, pairs, len, max, value_scales, sum)
     }
 
     /// One query row's scores of positions `p0..p0 + P` (each the lane sums of its heads'
@@ -545,7 +609,7 @@ mod x86 {
             let row_scale = cache
                 .key_scales
                 .map_or(scale, |s| scale * *s.get_unchecked(p));
-            let s = _mm256_mul_ps(sum_lanes(acc_i), _mm256_set1_ps(row_scale));
+            let s = _mm256_mul_ps(sum_lanes::<NQ>(acc_i), _mm256_set1_ps(row_scale));
             _mm256_storeu_ps(dst.add(p * 8), s);
             *max = _mm256_max_ps(*max, s);
         }
@@ -691,15 +755,25 @@ mod x86 {
         }
     }
 
-    /// The eight horizontal sums of `acc`, lane `h` holding `Σ acc[h]`.
+    /// The eight horizontal sums of `acc`, lane `h` holding `Σ acc[h]`, where the heads
+    /// from `NQ` on are zero. Lanes 0–3 come from heads 0–3 alone and lanes 4–7 from
+    /// heads 4–7, so with four heads or fewer the upper half is a sum of zeros (zero) and
+    /// is not computed: half the shuffles of a score, bit for bit the same lanes.
     #[target_feature(enable = "avx2")]
     #[inline]
-    unsafe fn sum_lanes(acc: &[__m256; 8]) -> __m256 {
+    unsafe fn sum_lanes<const NQ: usize>(acc: &[__m256; 8]) -> __m256 {
         let s01 = _mm256_hadd_ps(acc[0], acc[1]);
         let s23 = _mm256_hadd_ps(acc[2], acc[3]);
+        let s0123 = _mm256_hadd_ps(s01, s23);
+        if NQ <= 4 {
+            let halves = _mm_add_ps(
+                _mm256_castps256_ps128(s0123),
+                _mm256_extractf128_ps::<1>(s0123),
+            );
+            return _mm256_zextps128_ps256(halves);
+        }
         let s45 = _mm256_hadd_ps(acc[4], acc[5]);
         let s67 = _mm256_hadd_ps(acc[6], acc[7]);
-        let s0123 = _mm256_hadd_ps(s01, s23);
         let s4567 = _mm256_hadd_ps(s45, s67);
         // Each 128-bit half now holds partial sums of heads 0-3 / 4-7 in lane order.
         let lo = _mm256_permute2f128_ps::<0x20>(s0123, s4567);
