@@ -27,6 +27,7 @@ OUT=""
 LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 OV_GENAI_SPEC="${OV_GENAI_SPEC:-openvino-genai}"
 OV_FILE=own
+LLAMA_ARGS=""
 PYRAMID_BIN="${PYRAMID_BIN:-$REPO_ROOT/target/release/pyramid}"
 PYRAMID_HOME_DIR="${PYRAMID_HOME:-$HOME/.cache/pyramid}"
 PEERS_DIR="$PYRAMID_HOME_DIR/peers"
@@ -60,6 +61,8 @@ Options:
   --skip-pyramid          Do not run pyramid
   --ov-file own|q8_0      GGUF file OpenVINO GenAI reads: the model's own
                           quantisation or the Q8_0 copy [default: $OV_FILE]
+  --llama-args "ARGS"     Extra llama-bench arguments, split on spaces; e.g.
+                          "--repack 0" where its AMX repacking crashes
   --out FILE              Raw results JSON [default: benchmarks/peers-<date>.json]
   --llama-cpp-python VER  llama-cpp-python sdist whose vendored llama.cpp is
                           built, or "latest" [default: $LLAMA_CPP_PYTHON_VERSION]
@@ -102,6 +105,7 @@ while [[ $# -gt 0 ]]; do
         --skip-llama) SKIP_LLAMA=1; shift ;;
         --skip-pyramid) SKIP_PYRAMID=1; shift ;;
         --ov-file) need_arg "$@"; OV_FILE="$2"; shift 2 ;;
+        --llama-args) need_arg "$@"; LLAMA_ARGS="$2"; shift 2 ;;
         --out) need_arg "$@"; OUT="$2"; shift 2 ;;
         --llama-cpp-python) need_arg "$@"; LLAMA_CPP_PYTHON_VERSION="$2"; shift 2 ;;
         --build-only) BUILD_ONLY=1; shift ;;
@@ -429,6 +433,8 @@ run_engine() { # run_engine REP MODEL_INDEX ENGINE
             local file="${M_PATH[$i]}"
             [[ "$engine" == llama-q8_0 ]] && file="${M_Q8[$i]}"
             cmd=("$LLAMA_BENCH" -m "$file" -t "$THREADS" -p "$N_PROMPT" -n "$N_GEN" -r 1 -o json)
+            # shellcheck disable=SC2206 # split on spaces, as documented
+            [[ -n "$LLAMA_ARGS" ]] && cmd+=($LLAMA_ARGS)
             [[ "$N_DEPTH" != 0 ]] && cmd+=(-d "$N_DEPTH")
             ;;
         ov-genai)
