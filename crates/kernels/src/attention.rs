@@ -452,15 +452,18 @@ mod x86 {
         let scores = scratch.as_mut_ptr();
         let row_scores = |r: usize| scores.add(r * n_pos * 8);
 
-        // Scores, and their running maximum per row and head, `P` positions at a time.
+        // Scores, and their running maximum per row and head, `step` positions at a time.
         let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); MAX_ROWS];
-        for p0 in (0..n_pos).step_by(P) {
+        let step = if wide { 2 * wide_pairs(NQ) } else { P };
+        for p0 in (0..n_pos).step_by(step) {
             // Rows from the first whose causal window holds position p0.
             let first_row = (p0 + 1).saturating_sub(first_len);
             for (r, max_r) in max.iter_mut().enumerate().take(n_rows).skip(first_row) {
                 let q_r = q.get_unchecked(r).as_ptr();
-                let seen = (len(r) - p0).min(P);
-                if seen == P {
+                let seen = (len(r) - p0).min(step);
+                if seen == step && wide {
+                    score_pairs_wide::<T, NQ>(q_r, cache, p0, scale, row_scores(r), max_r);
+                } else if seen == step {
                     score_positions::<T, NQ, P>(q_r, cache, p0, scale, row_scores(r), max_r);
                 } else {
                     for p in p0..p0 + seen {
@@ -613,6 +616,121 @@ mod x86 {
             _mm256_storeu_ps(dst.add(p * 8), s);
             *max = _mm256_max_ps(*max, s);
         }
+    }
+
+    /// Position pairs [`score_pairs_wide`] takes at once for a group of `nq` heads: as many
+    /// sums as fit in 32 registers beside the keys.
+    const fn wide_pairs(nq: usize) -> usize {
+        match nq {
+            1..=3 => 4,
+            4..=6 => 2,
+            _ => 1,
+        }
+    }
+
+    /// [`score_positions`] of `2 · wide_pairs(NQ)` positions with AVX-512: two positions
+    /// to a vector, lanes 0–7 the first one's and 8–15 the second's, so every lane is the
+    /// 8-wide path's chain and the lane sums its additions, on half the instructions.
+    ///
+    /// # Safety
+    /// As [`score_positions`], and the CPU has AVX-512 F.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn score_pairs_wide<T: Widen, const NQ: usize>(
+        q_r: *const f32,
+        cache: &Cache<'_, T>,
+        p0: usize,
+        scale: f32,
+        dst: *mut f32,
+        max: &mut __m256,
+    ) {
+        match wide_pairs(NQ) {
+            4 => score_pairs::<T, NQ, 4>(q_r, cache, p0, scale, dst, max),
+            2 => score_pairs::<T, NQ, 2>(q_r, cache, p0, scale, dst, max),
+            _ => score_pairs::<T, NQ, 1>(q_r, cache, p0, scale, dst, max),
+        }
+    }
+
+    /// Two 8-lane vectors as one 16-lane one, `lo` in lanes 0–7.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
+        let lo = _mm512_castpd256_pd512(_mm256_castps_pd(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn score_pairs<T: Widen, const NQ: usize, const PAIRS: usize>(
+        q_r: *const f32,
+        cache: &Cache<'_, T>,
+        p0: usize,
+        scale: f32,
+        dst: *mut f32,
+        max: &mut __m256,
+    ) {
+        let head_dim = cache.head_dim;
+        let keys = cache.keys.as_ptr();
+        let mut acc = [[_mm512_setzero_ps(); 8]; PAIRS];
+        for c in 0..head_dim / 8 {
+            let mut k = [_mm512_setzero_ps(); PAIRS];
+            for (i, k_i) in k.iter_mut().enumerate() {
+                let first = keys.add((p0 + 2 * i) * head_dim + c * 8);
+                *k_i = join(T::load8(first), T::load8(first.add(head_dim)));
+            }
+            for h in 0..NQ {
+                let q_hc = _mm256_loadu_ps(q_r.add(h * head_dim + c * 8));
+                let q_hc = join(q_hc, q_hc);
+                for (acc_i, k_i) in acc.iter_mut().zip(&k) {
+                    acc_i[h] = _mm512_fmadd_ps(q_hc, *k_i, acc_i[h]);
+                }
+            }
+        }
+        for (i, acc_i) in acc.iter().enumerate() {
+            let sums = sum_lane_pairs::<NQ>(acc_i);
+            let halves = [
+                _mm512_castps512_ps256(sums),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums))),
+            ];
+            for (j, half) in halves.into_iter().enumerate() {
+                let p = p0 + 2 * i + j;
+                let row_scale = cache
+                    .key_scales
+                    .map_or(scale, |s| scale * *s.get_unchecked(p));
+                let s = _mm256_mul_ps(half, _mm256_set1_ps(row_scale));
+                _mm256_storeu_ps(dst.add(p * 8), s);
+                *max = _mm256_max_ps(*max, s);
+            }
+        }
+    }
+
+    /// [`sum_lanes`] of two positions at once: `acc[h]` holds head `h`'s sums of the first
+    /// position in lanes 0–7 and of the second in 8–15; so does the result, head `h` in
+    /// lane `h` of each half. The same additions of the same operands as [`sum_lanes`].
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn sum_lane_pairs<const NQ: usize>(acc: &[__m512; 8]) -> __m512 {
+        // `vhaddps` within each 128-bit lane, which AVX-512 lacks: [a0+a1, a2+a3, b0+b1, b2+b3].
+        let hadd = |a: __m512, b: __m512| {
+            _mm512_add_ps(
+                _mm512_shuffle_ps::<0b10_00_10_00>(a, b),
+                _mm512_shuffle_ps::<0b11_01_11_01>(a, b),
+            )
+        };
+        let s0123 = hadd(hadd(acc[0], acc[1]), hadd(acc[2], acc[3]));
+        let s4567 = if NQ <= 4 {
+            _mm512_setzero_ps()
+        } else {
+            hadd(hadd(acc[4], acc[5]), hadd(acc[6], acc[7]))
+        };
+        // 128-bit lanes: s0123 = [A0, A1, B0, B1] (A the first position, B the second),
+        // s4567 = [C0, C1, D0, D1]; the sums are [A0 + A1, B0 + B1, C0 + C1, D0 + D1].
+        let sums = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(s0123, s4567),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(s0123, s4567),
+        );
+        // [A, C, B, D]: the first position's eight heads, then the second's.
+        _mm512_shuffle_f32x4::<0b11_01_10_00>(sums, sums)
     }
 
     /// Each row's softmax weights, `[n_rows][n_pos][8]`, and its heads' `1 / Σ exp`.
@@ -983,6 +1101,8 @@ mod tests {
             (64, 6, 2, 8),
             (64, 3, 1, 8),
             (56, 1, 5, 8),
+            (64, 4, 30, 6),
+            (32, 8, 45, 5),
         ] {
             let n_pos = first_len + n_rows - 1 + 3; // the cache may hold more
             let seed = (head_dim * 1000 + first_len) as u64;
