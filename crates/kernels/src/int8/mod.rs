@@ -519,8 +519,9 @@ mod tests {
         x[75] = -0.0;
         x[100] = f32::NAN;
         x[130] = f32::INFINITY; // a block that cannot be scaled
-                                // Excluded: an infinity and the largest value (left out of their blocks' scales),
-                                // and a channel of the short last block.
+
+        // Excluded: an infinity and the largest value (left out of their blocks' scales),
+        // and a channel of the short last block.
         let excluded = [3, 200, 226];
         x[3] = f32::INFINITY;
         x[200] = -5000.0;
