@@ -364,7 +364,7 @@ mod x86 {
     /// The CPU has AVX2, FMA and F16C; `head_dim` is a multiple of 8; the shapes are as
     /// [`super::attend_rows_with`] checks, with at least one query head, `first_len >= 1`
     /// and `kv` holding exactly the last row's positions. `wide`: the CPU has AVX-512 (F,
-    /// BW, VL) and `head_dim` is a multiple of 16.
+    /// BW, VL) and `head_dim` is a multiple of 16, so the 16-lane paths may run.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn attend_rows(
@@ -431,6 +431,8 @@ mod x86 {
     /// multipliers busy, so the scores take `P` positions and the weighted sums `Z`
     /// eight-wide column chunks at once: more independent chains, and every element still
     /// the same chain in the same order, so the results do not depend on `P` or `Z`.
+    /// `wide` (AVX-512) runs the same chains two positions to a vector: scores in pairs
+    /// ([`score_pairs_wide`]), exponentials and weighted sums 16 lanes at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
