@@ -15,9 +15,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::ops::Range;
-use std::sync::OnceLock;
 
-use super::x86::block_chunks;
+use super::x86::{block_chunks, store_block_row};
 use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 /// Rows of one activation tile (the most a tile holds).
@@ -27,11 +26,11 @@ const ROWS_PER_PASS: usize = 2 * TILE_ROWS;
 /// Bytes of one packed group (a weight tile's row): 16 outputs × 4 `k`.
 const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP;
 
-/// Whether this CPU has AMX-INT8 and the OS lets this process use the tiles (asking for
-/// them on the first call, for every thread of the process).
+/// Whether this CPU has AMX-INT8 and the OS lets this process use the tiles, asking for
+/// them for every thread of the process. [`crate::isa::Isa::detect`] calls it once and
+/// keeps the answer.
 pub(crate) fn enable() -> bool {
-    static GRANTED: OnceLock<bool> = OnceLock::new();
-    *GRANTED.get_or_init(|| cpu_has_amx_int8() && os_grants_tiles())
+    cpu_has_amx_int8() && os_grants_tiles()
 }
 
 fn cpu_has_amx_int8() -> bool {
@@ -270,11 +269,7 @@ unsafe fn pass<const MT: usize, const NB: usize>(
     for (t, acc_t) in acc.iter().enumerate() {
         for (r, acc_tr) in acc_t.iter().enumerate().take(tile_rows[t]) {
             for (j, acc_trj) in acc_tr.iter().enumerate() {
-                let col0 = (block0 + j) * ROWS_PER_BLOCK;
-                let valid = w.n.saturating_sub(col0).min(ROWS_PER_BLOCK);
-                let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
-                let row = row0 + t * TILE_ROWS + r;
-                _mm512_mask_storeu_ps(out.add(row * w.n + col0), mask, *acc_trj);
+                store_block_row(out, w.n, row0 + t * TILE_ROWS + r, block0 + j, *acc_trj);
             }
         }
     }

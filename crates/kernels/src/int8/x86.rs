@@ -125,12 +125,29 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     }
     for (r, acc_r) in acc.iter().enumerate() {
         for (j, acc_rj) in acc_r.iter().enumerate() {
-            let col0 = (block0 + j) * ROWS_PER_BLOCK;
-            let valid = w.n.saturating_sub(col0).min(ROWS_PER_BLOCK);
-            let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
-            _mm512_mask_storeu_ps(out.add((row0 + r) * w.n + col0), mask, *acc_rj);
+            store_block_row(out, w.n, row0 + r, block0 + j, *acc_rj);
         }
     }
+}
+
+/// Stores `row`'s sixteen outputs of weight block `block`, leaving out the columns at or
+/// past `n` (the padding rows of the last block): how the AVX-512 kernels write a tile.
+///
+/// # Safety
+/// The CPU has AVX-512F; `out` points to `[m, n]` floats and holds `row`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) unsafe fn store_block_row(
+    out: *mut f32,
+    n: usize,
+    row: usize,
+    block: usize,
+    acc: __m512,
+) {
+    let col0 = block * ROWS_PER_BLOCK;
+    let valid = n.saturating_sub(col0).min(ROWS_PER_BLOCK);
+    let mask: __mmask16 = ((1u32 << valid) - 1) as __mmask16;
+    _mm512_mask_storeu_ps(out.add(row * n + col0), mask, acc);
 }
 
 /// # Safety
