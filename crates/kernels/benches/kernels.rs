@@ -3,7 +3,7 @@
 //! `cargo bench -p pyramid-kernels`. Uses every core, as a forward pass does.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pyramid_kernels::attention::{attend_group, KvRows};
+use pyramid_kernels::attention::{attend_group, attend_rows, KvRows, MAX_ROWS};
 use pyramid_kernels::int4::{gemm_i4, PackedI4};
 use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
 use pyramid_kernels::ThreadPool;
@@ -78,5 +78,64 @@ fn grouped_attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, integer_gemm, grouped_attention);
+/// One prefill block of [`MAX_ROWS`] consecutive rows at depth 4,096 over one KV head, for
+/// SmolLM2's group of three query heads and Qwen2.5's seven: the attention of a long
+/// prompt's chunk. One thread, as each block is one thread's work item.
+fn prefill_attention(c: &mut Criterion) {
+    let (head_dim, first_len) = (64, 4096);
+    let n_pos = first_len + MAX_ROWS - 1;
+    let keys = values(n_pos * head_dim, 4);
+    let values_f32 = values(n_pos * head_dim, 5);
+    let to_i8 = |v: &[f32]| v.iter().map(|&x| (x * 127.0) as i8).collect::<Vec<_>>();
+    let (keys_i8, values_i8) = (to_i8(&keys), to_i8(&values_f32));
+    let scales = vec![1.0 / 127.0; n_pos];
+    let mut group = c.benchmark_group("prefill_attention");
+    group.sample_size(20);
+    for n_q in [3, 7] {
+        let q = values(MAX_ROWS * n_q * head_dim, 3);
+        let q_rows: Vec<&[f32]> = q.chunks_exact(n_q * head_dim).collect();
+        let mut out = vec![0.0; MAX_ROWS * n_q * head_dim];
+        let mut scratch = Vec::new();
+        // Scores and weighted sums: two multiply-adds per row, head, position and column.
+        let seen: usize = (0..MAX_ROWS).map(|r| first_len + r).sum();
+        group.throughput(Throughput::Elements((2 * n_q * seen * head_dim) as u64));
+        let caches = [
+            (
+                "f32",
+                KvRows::F32 {
+                    keys: &keys,
+                    values: &values_f32,
+                },
+            ),
+            (
+                "int8",
+                KvRows::Int8 {
+                    keys: &keys_i8,
+                    key_scales: &scales,
+                    values: &values_i8,
+                    value_scales: &scales,
+                },
+            ),
+        ];
+        for (name, kv) in caches {
+            group.bench_function(BenchmarkId::new(name, n_q), |b| {
+                b.iter(|| {
+                    let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n_q * head_dim).collect();
+                    attend_rows(
+                        &q_rows,
+                        head_dim,
+                        kv,
+                        first_len,
+                        0.125,
+                        &mut scratch,
+                        &mut outs,
+                    )
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, integer_gemm, grouped_attention, prefill_attention);
 criterion_main!(benches);
