@@ -304,12 +304,14 @@ unsafe fn scores<T: Widen, const NQ: usize, const P: usize>(
 
 /// Chain `J` of [`scores`], added into the tree `((l0 + l1) + (l2 + l3)) + ((l4 + l5) +
 /// (l6 + l7))`; the last chain completes the scores, stores them and folds them into
-/// `at.max`. `J` is a constant, so each step is straight-line code.
+/// `at.max`. `J` is a constant, so each step is straight-line code. Not inlined: in a
+/// function of its own the chain's sums keep to registers (inlined eight times into one
+/// body, they were spilled and shuffled).
 ///
 /// # Safety
 /// As [`scores`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-#[inline]
+#[inline(never)]
 unsafe fn chain_into_tree<T: Widen, const NQ: usize, const P: usize, const J: usize>(
     cache: &Cache<'_, T>,
     at: &Regions,
@@ -472,6 +474,22 @@ unsafe fn load_cols<const Z: usize, const HALF: bool>(at: *const f32, z: usize) 
     }
 }
 
+/// The `Z` vectors of [`load_cols`] at `at`.
+///
+/// # Safety
+/// As [`load_cols`].
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_row<const Z: usize, const HALF: bool>(at: *const f32) -> [__m512; Z] {
+    // A loop, not `array::from_fn`: a closure does not inherit the target features, so
+    // `load_cols` would not be inlined into it.
+    let mut v = [_mm512_setzero_ps(); Z];
+    for (z, v_z) in v.iter_mut().enumerate() {
+        *v_z = load_cols::<Z, HALF>(at, z);
+    }
+    v
+}
+
 /// Stores [`load_cols`]'s floats.
 ///
 /// # Safety
@@ -531,12 +549,9 @@ unsafe fn weighted_sums<const NQ: usize, const G: usize, const Z: usize, const H
                 }
             }
         }
-        let row = |p: usize| -> [__m512; Z] {
-            let at = values.add((p - span.start) * head_dim + cols.first);
-            std::array::from_fn(|z| load_cols::<Z, HALF>(at, z))
-        };
+        let row = |p: usize| values.add((p - span.start) * head_dim + cols.first);
         for p in span.start..seen_by_all {
-            let v = row(p);
+            let v = load_row::<Z, HALF>(row(p));
             let weights = at.scores.add(p * NQ * LANES);
             for (acc_g, offset) in acc.iter_mut().zip(&offsets) {
                 let w = _mm512_set1_ps(*weights.add(*offset));
@@ -546,7 +561,7 @@ unsafe fn weighted_sums<const NQ: usize, const G: usize, const Z: usize, const H
             }
         }
         for p in seen_by_all..span.end {
-            let v = row(p);
+            let v = load_row::<Z, HALF>(row(p));
             let weights = at.scores.add(p * NQ * LANES);
             for (g, acc_g) in acc.iter_mut().enumerate() {
                 if p < first_len + pairs[g].1 {
