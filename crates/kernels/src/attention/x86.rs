@@ -166,8 +166,12 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
     let n_rows = q.len();
     let n_pos = cache.keys.len() / head_dim;
     let len = |r: usize| first_len + r;
-    scratch.clear();
-    scratch.resize(n_rows * n_pos * 8, 0.0);
+    // A row's scores are written for every position it sees before any is read, so the
+    // buffer only grows and is never cleared (clearing it wrote 32 bytes per position and
+    // row on every call).
+    if scratch.len() < n_rows * n_pos * 8 {
+        scratch.resize(n_rows * n_pos * 8, 0.0);
+    }
     let scores = scratch.as_mut_ptr();
     let row_scores = |r: usize| scores.add(r * n_pos * 8);
 
