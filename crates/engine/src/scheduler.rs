@@ -102,7 +102,8 @@ impl Engine {
         let mut decoding: Vec<(RequestId, usize)> = Vec::new();
         let mut overflow: Vec<RequestId> = Vec::new();
         let mut planned_bytes = self.running_bytes();
-        let mut proposed: Vec<(RequestId, Vec<u32>, f64)> = Vec::new();
+        // Decoding sequences that may draft: (running index, window) and their rank.
+        let mut candidates: Vec<((usize, usize), f64)> = Vec::new();
         for i in 0..self.running.len() {
             let seq = &self.running[i];
             let prefilling = seq.prefilling();
@@ -160,14 +161,20 @@ impl Engine {
             } else {
                 // A draft rides only in the window the sequence already has.
                 if how.is_none() {
-                    let draft = self.draft_for(i, window);
-                    if !draft.is_empty() {
-                        proposed.push((id, draft, self.running[i].drafter.rank()));
-                    }
+                    candidates.push(((i, window), self.running[i].drafter.rank()));
                 }
                 decoding.push((id, window));
             }
         }
+        let rows = schedule.prefills.iter().map(|p| p.1).sum::<usize>() + decoding.len();
+        let room = self.config.speculative.pass_rows.saturating_sub(rows);
+        let drafts = fit_drafts(candidates, room, |(i, window), room| {
+            self.draft_for(i, window, room)
+        });
+        schedule.drafts = drafts
+            .into_iter()
+            .map(|((i, _), draft)| (self.running[i].request.id, draft))
+            .collect();
         for id in overflow {
             // Admission and sampling keep sequences within the largest window; this is
             // the guard should they not.
@@ -183,9 +190,6 @@ impl Engine {
                 });
             }
         }
-        let rows = schedule.prefills.iter().map(|p| p.1).sum::<usize>() + decoding.len();
-        let room = self.config.speculative.pass_rows.saturating_sub(rows);
-        schedule.drafts = fit_drafts(proposed, room);
         self.plan_decodes(&decoding, &mut schedule);
         self.plan_predictive_compiles(&mut schedule);
         schedule.compiles.sort_unstable();
@@ -242,9 +246,10 @@ impl Engine {
     }
 
     /// A draft for the decoding sequence `running[i]` on `window`: within the window, its
-    /// `max_tokens` and the engine's draft length; none on static artifacts (one row of
-    /// logits per sequence) or under a grammar constraint.
-    fn draft_for(&mut self, i: usize, window: usize) -> Vec<u32> {
+    /// `max_tokens`, the `pass_room` rows left in the pass and the engine's draft length;
+    /// none on static artifacts (one row of logits per sequence) or under a grammar
+    /// constraint.
+    fn draft_for(&mut self, i: usize, window: usize, pass_room: usize) -> Vec<u32> {
         let config = self.config.speculative;
         let mixed = self.mixed.is_some();
         let seq = &mut self.running[i];
@@ -264,7 +269,7 @@ impl Engine {
             next,
             reply_len: seq.generated,
         };
-        let room = in_window.min(in_reply);
+        let room = in_window.min(in_reply).min(pass_room);
         seq.drafter
             .propose(&config, &tokens, &seq.request.prediction, room)
     }
@@ -379,23 +384,29 @@ impl Engine {
     }
 }
 
-/// The drafts a pass with room for `room` more rows verifies: the best-accepted
-/// sequences' first (ties in running order), each cut to the room left (a draft's prefix
-/// is a draft too). A sequence left out keeps its rank, so it drafts again once the
-/// leaders' acceptance falls or the batch thins.
-fn fit_drafts(
-    mut proposed: Vec<(RequestId, Vec<u32>, f64)>,
+/// The drafts a pass with room for `room` more rows verifies. Candidates ask `propose`
+/// in order of their drafts' acceptance (ties in running order), each for at most the
+/// room left (a draft's prefix is a draft too); once the pass is full no one else asks, so
+/// a sequence that could not fit neither searches its history nor spends a pass of its
+/// cool-down. A sequence left out keeps its rank, so it drafts again once the leaders'
+/// acceptance falls or the batch thins.
+fn fit_drafts<K: Copy>(
+    mut candidates: Vec<(K, f64)>,
     mut room: usize,
-) -> Vec<(RequestId, Vec<u32>)> {
-    proposed.sort_by(|a, b| b.2.total_cmp(&a.2));
+    mut propose: impl FnMut(K, usize) -> Vec<u32>,
+) -> Vec<(K, Vec<u32>)> {
+    candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
     let mut drafts = Vec::new();
-    for (id, mut draft, _) in proposed {
+    for (key, _) in candidates {
         if room == 0 {
             break;
         }
+        let mut draft = propose(key, room);
         draft.truncate(room);
-        room -= draft.len();
-        drafts.push((id, draft));
+        if !draft.is_empty() {
+            room -= draft.len();
+            drafts.push((key, draft));
+        }
     }
     drafts
 }
@@ -405,22 +416,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drafts_fit_the_room_best_accepted_first() {
-        let proposed = vec![
-            (1, vec![10, 11, 12], 0.2),
-            (2, vec![20, 21, 22, 23], 0.9),
-            (3, vec![30, 31], 0.5),
-        ];
+    fn drafts_fit_the_room_best_accepted_first_and_no_one_asks_a_full_pass() {
+        let candidates = vec![(1, 0.2), (2, 0.9), (3, 0.5), (4, 0.5)];
+        let drafts = |id: u32| -> Vec<u32> {
+            match id {
+                1 => vec![10, 11, 12],
+                2 => vec![20, 21, 22, 23],
+                3 => vec![30, 31],
+                _ => Vec::new(),
+            }
+        };
+        let fit = |room| {
+            let mut asked = Vec::new();
+            let fitted = fit_drafts(candidates.clone(), room, |id, room| {
+                asked.push((id, room));
+                let mut draft = drafts(id);
+                draft.truncate(room);
+                draft
+            });
+            (fitted, asked)
+        };
+        // Best rank first; an empty draft takes no room; the last asks for what is left.
+        let (fitted, asked) = fit(7);
         assert_eq!(
-            fit_drafts(proposed.clone(), 6),
-            [(2, vec![20, 21, 22, 23]), (3, vec![30, 31])]
+            fitted,
+            [(2, vec![20, 21, 22, 23]), (3, vec![30, 31]), (1, vec![10])]
         );
-        assert_eq!(
-            fit_drafts(proposed.clone(), 5),
-            [(2, vec![20, 21, 22, 23]), (3, vec![30])]
-        );
-        assert_eq!(fit_drafts(proposed.clone(), 100).len(), 3);
-        assert!(fit_drafts(proposed, 0).is_empty());
+        assert_eq!(asked, [(2, 7), (3, 3), (4, 1), (1, 1)]);
+        // Once the room is gone no one else is asked.
+        let (fitted, asked) = fit(5);
+        assert_eq!(fitted, [(2, vec![20, 21, 22, 23]), (3, vec![30])]);
+        assert_eq!(asked, [(2, 5), (3, 1)]);
+        assert!(fit(0).1.is_empty());
+        assert_eq!(fit(100).0.len(), 3);
     }
 
     #[test]

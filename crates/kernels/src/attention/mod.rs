@@ -38,12 +38,13 @@ pub const MAX_GROUP: usize = 8;
 /// 16 rather than 8 made prefill 3-6 % faster on Sapphire Rapids (pp512, both models).
 pub const MAX_ROWS: usize = 16;
 
-/// Whether a block of `n_rows` rows of `n_q` heads takes the tiled kernel on AVX-512. Its
-/// sixteen lanes are rows, so a short block leaves lanes idle, and the row kernel does
-/// better with more heads to a group. Measured on Sapphire Rapids at depth 4,096
-/// (`cargo bench -p pyramid-kernels -- prefill_attention`, G multiply-adds/s, tiles
-/// against rows): three heads, 8 rows: 33.6 against 30.8; seven heads, 8 rows: 33.5
-/// against 39.4, 11 rows: 42.8 against 42.2.
+/// Whether a block of `n_rows` rows of `n_q` heads takes the tiled kernel. Its lanes are
+/// rows, so a short block leaves lanes idle, and the row kernel does better with more
+/// heads to a group. Measured on Sapphire Rapids at depth 4,096 (`cargo bench -p
+/// pyramid-kernels -- prefill_attention`, G multiply-adds/s, tiles against rows), AVX-512:
+/// three heads, 8 rows: 33.6 against 30.8; seven heads, 8 rows: 33.5 against 39.4, 11
+/// rows: 42.8 against 42.2. AVX2 (`PYRAMID_ISA=avx2`): three heads, 8 rows: 30.0 against
+/// 23.0; seven heads, 8 rows: 22.7 against 22.9, 12 rows: 22.5 against 21.7.
 fn takes_tiles(n_rows: usize, n_q: usize) -> bool {
     n_rows >= if n_q <= 4 { 8 } else { 11 }
 }
@@ -254,10 +255,15 @@ pub fn attend_rows_with(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below, and `Isa::detect` requires AVX-512 F, BW and VL for
-        // `Isa::Avx512` and `Isa::Amx`; at most `MAX_ROWS <= tiled::LANES` rows.
+        // `Isa::Avx512` and `Isa::Amx`; a block has at most `MAX_ROWS` rows.
         Isa::Amx | Isa::Avx512
             if takes_tiles(n_rows, n_q) && head_dim.is_multiple_of(8) && first_len > 0 =>
-        unsafe { tiled::attend_rows(q, head_dim, kv, first_len, scale, scratch, out) },
+        unsafe { tiled::avx512::attend_rows(q, head_dim, kv, first_len, scale, scratch, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as below.
+        Isa::Avx2 if takes_tiles(n_rows, n_q) && head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
+            tiled::avx2::attend_rows(q, head_dim, kv, first_len, scale, scratch, out)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
         // family above it; the shapes were checked above, and every row sees a position.
@@ -438,7 +444,7 @@ mod tests {
             (56, 1, 5, 8),
             (64, 4, 30, 6),
             (32, 8, 45, 5),
-            // Blocks of 8 rows and more ([`takes_tiles`]) take the tiles on AVX-512: every
+            // Blocks of 8 rows and more ([`takes_tiles`]) take the tiles: every
             // group size, whole, three, two, one and half vectors of value columns, key
             // and value chunks crossed and left over, and groups of (head, row) pairs
             // left short.
