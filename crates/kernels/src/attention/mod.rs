@@ -16,7 +16,9 @@
 //! arithmetic is exactly the single-row kernel's (the same products and sums in the same
 //! order; one row is the same code with `n_rows = 1`), so a row's result does not depend
 //! on the block it is in: chunked prefill equals whole prefill, and a verified draft's
-//! logits equal plain decoding's, bit for bit.
+//! logits equal plain decoding's, bit for bit. A block of 8 rows or more takes the tiles
+//! of `tiled` instead (the rows in a vector's lanes, so both products are small matrix
+//! products), with the same arithmetic per element and so the same bits.
 //!
 //! The scalar oracle is the plain per-head path ([`attention_scores`], [`softmax_in_place`],
 //! [`weighted_sum`] and their f16 and INT8 forms). The AVX2 version computes the same
