@@ -40,37 +40,61 @@ fn integer_gemm(c: &mut Criterion) {
     group.finish();
 }
 
+/// One KV head's cached rows of `n_pos` positions, f32 and INT8.
+struct BenchCache {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    keys_i8: Vec<i8>,
+    values_i8: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl BenchCache {
+    fn new(n_pos: usize, head_dim: usize) -> Self {
+        let keys = values(n_pos * head_dim, 4);
+        let values_f32 = values(n_pos * head_dim, 5);
+        let to_i8 = |v: &[f32]| v.iter().map(|&x| (x * 127.0) as i8).collect::<Vec<_>>();
+        Self {
+            keys_i8: to_i8(&keys),
+            values_i8: to_i8(&values_f32),
+            scales: vec![1.0 / 127.0; n_pos],
+            keys,
+            values: values_f32,
+        }
+    }
+
+    /// The rows as each storage type a benchmark reports, with its name.
+    fn kinds(&self) -> [(&'static str, KvRows<'_>); 2] {
+        [
+            (
+                "f32",
+                KvRows::F32 {
+                    keys: &self.keys,
+                    values: &self.values,
+                },
+            ),
+            (
+                "int8",
+                KvRows::Int8 {
+                    keys: &self.keys_i8,
+                    key_scales: &self.scales,
+                    values: &self.values_i8,
+                    value_scales: &self.scales,
+                },
+            ),
+        ]
+    }
+}
+
 fn grouped_attention(c: &mut Criterion) {
     // One token's seven query heads over one KV head of 4,096 cached positions.
     let (head_dim, n_q, n_pos) = (64, 7, 4096);
     let q = values(n_q * head_dim, 3);
-    let keys = values(n_pos * head_dim, 4);
-    let values_f32 = values(n_pos * head_dim, 5);
-    let to_i8 = |v: &[f32]| v.iter().map(|&x| (x * 127.0) as i8).collect::<Vec<_>>();
-    let (keys_i8, values_i8) = (to_i8(&keys), to_i8(&values_f32));
-    let scales = vec![1.0 / 127.0; n_pos];
+    let cache = BenchCache::new(n_pos, head_dim);
     let mut group = c.benchmark_group("attention");
     group.throughput(Throughput::Elements((2 * n_q * n_pos * head_dim) as u64));
     let (mut scratch, mut out) = (Vec::new(), vec![0.0; n_q * head_dim]);
-    let caches = [
-        (
-            "f32",
-            KvRows::F32 {
-                keys: &keys,
-                values: &values_f32,
-            },
-        ),
-        (
-            "int8",
-            KvRows::Int8 {
-                keys: &keys_i8,
-                key_scales: &scales,
-                values: &values_i8,
-                value_scales: &scales,
-            },
-        ),
-    ];
-    for (name, kv) in caches {
+    for (name, kv) in cache.kinds() {
         group.bench_function(BenchmarkId::new(name, n_pos), |b| {
             b.iter(|| attend_group(&q, head_dim, kv, 0.125, &mut scratch, &mut out))
         });
@@ -84,11 +108,7 @@ fn grouped_attention(c: &mut Criterion) {
 fn prefill_attention(c: &mut Criterion) {
     let (head_dim, first_len) = (64, 4096);
     let n_pos = first_len + MAX_ROWS - 1;
-    let keys = values(n_pos * head_dim, 4);
-    let values_f32 = values(n_pos * head_dim, 5);
-    let to_i8 = |v: &[f32]| v.iter().map(|&x| (x * 127.0) as i8).collect::<Vec<_>>();
-    let (keys_i8, values_i8) = (to_i8(&keys), to_i8(&values_f32));
-    let scales = vec![1.0 / 127.0; n_pos];
+    let cache = BenchCache::new(n_pos, head_dim);
     let mut group = c.benchmark_group("prefill_attention");
     group.sample_size(20);
     for n_q in [3, 7] {
@@ -99,25 +119,7 @@ fn prefill_attention(c: &mut Criterion) {
         // Scores and weighted sums: two multiply-adds per row, head, position and column.
         let seen: usize = (0..MAX_ROWS).map(|r| first_len + r).sum();
         group.throughput(Throughput::Elements((2 * n_q * seen * head_dim) as u64));
-        let caches = [
-            (
-                "f32",
-                KvRows::F32 {
-                    keys: &keys,
-                    values: &values_f32,
-                },
-            ),
-            (
-                "int8",
-                KvRows::Int8 {
-                    keys: &keys_i8,
-                    key_scales: &scales,
-                    values: &values_i8,
-                    value_scales: &scales,
-                },
-            ),
-        ];
-        for (name, kv) in caches {
+        for (name, kv) in cache.kinds() {
             group.bench_function(BenchmarkId::new(name, n_q), |b| {
                 b.iter(|| {
                     let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n_q * head_dim).collect();

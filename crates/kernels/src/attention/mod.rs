@@ -254,22 +254,25 @@ pub fn attend_rows_with(
         return;
     }
     let kv = kv.prefix(last_len, head_dim);
+    // The vector kernels take whole eight-wide chunks of a row, every row seeing a position.
+    let vector = head_dim.is_multiple_of(8) && first_len > 0;
+    let tiles = vector && takes_tiles(n_rows, n_q);
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below, and `Isa::detect` requires AVX-512 F, BW and VL for
         // `Isa::Avx512` and `Isa::Amx`; a block has at most `MAX_ROWS` rows.
-        Isa::Amx | Isa::Avx512
-            if takes_tiles(n_rows, n_q) && head_dim.is_multiple_of(8) && first_len > 0 =>
-        unsafe { tiled::avx512::attend_rows(q, head_dim, kv, first_len, scale, scratch, out) },
+        Isa::Amx | Isa::Avx512 if tiles => unsafe {
+            tiled::avx512::attend_rows(q, head_dim, kv, first_len, scale, scratch, out)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below.
-        Isa::Avx2 if takes_tiles(n_rows, n_q) && head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
+        Isa::Avx2 if tiles => unsafe {
             tiled::avx2::attend_rows(q, head_dim, kv, first_len, scale, scratch, out)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
         // family above it; the shapes were checked above, and every row sees a position.
-        Isa::Amx | Isa::Avx512 | Isa::Avx2 if head_dim.is_multiple_of(8) && first_len > 0 => unsafe {
+        Isa::Amx | Isa::Avx512 | Isa::Avx2 if vector => unsafe {
             let wide = isa >= Isa::Avx512 && head_dim.is_multiple_of(16);
             x86::attend_rows(q, head_dim, kv, first_len, scale, scratch, out, wide)
         },

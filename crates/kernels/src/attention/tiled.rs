@@ -49,6 +49,26 @@ struct Cache<'a, T> {
     first_len: usize,
 }
 
+impl<'a, T> Cache<'a, T> {
+    fn new(
+        keys: &'a [T],
+        key_scales: Option<&'a [f32]>,
+        values: &'a [T],
+        value_scales: Option<&'a [f32]>,
+        head_dim: usize,
+        first_len: usize,
+    ) -> Self {
+        Self {
+            keys,
+            key_scales,
+            values,
+            value_scales,
+            head_dim,
+            first_len,
+        }
+    }
+}
+
 /// The scratch a tile works in, as disjoint regions of one buffer.
 struct Regions {
     /// The queries transposed, `[NQ][head_dim][LANES]`: head `h`, column `d` of every row.
@@ -75,9 +95,37 @@ struct Columns {
     head_dim: usize,
 }
 
+/// Runs `$then` with `$cache` bound to the [`Cache`] over `$kv`'s storage type (a
+/// `KvRows` already cut to the tile's last row).
+macro_rules! over_cache {
+    ($kv:expr, $head_dim:expr, $first_len:expr, |$cache:ident| $then:expr) => {
+        match $kv {
+            KvRows::F32 { keys, values } => {
+                let $cache = Cache::new(keys, None, values, None, $head_dim, $first_len);
+                $then
+            }
+            KvRows::F16 { keys, values } => {
+                let $cache = Cache::new(keys, None, values, None, $head_dim, $first_len);
+                $then
+            }
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => {
+                let (ks, vs) = (Some(key_scales), Some(value_scales));
+                let $cache = Cache::new(keys, ks, values, vs, $head_dim, $first_len);
+                $then
+            }
+        }
+    };
+}
+
 /// The tile kernel for one vector width, expanded inside that width's module, which
 /// defines `V` (the vector), `Seen` (a lane mask), `LANES`, `MAX_SUMS` (sums a score step
-/// keeps in registers), `BLOCK_COLS` (value columns a weighted-sum step takes), the
+/// keeps in registers), `POSITIONS` (positions a score step takes per group size),
+/// `BLOCK_COLS` (value columns a weighted-sum step takes), the
 /// primitives (`zero`, `load`, `store`, `splat`, `fmadd`, `add`, `sub`, `mul`, `div`,
 /// `exp`, `rows_seeing`, `masked_max`, `masked_add`, `load_cols`, `store_cols`, `widen`)
 /// and `weigh_columns!`, which picks the weighted-sum shape for a block of columns.
@@ -103,46 +151,36 @@ macro_rules! tile_kernel {
             for (t, (q, out)) in q.chunks(LANES).zip(out.chunks_mut(LANES)).enumerate() {
                 let first_len = first_len + t * LANES;
                 let kv = kv.prefix(first_len + q.len() - 1, head_dim);
-                match kv {
-                    KvRows::F32 { keys, values } => {
-                        let cache = Cache {
-                            keys,
-                            key_scales: None,
-                            values,
-                            value_scales: None,
-                            head_dim,
-                            first_len,
-                        };
-                        by_heads!(q, &cache, scale, scratch, out)
-                    }
-                    KvRows::F16 { keys, values } => {
-                        let cache = Cache {
-                            keys,
-                            key_scales: None,
-                            values,
-                            value_scales: None,
-                            head_dim,
-                            first_len,
-                        };
-                        by_heads!(q, &cache, scale, scratch, out)
-                    }
-                    KvRows::Int8 {
-                        keys,
-                        key_scales,
-                        values,
-                        value_scales,
-                    } => {
-                        let cache = Cache {
-                            keys,
-                            key_scales: Some(key_scales),
-                            values,
-                            value_scales: Some(value_scales),
-                            head_dim,
-                            first_len,
-                        };
-                        by_heads!(q, &cache, scale, scratch, out)
-                    }
-                }
+                over_cache!(kv, head_dim, first_len, |cache| {
+                    by_heads(q, &cache, scale, scratch, out)
+                });
+            }
+        }
+
+        /// [`tile`] for the block's number of query heads, with the positions per score
+        /// step the module's register budget allows (`POSITIONS`).
+        ///
+        /// # Safety
+        /// As [`tile`].
+        #[target_feature(enable = $features)]
+        #[inline]
+        unsafe fn by_heads<T: Widen>(
+            q: &[&[f32]],
+            cache: &Cache<'_, T>,
+            scale: f32,
+            scratch: &mut Vec<f32>,
+            out: &mut [&mut [f32]],
+        ) {
+            match q[0].len() / cache.head_dim {
+                1 => tile::<_, 1, { POSITIONS[0] }>(q, cache, scale, scratch, out),
+                2 => tile::<_, 2, { POSITIONS[1] }>(q, cache, scale, scratch, out),
+                3 => tile::<_, 3, { POSITIONS[2] }>(q, cache, scale, scratch, out),
+                4 => tile::<_, 4, { POSITIONS[3] }>(q, cache, scale, scratch, out),
+                5 => tile::<_, 5, { POSITIONS[4] }>(q, cache, scale, scratch, out),
+                6 => tile::<_, 6, { POSITIONS[5] }>(q, cache, scale, scratch, out),
+                7 => tile::<_, 7, { POSITIONS[6] }>(q, cache, scale, scratch, out),
+                8 => tile::<_, 8, { POSITIONS[7] }>(q, cache, scale, scratch, out),
+                n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
             }
         }
 
@@ -555,23 +593,9 @@ pub(super) mod avx512 {
     const MAX_SUMS: usize = 24;
     const BLOCK_COLS: usize = 64;
 
-    /// `P` positions per score step: as many sums as fit in 32 registers beside their
-    /// operands.
-    macro_rules! by_heads {
-        ($q:expr, $cache:expr, $scale:expr, $scratch:expr, $out:expr) => {
-            match $q[0].len() / $cache.head_dim {
-                1 => tile::<_, 1, 24>($q, $cache, $scale, $scratch, $out),
-                2 => tile::<_, 2, 12>($q, $cache, $scale, $scratch, $out),
-                3 => tile::<_, 3, 8>($q, $cache, $scale, $scratch, $out),
-                4 => tile::<_, 4, 6>($q, $cache, $scale, $scratch, $out),
-                5 => tile::<_, 5, 4>($q, $cache, $scale, $scratch, $out),
-                6 => tile::<_, 6, 3>($q, $cache, $scale, $scratch, $out),
-                7 => tile::<_, 7, 2>($q, $cache, $scale, $scratch, $out),
-                8 => tile::<_, 8, 2>($q, $cache, $scale, $scratch, $out),
-                n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
-            }
-        };
-    }
+    /// Positions per score step for 1 to 8 query heads: as many sums as fit in 32
+    /// registers beside their operands.
+    const POSITIONS: [usize; MAX_GROUP] = [24, 12, 8, 6, 4, 3, 2, 2];
 
     /// Up to four vectors of columns, `G` (head, row) pairs at a time: `G · Z` sums in 24
     /// registers. `head_dim` is a multiple of 8, so the last vector may be half.
@@ -688,23 +712,9 @@ pub(super) mod avx2 {
     const MAX_SUMS: usize = 9;
     const BLOCK_COLS: usize = 16;
 
-    /// `P` positions per score step: as many sums as fit in 16 registers beside their
-    /// operands.
-    macro_rules! by_heads {
-        ($q:expr, $cache:expr, $scale:expr, $scratch:expr, $out:expr) => {
-            match $q[0].len() / $cache.head_dim {
-                1 => tile::<_, 1, 8>($q, $cache, $scale, $scratch, $out),
-                2 => tile::<_, 2, 4>($q, $cache, $scale, $scratch, $out),
-                3 => tile::<_, 3, 3>($q, $cache, $scale, $scratch, $out),
-                4 => tile::<_, 4, 2>($q, $cache, $scale, $scratch, $out),
-                5 => tile::<_, 5, 1>($q, $cache, $scale, $scratch, $out),
-                6 => tile::<_, 6, 1>($q, $cache, $scale, $scratch, $out),
-                7 => tile::<_, 7, 1>($q, $cache, $scale, $scratch, $out),
-                8 => tile::<_, 8, 1>($q, $cache, $scale, $scratch, $out),
-                n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
-            }
-        };
-    }
+    /// Positions per score step for 1 to 8 query heads: as many sums as fit in 16
+    /// registers beside their operands.
+    const POSITIONS: [usize; MAX_GROUP] = [8, 4, 3, 2, 1, 1, 1, 1];
 
     /// Two vectors of columns, five (head, row) pairs at a time (ten sums); one vector,
     /// ten pairs. `head_dim` is a multiple of 8, so no vector is ever half.
