@@ -179,6 +179,11 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
     let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); MAX_ROWS];
     let step = if wide { 2 * wide_pairs(NQ) } else { P };
     for p0 in (0..n_pos).step_by(step) {
+        // A decoding batch reads each sequence's cache once per step, from memory rather
+        // than cache: the keys a few steps on and the values this step's weighted sums
+        // will read are asked for now, so the loads below do not wait for them.
+        prefetch_positions::<T, _MM_HINT_T0>(cache.keys, head_dim, p0 + KEYS_AHEAD, step);
+        prefetch_positions::<T, _MM_HINT_T1>(cache.values, head_dim, p0, step);
         // Rows from the first whose causal window holds position p0.
         let first_row = (p0 + 1).saturating_sub(first_len);
         for (r, max_r) in max.iter_mut().enumerate().take(n_rows).skip(first_row) {
@@ -229,6 +234,24 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
                 c += 1;
             }
         }
+    }
+}
+
+/// Positions the score loop asks for keys ahead of the ones it reads.
+const KEYS_AHEAD: usize = 16;
+
+/// Asks the memory system for the cache lines of positions `from..from + n` of `rows`
+/// (`head_dim` elements each), those that exist; a hint, with no effect on any result.
+#[inline(always)]
+fn prefetch_positions<T, const HINT: i32>(rows: &[T], head_dim: usize, from: usize, n: usize) {
+    let end = ((from + n) * head_dim).min(rows.len());
+    let start = (from * head_dim).min(end);
+    let bytes = (end - start) * std::mem::size_of::<T>();
+    let first = rows[start..end].as_ptr().cast::<i8>();
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: `line` is within the `start..end` slice just taken; a prefetch reads
+        // nothing architecturally.
+        unsafe { _mm_prefetch::<HINT>(first.add(line)) };
     }
 }
 
