@@ -6,6 +6,7 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::{KvRows, MAX_GROUP, MAX_ROWS};
+use crate::isa::prefetch;
 use crate::ops::exp_avx2 as exp256;
 use crate::ops::exp_avx512 as exp512;
 
@@ -240,19 +241,12 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
 /// Positions the score loop asks for keys ahead of the ones it reads.
 const KEYS_AHEAD: usize = 16;
 
-/// Asks the memory system for the cache lines of positions `from..from + n` of `rows`
-/// (`head_dim` elements each), those that exist; a hint, with no effect on any result.
+/// Positions `from..from + n` of `rows` (`head_dim` elements each), those that exist,
+/// asked for ahead of their use.
 #[inline(always)]
 fn prefetch_positions<T, const HINT: i32>(rows: &[T], head_dim: usize, from: usize, n: usize) {
     let end = ((from + n) * head_dim).min(rows.len());
-    let start = (from * head_dim).min(end);
-    let bytes = (end - start) * std::mem::size_of::<T>();
-    let first = rows[start..end].as_ptr().cast::<i8>();
-    for line in (0..bytes).step_by(64) {
-        // SAFETY: `line` is within the `start..end` slice just taken; a prefetch reads
-        // nothing architecturally.
-        unsafe { _mm_prefetch::<HINT>(first.add(line)) };
-    }
+    prefetch::<T, HINT>(&rows[(from * head_dim).min(end)..end]);
 }
 
 /// Replaces one row's scores of positions `from..to` (`scores[p][..8]`) by `exp(s - max)`
