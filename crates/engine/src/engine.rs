@@ -24,7 +24,7 @@ use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
 use serde::Serialize;
 
 use crate::admission::PreemptionStats;
-use crate::executor::Executed;
+use crate::executor::{Executed, LogitBuffers};
 use crate::persist::PersistStats;
 use crate::prefix_cache::PrefixCache;
 use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
@@ -191,6 +191,7 @@ pub struct Engine {
     pub(crate) warnings: Vec<String>,
     /// What speculation did across every request.
     pub(crate) speculative: DraftStats,
+    pub(crate) logit_buffers: LogitBuffers,
 }
 
 impl Engine {
@@ -240,6 +241,7 @@ impl Engine {
             persisted: PersistStats::default(),
             warnings: Vec::new(),
             speculative: DraftStats::default(),
+            logit_buffers: LogitBuffers::default(),
         })
     }
 
@@ -383,10 +385,13 @@ impl Engine {
         let mut unmasked = executed.unmasked;
         for (id, mut logits) in executed.logits {
             let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) else {
+                self.logit_buffers.give_back(logits);
                 continue;
             };
             if seq.prefilling() {
-                continue; // more prompt to come: these logits are not sampled
+                // More prompt to come: these logits are not sampled.
+                self.logit_buffers.give_back(logits);
+                continue;
             }
             // Row j follows the next input and the draft's first j tokens; each row is
             // sampled as plain decoding would, and the draft is kept while it agrees.
@@ -455,6 +460,7 @@ impl Engine {
                     EngineError::Pass(format!("{} rows of logits", logits.len() / n_vocab)),
                 )),
             }
+            self.logit_buffers.give_back(logits);
         }
         for (id, error) in failed {
             if let Some(i) = self.running.iter().position(|s| s.request.id == id) {
