@@ -191,6 +191,7 @@ pub struct Engine {
     pub(crate) warnings: Vec<String>,
     /// What speculation did across every request.
     pub(crate) speculative: DraftStats,
+    /// A pass's logits and the rows `update` samples, reused from step to step.
     pub(crate) logit_buffers: LogitBuffers,
 }
 

@@ -37,7 +37,8 @@ pub struct Executed {
 
 /// Logit buffers kept from step to step: a decoding sequence's row is a whole vocabulary
 /// (192 KiB for SmolLM2), and buffers that large, allocated fresh every step, came from
-/// the kernel zeroed page by page: 7 % of a 32-sequence decode went to page faults.
+/// the kernel zeroed page by page: 7 % of a 32-sequence decode went to faulting and
+/// zeroing them.
 #[derive(Default)]
 pub(crate) struct LogitBuffers {
     /// What a pass writes, all its rows.

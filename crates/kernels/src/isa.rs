@@ -141,9 +141,9 @@ pub fn active() -> Isa {
 }
 
 /// Asks the memory system for every cache line of `data` ahead of its use: a hint
-/// (`_MM_HINT_T0` into L1, `_MM_HINT_T1` into L2) with no effect on any result. Streams
-/// the hardware prefetcher serves late (short ones, or weights read between long stretches
-/// of arithmetic) are what this is for.
+/// (`_MM_HINT_T0` into L1, `_MM_HINT_T1` into L2) with no effect on any result. It is for
+/// streams too short for the hardware prefetcher to catch up with, such as a decoding
+/// sequence's cache rows of one head.
 #[inline(always)]
 pub(crate) fn prefetch<T, const HINT: i32>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]

@@ -217,8 +217,8 @@ impl Sampler {
 ///
 /// Two passes in sixteen lanes, the maximum and then the first chunk holding it, because
 /// a running index does not vectorise and this scans the whole vocabulary for every
-/// greedy token of a batch (49,152 logits for SmolLM2: a tenth of a 32-row decode step
-/// done one logit at a time).
+/// greedy token of a batch (49,152 logits for SmolLM2: 2.6 % of a 32-row decode step
+/// done one logit at a time, 0.7 % this way).
 pub fn argmax(logits: &[f32]) -> u32 {
     const LANES: usize = 16;
     let larger = |m: f32, l: f32| if l > m { l } else { m };
