@@ -139,21 +139,3 @@ fn resolve_env() -> Result<Isa, KernelError> {
 pub fn active() -> Isa {
     *ACTIVE.get_or_init(|| resolve_env().unwrap_or_else(|_| Isa::detect()))
 }
-
-/// Asks the memory system for every cache line of `data` ahead of its use: a hint
-/// (`_MM_HINT_T0` into L1, `_MM_HINT_T1` into L2) with no effect on any result. It is for
-/// streams too short for the hardware prefetcher to catch up with, such as a decoding
-/// sequence's cache rows of one head.
-#[inline(always)]
-pub(crate) fn prefetch<T, const HINT: i32>(data: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let first = data.as_ptr().cast::<i8>();
-        for line in (0..std::mem::size_of_val(data)).step_by(64) {
-            // SAFETY: `line` is inside `data`; a prefetch reads nothing architecturally.
-            unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(first.add(line)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = data;
-}

@@ -6,7 +6,6 @@ use std::arch::x86_64::*;
 use half::f16;
 
 use super::{KvRows, MAX_GROUP, MAX_ROWS};
-use crate::isa::prefetch;
 use crate::ops::exp_avx2 as exp256;
 use crate::ops::exp_avx512 as exp512;
 
@@ -241,12 +240,19 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
 /// Positions the score loop asks for keys ahead of the ones it reads.
 const KEYS_AHEAD: usize = 16;
 
-/// Positions `from..from + n` of `rows` (`head_dim` elements each), those that exist,
-/// asked for ahead of their use.
+/// Asks the memory system for every cache line of positions `from..from + n` of `rows`
+/// (`head_dim` elements each), those that exist: a hint (`_MM_HINT_T0` into L1,
+/// `_MM_HINT_T1` into L2) with no effect on any result, for streams too short for the
+/// hardware prefetcher to catch up with, such as a decoding sequence's rows of one head.
 #[inline(always)]
 fn prefetch_positions<T, const HINT: i32>(rows: &[T], head_dim: usize, from: usize, n: usize) {
     let end = ((from + n) * head_dim).min(rows.len());
-    prefetch::<T, HINT>(&rows[(from * head_dim).min(end)..end]);
+    let wanted = &rows[(from * head_dim).min(end)..end];
+    let first = wanted.as_ptr().cast::<i8>();
+    for line in (0..std::mem::size_of_val(wanted)).step_by(64) {
+        // SAFETY: `line` is inside `wanted`; a prefetch reads nothing architecturally.
+        unsafe { _mm_prefetch::<HINT>(first.add(line)) };
+    }
 }
 
 /// Replaces one row's scores of positions `from..to` (`scores[p][..8]`) by `exp(s - max)`
