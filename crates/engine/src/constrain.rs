@@ -22,7 +22,7 @@ use crate::EngineError;
 struct MaskJob<'a> {
     id: RequestId,
     constraint: &'a mut Constraint,
-    logits: &'a mut Vec<f32>,
+    logits: &'a mut [f32],
     /// The logits before masking, kept when the request reports log-probabilities.
     unmasked: Option<Vec<f32>>,
     took: &'a mut Duration,
@@ -41,8 +41,7 @@ impl Engine {
     /// Masks the logits of every constrained sequence that samples this step. A mask that
     /// fails ends its sequence (`executed.failed`); the logits of the others stand.
     pub(crate) fn mask(&mut self, pool: &ThreadPool, executed: &mut Executed) {
-        let mut logits: HashMap<RequestId, &mut Vec<f32>> =
-            executed.logits.iter_mut().map(|(id, l)| (*id, l)).collect();
+        let mut logits: HashMap<RequestId, &mut [f32]> = executed.logits.iter_mut().collect();
         let mut jobs = Vec::new();
         for seq in &mut self.running {
             if seq.prefilling() {
@@ -54,7 +53,7 @@ impl Engine {
             else {
                 continue;
             };
-            let unmasked = seq.request.logprobs.map(|_| logits.clone());
+            let unmasked = seq.request.logprobs.map(|_| logits.to_vec());
             jobs.push(Mutex::new(MaskJob {
                 id,
                 constraint,

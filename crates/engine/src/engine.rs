@@ -24,7 +24,7 @@ use pyramid_runtime::{ArtifactShape, Backend, Executable, Sampler};
 use serde::Serialize;
 
 use crate::admission::PreemptionStats;
-use crate::executor::{Executed, LogitBuffers};
+use crate::executor::Executed;
 use crate::persist::PersistStats;
 use crate::prefix_cache::PrefixCache;
 use crate::pyramid::{PyramidConfig, PyramidStats, WindowPyramid};
@@ -33,6 +33,7 @@ use crate::scheduler::Schedule;
 use crate::session::Session;
 use crate::session_store::SessionStore;
 use crate::speculate::{DraftStats, Drafter, SpeculativeConfig};
+use crate::step_logits::LogitBuffers;
 use crate::{EngineError, Result};
 
 #[derive(Debug, Clone)]
@@ -191,7 +192,7 @@ pub struct Engine {
     pub(crate) warnings: Vec<String>,
     /// What speculation did across every request.
     pub(crate) speculative: DraftStats,
-    /// A pass's logits and the rows `update` samples, reused from step to step.
+    /// Pass buffers of logits, reused from step to step.
     pub(crate) logit_buffers: LogitBuffers,
 }
 
@@ -384,14 +385,13 @@ impl Engine {
         let mut finished = Vec::new();
         let mut failed = Vec::new();
         let mut unmasked = executed.unmasked;
-        for (id, mut logits) in executed.logits {
+        let mut step_logits = executed.logits;
+        for (id, logits) in step_logits.iter_mut() {
             let Some(seq) = self.running.iter_mut().find(|s| s.request.id == id) else {
-                self.logit_buffers.give_back(logits);
                 continue;
             };
             if seq.prefilling() {
                 // More prompt to come: these logits are not sampled.
-                self.logit_buffers.give_back(logits);
                 continue;
             }
             // Row j follows the next input and the draft's first j tokens; each row is
@@ -461,8 +461,8 @@ impl Engine {
                     EngineError::Pass(format!("{} rows of logits", logits.len() / n_vocab)),
                 )),
             }
-            self.logit_buffers.give_back(logits);
         }
+        self.logit_buffers.give_back(step_logits.into_buffers());
         for (id, error) in failed {
             if let Some(i) = self.running.iter().position(|s| s.request.id == id) {
                 let seq = self.running.swap_remove(i);

@@ -20,6 +20,7 @@ use crate::pyramid::ArtifactPair;
 use crate::request::RequestId;
 use crate::scheduler::{Move, Schedule};
 use crate::session::Placement;
+use crate::step_logits::StepLogits;
 use crate::{EngineError, Result};
 
 /// What a step's passes produced.
@@ -27,39 +28,12 @@ use crate::{EngineError, Result};
 pub struct Executed {
     /// Logits after each sequence's last fed token, for the sequences that ran; after
     /// each of its fed tokens for a sequence verifying a draft (`[1 + draft, n_vocab]`).
-    pub logits: Vec<(RequestId, Vec<f32>)>,
+    pub logits: StepLogits,
     /// Sequences whose placement, pass or grammar mask failed.
     pub failed: Vec<(RequestId, EngineError)>,
     /// The logits of constrained sequences reporting log-probabilities, before their
     /// grammar masked them (log-probabilities are of the model's distribution).
     pub unmasked: Vec<(RequestId, Vec<f32>)>,
-}
-
-/// Logit buffers kept from step to step: a decoding sequence's row is a whole vocabulary
-/// (192 KiB for SmolLM2), and buffers that large, allocated fresh every step, came from
-/// the kernel zeroed page by page: 7 % of a 32-sequence decode went to faulting and
-/// zeroing them.
-#[derive(Default)]
-pub(crate) struct LogitBuffers {
-    /// What a pass writes, all its rows.
-    pass: Vec<f32>,
-    /// Rows handed to [`Engine::update`] and given back by it.
-    spare_rows: Vec<Vec<f32>>,
-}
-
-impl LogitBuffers {
-    /// A copy of `rows` in a spare buffer.
-    fn copy_of(&mut self, rows: &[f32]) -> Vec<f32> {
-        let mut copy = self.spare_rows.pop().unwrap_or_default();
-        copy.clear();
-        copy.extend_from_slice(rows);
-        copy
-    }
-
-    /// A row buffer [`Engine::update`] is done with.
-    pub(crate) fn give_back(&mut self, rows: Vec<f32>) {
-        self.spare_rows.push(rows);
-    }
 }
 
 /// What one sequence feeds this step.
@@ -181,7 +155,7 @@ impl Engine {
         let start = Instant::now();
         let n_vocab = self.pyramid.backend().model().config.n_vocab;
         let idx: Vec<usize> = feeds.iter().map(|f| f.idx).collect();
-        let mut logits = std::mem::take(&mut self.logit_buffers.pass);
+        let mut logits = self.logit_buffers.take();
         let result = {
             let seqs = pick_mut(&mut self.running, &idx);
             let static_prefill = matches!(exe.shape(), ArtifactShape::Prefill { .. });
@@ -222,15 +196,17 @@ impl Engine {
                     .unwrap_or_else(|| EngineError::Pass(message.clone()));
                 out.failed.push((id, error));
             }
-            self.logit_buffers.pass = logits;
+            self.logit_buffers.give_back([logits]);
             return;
         }
         let elapsed = start.elapsed();
+        let returned = logits.len();
+        let pass = out.logits.push_pass(logits);
         let mut offset = 0;
         for f in &feeds {
             let seq = &mut self.running[f.idx];
             let n = f.n_logits * n_vocab;
-            let Some(rows) = logits.get(offset..offset + n) else {
+            if offset + n > returned {
                 // The cache keeps only what the session records.
                 seq.session.truncate(seq.session.len());
                 out.failed.push((
@@ -238,7 +214,9 @@ impl Engine {
                     EngineError::Pass(format!("{} returned too few logits", exe.shape())),
                 ));
                 continue;
-            };
+            }
+            out.logits
+                .push_rows(seq.request.id, pass, offset..offset + n);
             offset += n;
             seq.session.extend(&f.tokens);
             if f.prefill {
@@ -250,10 +228,7 @@ impl Engine {
                 self.summary.n_decoded += 1;
                 self.summary.n_drafted += f.tokens.len() - 1;
             }
-            let rows = self.logit_buffers.copy_of(rows);
-            out.logits.push((seq.request.id, rows));
         }
-        self.logit_buffers.pass = logits;
     }
 
     /// Puts sequence `id` on `window`: its first placement, a migration of its live
@@ -382,15 +357,5 @@ mod tests {
         let mut v = [10, 20, 30];
         let picked = pick_mut(&mut v, &[2, 0]);
         assert_eq!(picked.iter().map(|x| **x).collect::<Vec<_>>(), [30, 10]);
-    }
-
-    #[test]
-    fn a_reused_row_buffer_holds_only_the_new_rows() {
-        let mut buffers = LogitBuffers::default();
-        let verify_rows = buffers.copy_of(&[1.0; 9]);
-        buffers.give_back(verify_rows);
-        let row = buffers.copy_of(&[2.0, 3.0]);
-        assert_eq!(row, [2.0, 3.0]);
-        assert!(buffers.spare_rows.is_empty());
     }
 }

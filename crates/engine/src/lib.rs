@@ -31,6 +31,7 @@ mod scheduler;
 mod session;
 mod session_store;
 mod speculate;
+mod step_logits;
 
 pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
@@ -49,3 +50,4 @@ pub use session_store::{
     SessionStore, StoreError, StoredSession, SESSION_EXT, SESSION_VERSION,
 };
 pub use speculate::{DraftStats, Speculation, SpeculativeConfig, MAX_COOL_DOWN};
+pub use step_logits::StepLogits;

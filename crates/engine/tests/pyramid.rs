@@ -302,10 +302,10 @@ impl Backend for Scripted {
 fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() {
     let pool = ThreadPool::new(2).unwrap();
     let model = tiny(Precision::F32);
-    let setup = ReplaySetup {
+    let setup_compiling_in = |compile: Duration| ReplaySetup {
         backend: Arc::new(Scripted {
             inner: CpuBackend::new(Arc::clone(&model), 2),
-            compile: Duration::from_millis(60),
+            compile,
             run: Duration::from_millis(15),
         }),
         model_id: 1,
@@ -313,6 +313,7 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
         config: config(Arm::Largest, &[48, 96, 192, 256], 16),
         pool: &pool,
     };
+    let setup = setup_compiling_in(Duration::from_millis(60));
     // Steady: 24 tokens a step (12 appended, 12 generated ≈ 180 ms of decode), so each
     // crossing is seen a step ahead, with three times the compile time to spare.
     let steady: Vec<TraceStep> = (0..9)
@@ -340,7 +341,10 @@ fn predictive_compiles_ahead_and_a_sudden_jump_stalls_without_changing_tokens() 
     // A sudden jump past the prediction: the session waits for its compile (a measured
     // stall; shorter than a whole compile when the predictor sees the prefill race
     // towards the top of its window and starts it early) and still produces exactly the
-    // tokens of the largest window.
+    // tokens of the largest window. Compiles here take longer than the jump's whole
+    // prefill (ten 15 ms chunks), so even a compile started at the jump's first chunk
+    // leaves a stall on a loaded machine, where the chunks run slower.
+    let setup = setup_compiling_in(Duration::from_millis(400));
     let mut jump = steady[..3].to_vec();
     jump.push(TraceStep {
         session: "a".to_string(),

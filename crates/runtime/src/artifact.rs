@@ -325,8 +325,7 @@ impl Executable for CpuExecutable {
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.model
             .forward_into(pool, segments, &mut scratch, LogitsFor::Last)?;
-        logits.clear();
-        logits.extend_from_slice(scratch.logits());
+        scratch.swap_logits(logits);
         Ok(())
     }
 }
