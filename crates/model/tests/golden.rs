@@ -1,23 +1,12 @@
 //! Greedy decode from the reference prompt ids must reproduce Hugging Face transformers'
 //! fp32 output (testdata/refs, see its README for provenance).
 
-use pyramid_kernels::ThreadPool;
+use pyramid_kernels::{ops::argmax, ThreadPool};
 use pyramid_model::{LogitsFor, Model, Scratch};
 use pyramid_testdata::{ids, model_path, refs as golden};
 
 fn load_model(file: &str) -> Model {
     Model::load(model_path(file)).expect("model loads")
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    // Ties go to the lowest id, as in the reference.
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// A reference step whose top-1/top-2 gap is below this may legitimately flip under a

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use pyramid_gguf::GgufFile;
-use pyramid_kernels::ThreadPool;
+use pyramid_kernels::{ops::argmax, ThreadPool};
 use pyramid_model::linear::{Calibration, CALIBRATION_TEXT};
 use pyramid_model::{KvType, LogitsFor, Model, Precision, Scratch};
 use pyramid_testdata::{model_path, reference_prompts};
@@ -21,16 +21,6 @@ fn log_softmax(logits: &[f32]) -> Vec<f64> {
 fn kl(p_logits: &[f32], q_logits: &[f32]) -> f64 {
     let (lp, lq) = (log_softmax(p_logits), log_softmax(q_logits));
     lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 const N_STEPS: usize = 16;

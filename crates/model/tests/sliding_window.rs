@@ -4,7 +4,7 @@
 
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::attention::KvRows;
-use pyramid_kernels::ThreadPool;
+use pyramid_kernels::{ops::argmax, ThreadPool};
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{
     Architecture, KvCache, KvFootprint, KvType, LogitsFor, Model, ModelError, Scratch,
@@ -44,16 +44,6 @@ fn decode(model: &Model, kv: &mut KvCache, first: u32, release: bool) -> Vec<Vec
         out.push(logits);
     }
     out
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn prefilled(model: &Model, kv: &mut KvCache) {

@@ -24,6 +24,8 @@ pub use artifact::{
 };
 pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
+/// The greedy pick, where every entry point and test takes it from.
+pub use pyramid_kernels::ops::argmax;
 pub use pyramid_model::Scratch;
-pub use sampler::{argmax, Sampler, SamplerConfig};
+pub use sampler::{Sampler, SamplerConfig};
 pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};
