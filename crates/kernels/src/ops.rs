@@ -128,11 +128,10 @@ unsafe fn axpy_avx2(y: &mut [f32], alpha: f32, x: &[f32]) {
 /// `r` of `x` (`[m, n_o]`) and the columns `cols` of `w` (`[n_o, n_out]`, f16: decode
 /// reads all of it every token) and of `out` (`[m, n_out]`).
 ///
-/// Each output adds its channels in ascending order, each with one fused multiply-add
-/// (half the instructions of a multiply and an add, on a product that is up to a
-/// sixteenth of a projection's work in f32), so its value depends on nothing but its own
-/// row, whatever the batch or the tiling; the vector versions tile rows by columns so a
-/// widened weight serves several tokens, and agree with the scalar one bit for bit.
+/// Each output adds its channels in ascending order, each with a multiply and an add, so
+/// its value depends on nothing but its own row, whatever the batch or the tiling; the
+/// vector version tiles four rows by sixteen columns so a widened weight serves four
+/// tokens, and agrees with the scalar one bit for bit.
 ///
 /// # Safety
 /// No other thread accesses these columns of `out` until the next barrier.
@@ -177,11 +176,10 @@ pub unsafe fn outlier_product_cols_with(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512F,
-        // AVX2, FMA and F16C; shapes checked above.
+        // AVX2 and F16C; shapes checked above.
         Isa::Amx | Isa::Avx512 => outlier_product_avx512(x, n_o, w, out, n_out, cols),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2`; shapes checked
-        // above.
+        // SAFETY: `Isa::detect` requires AVX2 and F16C for `Isa::Avx2`; shapes checked above.
         Isa::Avx2 => outlier_product_avx2(x, n_o, w, out, n_out, cols),
         _ => outlier_product_scalar(x, n_o, w, out, n_out, cols),
     }
@@ -202,14 +200,14 @@ unsafe fn outlier_product_scalar(
         let row = std::slice::from_raw_parts_mut(out.add(r * n_out + cols.start), cols.len());
         for (&x_ro, w_o) in x_r.iter().zip(w.chunks_exact(n_out)) {
             for (y, w_oj) in row.iter_mut().zip(&w_o[cols.clone()]) {
-                *y = x_ro.mul_add(w_oj.to_f32(), *y);
+                *y += x_ro * w_oj.to_f32();
             }
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,f16c")]
 unsafe fn outlier_product_avx2(
     x: &[f32],
     n_o: usize,
@@ -240,7 +238,7 @@ unsafe fn outlier_product_avx2(
 /// past the last whole 32 take the AVX2 path. Each output is the same chain in the same
 /// order on every path.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
 unsafe fn outlier_product_avx512(
     x: &[f32],
     n_o: usize,
@@ -300,7 +298,8 @@ unsafe fn outlier_tile_wide<const MR: usize>(
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let xv = _mm512_set1_ps(*x.get_unchecked((r0 + r) * n_o + o));
             for (a, wh) in acc_r.iter_mut().zip(wv) {
-                *a = _mm512_fmadd_ps(xv, wh, *a);
+                // Multiply then add, not fused: the scalar oracle's two roundings.
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(xv, wh));
             }
         }
     }
@@ -313,7 +312,7 @@ unsafe fn outlier_tile_wide<const MR: usize>(
 
 /// Rows `r0..r0 + MR` by columns `j0..j0 + 16`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn outlier_tile<const MR: usize>(
     x: &[f32],
@@ -340,7 +339,8 @@ unsafe fn outlier_tile<const MR: usize>(
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let xv = _mm256_set1_ps(*x.get_unchecked((r0 + r) * n_o + o));
             for (a, wh) in acc_r.iter_mut().zip(wv) {
-                *a = _mm256_fmadd_ps(xv, wh, *a);
+                // Multiply then add, not fused: the scalar oracle's two roundings.
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(xv, wh));
             }
         }
     }

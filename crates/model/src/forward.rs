@@ -212,12 +212,8 @@ impl Scratch {
             + self.linear.reserved_bytes()
     }
 
-    /// The logits of the last [`Model::forward_into`]: `[n_rows, n_vocab]`.
-    pub fn logits(&self) -> &[f32] {
-        &self.logits
-    }
-
-    /// Hands the logits of the last [`Model::forward_into`] to `out` and keeps `out`'s
+    /// Hands the logits of the last [`Model::forward_into`] (`[n_rows, n_vocab]`) to `out`
+    /// and keeps `out`'s
     /// buffer for the next pass: an exchange, not a copy of rows that are a whole
     /// vocabulary each (6 MB for 32 SmolLM2 rows). A caller that passes back the buffer
     /// it was handed last time keeps both warm, so steps of one size neither allocate nor
