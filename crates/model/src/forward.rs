@@ -301,7 +301,7 @@ impl Model {
         Ok(per_segment.concat())
     }
 
-    /// As [`Model::forward_batch`], leaving the logits in [`Scratch::logits`]: with a
+    /// As [`Model::forward_batch`], leaving the logits in the scratch (see [`Scratch::swap_logits`]): with a
     /// scratch from [`Scratch::for_shape`] this allocates nothing.
     pub fn forward_into(
         &self,
