@@ -301,8 +301,9 @@ impl Model {
         Ok(per_segment.concat())
     }
 
-    /// As [`Model::forward_batch`], leaving the logits in the scratch (see [`Scratch::swap_logits`]): with a
-    /// scratch from [`Scratch::for_shape`] this allocates nothing.
+    /// As [`Model::forward_batch`], leaving the logits in the scratch (see
+    /// [`Scratch::swap_logits`]): with a scratch from [`Scratch::for_shape`] this allocates
+    /// nothing.
     pub fn forward_into(
         &self,
         pool: &ThreadPool,
