@@ -213,11 +213,10 @@ impl Scratch {
     }
 
     /// Hands the logits of the last [`Model::forward_into`] (`[n_rows, n_vocab]`) to `out`
-    /// and keeps `out`'s
-    /// buffer for the next pass: an exchange, not a copy of rows that are a whole
-    /// vocabulary each (6 MB for 32 SmolLM2 rows). A caller that passes back the buffer
-    /// it was handed last time keeps both warm, so steps of one size neither allocate nor
-    /// zero anything.
+    /// and keeps `out`'s buffer for the next pass: an exchange, not a copy of rows that are
+    /// a whole vocabulary each (6 MB for 32 SmolLM2 rows). A caller that passes back the
+    /// buffer it was handed last time keeps both warm, so steps of one size neither
+    /// allocate nor zero anything.
     pub fn swap_logits(&mut self, out: &mut Vec<f32>) {
         std::mem::swap(&mut self.logits, out);
     }
