@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI4, GROUP_BYTES};
-use crate::int8::x86::{for_each_tile, load_a4, store_tile};
+use crate::int8::x86::{blocks_ahead, for_each_tile, load_a4, prefetch, store_tile};
 use crate::int8::{QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 /// # Safety
@@ -54,6 +54,12 @@ unsafe fn tile<const MR: usize>(
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
     let scale_base = block * n_blocks * ROWS_PER_BLOCK;
     for kb in 0..n_blocks {
+        if row0 == 0 {
+            // As the INT8 kernels do (see `prefetch`).
+            let (block, kb) = blocks_ahead(block, 1, kb, n_blocks);
+            let from = (block * n_groups + kb * GROUPS_PER_BLOCK) * GROUP_BYTES;
+            prefetch(&w.data, from, GROUPS_PER_BLOCK * GROUP_BYTES);
+        }
         let mut pairs = [[_mm256_setzero_si256(); 2]; MR];
         for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
             let packed = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES).cast());

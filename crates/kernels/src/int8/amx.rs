@@ -16,15 +16,13 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::x86::{block_chunks, store_block_row};
+use super::x86::{block_chunks, prefetch_ahead, store_block_row, GROUP_BYTES};
 use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 /// Rows of one activation tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
 /// Activation rows a pass over a weight chunk takes: two tiles.
 const ROWS_PER_PASS: usize = 2 * TILE_ROWS;
-/// Bytes of one packed group (a weight tile's row): 16 outputs × 4 `k`.
-const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP;
 
 /// Whether this CPU has AMX-INT8 and the OS lets this process use the tiles, asking for
 /// them for every thread of the process. [`crate::isa::Isa::detect`] calls it once and
@@ -210,6 +208,9 @@ unsafe fn block_sums<const MT: usize, const NB: usize>(
             .as_ptr()
             .add(((block0 + j) * n_groups + kb * GROUPS_PER_BLOCK) * GROUP_BYTES)
     };
+    if row0 == 0 {
+        prefetch_ahead::<NB>(w, block0, kb);
+    }
     tile_load::<4>(activations(0), a.k_pad);
     tile_load::<6>(weights(0), GROUP_BYTES);
     tile_dot::<0, 4, 6>();
