@@ -40,6 +40,69 @@ fn integer_gemm(c: &mut Criterion) {
     group.finish();
 }
 
+/// One decode step's products on SmolLM2-135M's shapes, every layer's weights their own
+/// (120 matrices and the output head, 134 M weights): unlike [`integer_gemm`]'s one
+/// matrix, which stays in cache between iterations, each weight is read from L3 or
+/// memory once per step, as in decoding, so this is where streaming the weights shows.
+fn decode_step_gemms(c: &mut Criterion) {
+    const LAYERS: usize = 30;
+    const EMBD: usize = 576;
+    const KV: usize = 192;
+    const FF: usize = 1536;
+    const VOCAB: usize = 49152;
+    let pool = ThreadPool::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .expect("thread pool");
+    let layer = [
+        (EMBD, EMBD + 2 * KV),
+        (EMBD, EMBD),
+        (EMBD, 2 * FF),
+        (FF, EMBD),
+    ];
+    let shapes: Vec<(usize, usize)> = (0..LAYERS)
+        .flat_map(|_| layer)
+        .chain([(EMBD, VOCAB)])
+        .collect();
+    let weights: Vec<(PackedI8, PackedI4)> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(k, n))| {
+            let w = values(n * k, i);
+            (PackedI8::quantize(&w, n, k), PackedI4::quantize(&w, n, k))
+        })
+        .collect();
+    let multiply_adds: usize = shapes.iter().map(|(k, n)| k * n).sum();
+    let mut group = c.benchmark_group("decode_step");
+    group.sample_size(10);
+    for m in [1, 8] {
+        let inputs: Vec<QuantizedRows> = [EMBD, FF]
+            .iter()
+            .map(|&k| {
+                let mut a = QuantizedRows::default();
+                a.quantize(&values(m * k, 2), m, k, k);
+                a
+            })
+            .collect();
+        let input = |k: usize| inputs[usize::from(k == FF)].view();
+        let mut out = vec![0.0; m * VOCAB];
+        group.throughput(Throughput::Elements((m * multiply_adds) as u64));
+        group.bench_with_input(BenchmarkId::new("int8", m), &m, |b, _| {
+            b.iter(|| {
+                for (&(k, n), (w8, _)) in shapes.iter().zip(&weights) {
+                    gemm_i8(&pool, &input(k), w8, &mut out[..m * n]);
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("int4", m), &m, |b, _| {
+            b.iter(|| {
+                for (&(k, n), (_, w4)) in shapes.iter().zip(&weights) {
+                    gemm_i4(&pool, &input(k), w4, &mut out[..m * n]);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One KV head's cached rows of `n_pos` positions, f32 and INT8.
 struct BenchCache {
     keys: Vec<f32>,
@@ -139,5 +202,11 @@ fn prefill_attention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, integer_gemm, grouped_attention, prefill_attention);
+criterion_group!(
+    benches,
+    integer_gemm,
+    decode_step_gemms,
+    grouped_attention,
+    prefill_attention
+);
 criterion_main!(benches);
