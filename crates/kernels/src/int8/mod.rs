@@ -38,9 +38,11 @@ pub const BLOCK_K: usize = 32;
 /// Packed groups per scale block.
 pub const GROUPS_PER_BLOCK: usize = BLOCK_K / K_PER_GROUP;
 /// Activation rows from which [`Isa::Amx`] multiplies on tiles. Below, a tile is mostly
-/// empty and VNNI is faster: on Qwen2.5-0.5B's FFN (2 threads, Sapphire Rapids) VNNI did
-/// 248 G multiply-adds/s at 4 rows against the tiles' 212, the tiles 335 at 8 against 265.
-const AMX_MIN_ROWS: usize = 8;
+/// empty and VNNI is as fast or faster. Batches this small are decode steps, whose weights
+/// come from L3 or memory: on a step of SmolLM2's and Qwen2.5-0.5B's products (2 threads,
+/// Sapphire Rapids, both kernels prefetching) the tiles read 25–28 G weights/s at 5 to 8
+/// rows against VNNI's 17–23 G, tied at 4, and lost at 3 (25 against 25–28).
+const AMX_MIN_ROWS: usize = 5;
 
 /// INT8 weights `[n, k]` in the packed layout, with one scale per row and block of `k`.
 #[derive(Debug, Clone)]
