@@ -234,6 +234,10 @@ pub unsafe fn gemm_i4_cols(
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
+        Isa::Amx | Isa::Avx512 if crate::int8::x86::has_vnni() => {
+            x86::gemm_blocks_vnni(a, w, out, blocks)
+        }
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
         // family above it.
         Isa::Amx | Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),

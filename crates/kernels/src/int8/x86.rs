@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use super::{PackedI8, QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
-pub(super) fn has_vnni() -> bool {
+pub(crate) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
 }
 
@@ -103,24 +103,41 @@ pub(super) unsafe fn gemm_blocks_vnni(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m;
-    for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
+    for_each_pair_tile(
+        a.m,
+        blocks,
+        ROWS_PER_BLOCK * w.k_pad,
+        |rows, row, b, pair| match (rows, pair) {
+            (4, true) => tile_vnni::<4, 2>(a, w, out, row, b),
+            (3, true) => tile_vnni::<3, 2>(a, w, out, row, b),
+            (2, true) => tile_vnni::<2, 2>(a, w, out, row, b),
+            (_, true) => tile_vnni::<1, 2>(a, w, out, row, b),
+            (4, false) => tile_vnni::<4, 1>(a, w, out, row, b),
+            (3, false) => tile_vnni::<3, 1>(a, w, out, row, b),
+            (2, false) => tile_vnni::<2, 1>(a, w, out, row, b),
+            (_, false) => tile_vnni::<1, 1>(a, w, out, row, b),
+        },
+    );
+}
+
+/// Calls `tile(rows, row, block, pair)` for every tile of up to four activation rows and
+/// two 16-row weight blocks (one when `pair` is false: a chunk's odd last block), a chunk
+/// of weights that fits in L2 at a time: the walk both AVX-512 VNNI kernels take.
+#[inline(always)]
+pub(crate) fn for_each_pair_tile(
+    m: usize,
+    blocks: Range<usize>,
+    block_bytes: usize,
+    mut tile: impl FnMut(usize, usize, usize, bool),
+) {
+    for chunk in block_chunks(blocks, block_bytes) {
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(4);
             let mut b = chunk.start;
             while b < chunk.end {
                 let pair = chunk.end - b >= 2;
-                match (rows, pair) {
-                    (4, true) => tile_vnni::<4, 2>(a, w, out, row, b),
-                    (3, true) => tile_vnni::<3, 2>(a, w, out, row, b),
-                    (2, true) => tile_vnni::<2, 2>(a, w, out, row, b),
-                    (_, true) => tile_vnni::<1, 2>(a, w, out, row, b),
-                    (4, false) => tile_vnni::<4, 1>(a, w, out, row, b),
-                    (3, false) => tile_vnni::<3, 1>(a, w, out, row, b),
-                    (2, false) => tile_vnni::<2, 1>(a, w, out, row, b),
-                    (_, false) => tile_vnni::<1, 1>(a, w, out, row, b),
-                }
+                tile(rows, row, b, pair);
                 b += if pair { 2 } else { 1 };
             }
             row += rows;
@@ -191,7 +208,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
 /// The CPU has AVX-512F; `out` points to `[m, n]` floats and holds `row`.
 #[target_feature(enable = "avx512f")]
 #[inline]
-pub(super) unsafe fn store_block_row(
+pub(crate) unsafe fn store_block_row(
     out: *mut f32,
     n: usize,
     row: usize,
