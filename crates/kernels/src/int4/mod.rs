@@ -234,6 +234,7 @@ pub unsafe fn gemm_i4_cols(
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` and above have AVX-512F; `has_vnni` checked VNNI and BW.
         Isa::Amx | Isa::Avx512 if crate::int8::x86::has_vnni() => {
             x86::gemm_blocks_vnni(a, w, out, blocks)
         }

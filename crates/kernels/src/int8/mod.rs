@@ -41,7 +41,7 @@ pub const GROUPS_PER_BLOCK: usize = BLOCK_K / K_PER_GROUP;
 /// empty and VNNI is as fast or faster. Batches this small are decode steps, whose weights
 /// come from L3 or memory: on a step of SmolLM2's and Qwen2.5-0.5B's products (2 threads,
 /// Sapphire Rapids, both kernels prefetching) the tiles read 25–28 G weights/s at 5 to 8
-/// rows against VNNI's 17–23 G, tied at 4, and lost at 3 (25 against 25–28).
+/// rows against VNNI's 17–23 G, tied at 4, and at 3 lost on SmolLM2's (25 against 28).
 const AMX_MIN_ROWS: usize = 5;
 
 /// INT8 weights `[n, k]` in the packed layout, with one scale per row and block of `k`.
