@@ -35,8 +35,14 @@ use crate::COLUMN_ALIGN;
 
 /// Weights per scale and minimum.
 pub const GROUP: usize = crate::int8::BLOCK_K;
+/// Activation rows from which [`Isa::Amx`] multiplies on tiles, each chunk of weights
+/// unpacked to bytes once for all the rows' 32-row passes. With one pass the unpacking
+/// costs what the tiles save: on a chain of SmolLM2's and Qwen2.5-0.5B's products
+/// (2 threads, Sapphire Rapids) the tiles and VNNI tied at 32 rows, and the tiles led by
+/// 10 % at 48, 14–17 % at 64 and 37 % at 512.
+const AMX_MIN_ROWS: usize = 33;
 /// Bytes of one packed group: sixteen rows × four `k`, two nibbles per byte.
-const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP / 2;
+pub(crate) const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP / 2;
 
 /// 4-bit weights `[n, k]` with one scale and minimum per row and group of 32 along `k`.
 #[derive(Debug, Clone)]
@@ -234,6 +240,8 @@ pub unsafe fn gemm_i4_cols(
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]
+        Isa::Amx if m >= AMX_MIN_ROWS => crate::int8::amx::gemm_blocks_amx_i4(a, w, out, blocks),
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` and above have AVX-512F; `has_vnni` checked VNNI and BW.
         Isa::Amx | Isa::Avx512 if crate::int8::x86::has_vnni() => {
             x86::gemm_blocks_vnni(a, w, out, blocks)
@@ -252,12 +260,19 @@ mod tests {
     use crate::int8::QuantizedRows;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, L2_CROSSING_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, L2_CROSSING_GEMM_SHAPES, PREFILL_GEMM_SHAPES,
+        RAGGED_GEMM_SHAPES,
     };
 
     #[test]
     fn every_isa_matches_scalar_exactly_across_l2_chunks() {
         assert_every_isa_matches_scalar::<PackedI4>(&L2_CROSSING_GEMM_SHAPES, &[1, 2], (7, 8));
+    }
+
+    /// From 33 rows AMX unpacks each chunk once for several passes (two of these shapes).
+    #[test]
+    fn every_isa_matches_scalar_exactly_on_prefill_batches() {
+        assert_every_isa_matches_scalar::<PackedI4>(&PREFILL_GEMM_SHAPES, &[1, 2], (5, 6));
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! scalar oracle does, so the result is bit for bit the oracle's. Both operands are signed
 //! bytes, so unlike VNNI no +128 offset is needed.
 //!
+//! INT4 weights take the same passes a chunk at a time, unpacked to bytes first
+//! ([`gemm_blocks_amx_i4`]).
+//!
 //! Rust has no stable AMX intrinsics, so the tile instructions are inline assembly on
 //! registers this module fixes: sums in tmm0–3 (`2 · activation tile + weight tile`),
 //! activations in tmm4–5, weights in tmm6–7. Linux hands out the tile state only after
@@ -16,8 +19,13 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::x86::{block_chunks, prefetch_ahead, store_block_row, GROUP_BYTES};
+use std::cell::RefCell;
+
+use half::f16;
+
+use super::x86::{block_chunks, blocks_ahead, prefetch, store_block_row, GROUP_BYTES};
 use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
+use crate::int4::{PackedI4, GROUP_BYTES as I4_GROUP_BYTES};
 
 /// Rows of one activation tile (the most a tile holds).
 const TILE_ROWS: usize = 16;
@@ -137,6 +145,33 @@ unsafe fn tile_store<const T: usize>(dst: *mut [i32; ROWS_PER_BLOCK]) {
         stride = in(reg) 4 * ROWS_PER_BLOCK, options(nostack));
 }
 
+/// What the tile passes read of a weight matrix: INT8 weights in the packed layout from
+/// block `first` on (the matrix's own, or an INT4 chunk unpacked to it), and the scales,
+/// and for INT4 the minimums, of the whole matrix.
+struct TileWeights<'w> {
+    data: &'w [i8],
+    first: usize,
+    n: usize,
+    k_pad: usize,
+    scales: &'w [f16],
+    mins: Option<&'w [f16]>,
+    /// Whether `data` is read from memory (not a chunk just unpacked into cache), so the
+    /// passes ask for it ahead.
+    streamed: bool,
+}
+
+impl TileWeights<'_> {
+    fn n_blocks(&self) -> usize {
+        self.k_pad / BLOCK_K
+    }
+
+    /// Byte offset in `data` of scale block `kb` of weight block `block`.
+    #[inline(always)]
+    fn offset(&self, block: usize, kb: usize) -> usize {
+        ((block - self.first) * (self.k_pad / K_PER_GROUP) + kb * GROUPS_PER_BLOCK) * GROUP_BYTES
+    }
+}
+
 /// # Safety
 /// [`enable`] returned true and the CPU has AVX-512 F/BW; `out` points to `m * w.n` floats
 /// and no other thread writes the columns of `blocks`.
@@ -147,35 +182,143 @@ pub(super) unsafe fn gemm_blocks_amx(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let m = a.m;
-    // Rows of the loaded configuration; 0 before the first.
-    let mut configured = 0;
-    // One buffer for every pass: zeroing 4 KiB per pass cost 3-4 % of a prefill.
-    let mut sums = BlockSums([[[0; ROWS_PER_BLOCK]; TILE_ROWS]; 4]);
+    let weights = TileWeights {
+        data: &w.data,
+        first: 0,
+        n: w.n,
+        k_pad: w.k_pad,
+        scales: &w.scales,
+        mins: None,
+        streamed: true,
+    };
+    let mut tiles = Tiles::new();
     for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
+        tiles.chunk_passes(a, &weights, out, chunk);
+    }
+}
+
+/// W4A8 on the tiles: each chunk of weight blocks that fits in L2 unpacked to signed bytes
+/// (the nibbles' values, 0 to 15) in the INT8 layout, then multiplied as INT8, with each
+/// block's minimum folded in as the INT4 kernels do. A prefill reads every chunk once from
+/// memory and multiplies it by every row, so the unpacking is paid once per chunk.
+///
+/// # Safety
+/// As [`gemm_blocks_amx`].
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn gemm_blocks_amx_i4(
+    a: &QuantizedView<'_>,
+    w: &PackedI4,
+    out: *mut f32,
+    blocks: Range<usize>,
+) {
+    thread_local! {
+        /// One chunk of unpacked weights per thread, kept between calls.
+        static UNPACKED: RefCell<Vec<i8>> = const { RefCell::new(Vec::new()) };
+    }
+    UNPACKED.with_borrow_mut(|unpacked| {
+        let mut tiles = Tiles::new();
+        for chunk in block_chunks(blocks, ROWS_PER_BLOCK * w.k_pad) {
+            unpack_i4(w, chunk.clone(), unpacked);
+            let weights = TileWeights {
+                data: &unpacked[..],
+                first: chunk.start,
+                n: w.n,
+                k_pad: w.k_pad,
+                scales: &w.scales,
+                mins: Some(&w.mins),
+                streamed: false,
+            };
+            tiles.chunk_passes(a, &weights, out, chunk);
+        }
+    });
+}
+
+/// Weight blocks `blocks` of `w` as signed bytes in the INT8 layout, into `out`: a packed
+/// group's low nibbles are rows 0–7 of its four `k` and its high nibbles rows 8–15, which
+/// side by side are the INT8 group.
+#[target_feature(enable = "avx2")]
+unsafe fn unpack_i4(w: &PackedI4, blocks: Range<usize>, out: &mut Vec<i8>) {
+    let groups = blocks.len() * w.k_pad / K_PER_GROUP;
+    // Every byte is written below: grown, never cleared.
+    if out.len() < groups * GROUP_BYTES {
+        out.resize(groups * GROUP_BYTES, 0);
+    }
+    let src = &w.data[blocks.start * (w.k_pad / K_PER_GROUP) * I4_GROUP_BYTES..]
+        [..groups * I4_GROUP_BYTES];
+    let low_nibbles = _mm256_set1_epi8(0x0F);
+    for (packed, unpacked) in src
+        .chunks_exact(I4_GROUP_BYTES)
+        .zip(out.chunks_exact_mut(GROUP_BYTES))
+    {
+        // SAFETY: `packed` holds 32 bytes and `unpacked` 64.
+        let v = _mm256_loadu_si256(packed.as_ptr().cast());
+        let lo = _mm256_and_si256(v, low_nibbles);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low_nibbles);
+        _mm256_storeu_si256(unpacked.as_mut_ptr().cast(), lo);
+        _mm256_storeu_si256(unpacked.as_mut_ptr().add(32).cast(), hi);
+    }
+}
+
+/// The tile configuration loaded on this thread and the buffer the sums go through.
+struct Tiles {
+    /// Rows of the loaded configuration; 0 before the first.
+    configured: usize,
+    /// One buffer for every pass: zeroing 4 KiB per pass cost 3-4 % of a prefill.
+    sums: BlockSums,
+}
+
+impl Tiles {
+    fn new() -> Self {
+        Self {
+            configured: 0,
+            sums: BlockSums([[[0; ROWS_PER_BLOCK]; TILE_ROWS]; 4]),
+        }
+    }
+
+    /// Every row of `a` by the weight blocks of `chunk`, in passes of up to 32 rows and
+    /// two blocks.
+    ///
+    /// # Safety
+    /// As [`gemm_blocks_amx`], for the columns of `chunk`, which `weights` holds.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn chunk_passes(
+        &mut self,
+        a: &QuantizedView<'_>,
+        w: &TileWeights<'_>,
+        out: *mut f32,
+        chunk: Range<usize>,
+    ) {
+        let m = a.m;
+        let sums = &mut self.sums;
         let mut row = 0;
         while row < m {
             let rows = (m - row).min(ROWS_PER_PASS);
-            if rows != configured {
+            if rows != self.configured {
                 TileConfig::for_rows(rows).load();
-                configured = rows;
+                self.configured = rows;
             }
             let mut b = chunk.start;
             while b < chunk.end {
                 let pair = chunk.end - b >= 2;
                 match (rows > TILE_ROWS, pair) {
-                    (true, true) => pass::<2, 2>(a, w, out, row, rows, b, &mut sums),
-                    (true, false) => pass::<2, 1>(a, w, out, row, rows, b, &mut sums),
-                    (false, true) => pass::<1, 2>(a, w, out, row, rows, b, &mut sums),
-                    (false, false) => pass::<1, 1>(a, w, out, row, rows, b, &mut sums),
+                    (true, true) => pass::<2, 2>(a, w, out, row, rows, b, sums),
+                    (true, false) => pass::<2, 1>(a, w, out, row, rows, b, sums),
+                    (false, true) => pass::<1, 2>(a, w, out, row, rows, b, sums),
+                    (false, false) => pass::<1, 1>(a, w, out, row, rows, b, sums),
                 }
                 b += if pair { 2 } else { 1 };
             }
             row += rows;
         }
     }
-    if configured > 0 {
-        asm!("tilerelease", options(nostack, nomem));
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        if self.configured > 0 {
+            // SAFETY: a configuration was loaded, so the CPU has AMX and the OS granted it.
+            unsafe { asm!("tilerelease", options(nostack, nomem)) };
+        }
     }
 }
 
@@ -191,25 +334,23 @@ struct BlockSums([[[i32; ROWS_PER_BLOCK]; TILE_ROWS]; 4]);
 #[inline(always)]
 unsafe fn block_sums<const MT: usize, const NB: usize>(
     a: &QuantizedView<'_>,
-    w: &PackedI8,
+    w: &TileWeights<'_>,
     row0: usize,
     block0: usize,
     kb: usize,
     sums: &mut BlockSums,
 ) {
-    let n_groups = w.k_pad / K_PER_GROUP;
     let activations = |t: usize| {
         a.data
             .as_ptr()
             .add((row0 + t * TILE_ROWS) * a.k_pad + kb * BLOCK_K)
     };
-    let weights = |j: usize| {
-        w.data
-            .as_ptr()
-            .add(((block0 + j) * n_groups + kb * GROUPS_PER_BLOCK) * GROUP_BYTES)
-    };
-    if row0 == 0 {
-        prefetch_ahead::<NB>(w, block0, kb);
+    let weights = |j: usize| w.data.as_ptr().add(w.offset(block0 + j, kb));
+    if w.streamed && row0 == 0 {
+        let (first, kb) = blocks_ahead(block0, NB, kb, w.n_blocks());
+        for block in first..first + NB {
+            prefetch(w.data, w.offset(block, kb), GROUPS_PER_BLOCK * GROUP_BYTES);
+        }
     }
     tile_load::<4>(activations(0), a.k_pad);
     tile_load::<6>(weights(0), GROUP_BYTES);
@@ -237,7 +378,7 @@ unsafe fn block_sums<const MT: usize, const NB: usize>(
 #[inline]
 unsafe fn pass<const MT: usize, const NB: usize>(
     a: &QuantizedView<'_>,
-    w: &PackedI8,
+    w: &TileWeights<'_>,
     out: *mut f32,
     row0: usize,
     rows: usize,
@@ -252,17 +393,25 @@ unsafe fn pass<const MT: usize, const NB: usize>(
         for j in 0..NB {
             let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
             let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
+            let w_min = w
+                .mins
+                .map(|mins| _mm512_cvtph_ps(_mm256_loadu_si256(mins.as_ptr().add(at).cast())));
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let tile_sums = &sums.0[2 * t + j];
                 for (r, acc_tr) in acc_t.iter_mut().enumerate().take(tile_rows[t]) {
-                    let row = row0 + t * TILE_ROWS + r;
-                    let a_scale = _mm512_set1_ps(*a.scales.get_unchecked(row * n_blocks + kb));
+                    let at = (row0 + t * TILE_ROWS + r) * n_blocks + kb;
+                    let a_scale = *a.scales.get_unchecked(at);
                     let dot = _mm512_load_si512(tile_sums[r].as_ptr().cast());
                     acc_tr[j] = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(dot),
-                        _mm512_mul_ps(w_scale, a_scale),
+                        _mm512_mul_ps(w_scale, _mm512_set1_ps(a_scale)),
                         acc_tr[j],
                     );
+                    // INT4: `min · Σ a` after the scaled sum, as the other INT4 kernels add it.
+                    if let Some(w_min) = w_min {
+                        let a_sum = *a.block_sums.get_unchecked(at) as f32 * a_scale;
+                        acc_tr[j] = _mm512_fmadd_ps(w_min, _mm512_set1_ps(a_sum), acc_tr[j]);
+                    }
                 }
             }
         }
