@@ -22,7 +22,7 @@
 
 mod reference;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use std::ops::Range;
 

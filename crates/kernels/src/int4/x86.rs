@@ -21,19 +21,22 @@ use std::ops::Range;
 
 use super::{PackedI4, GROUP_BYTES};
 use crate::int8::x86::{
-    blocks_ahead, for_each_pair_tile, for_each_tile, load_a4, prefetch, store_block_row, store_tile,
+    for_each_pair_tile, for_each_tile, load_a4, prefetch_ahead, store_block_row, store_tile,
 };
 use crate::int8::{QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
-/// The INT8 kernels' [`prefetch`] of the weights ahead, for 4-bit weights.
-#[inline(always)]
-fn prefetch_ahead<const NB: usize>(w: &PackedI4, block0: usize, kb: usize) {
-    let n_groups = w.k_pad / K_PER_GROUP;
-    let (first, kb) = blocks_ahead(block0, NB, kb, w.n_groups());
-    for block in first..first + NB {
-        let from = (block * n_groups + kb * GROUPS_PER_BLOCK) * GROUP_BYTES;
-        prefetch(&w.data, from, GROUPS_PER_BLOCK * GROUP_BYTES);
-    }
+/// A packed group's rows 0–7 (its low nibbles) and 8–15 (its high nibbles) as bytes.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn split_nibbles(packed: __m256i) -> [__m256i; 2] {
+    let low_nibbles = _mm256_set1_epi8(0x0F);
+    [
+        _mm256_and_si256(packed, low_nibbles),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low_nibbles),
+    ]
 }
 
 /// # Safety
@@ -69,7 +72,6 @@ unsafe fn tile<const MR: usize>(
     block: usize,
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_groups());
-    let low_nibbles = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     // [row][half]: rows 0-7 and 8-15 of the block.
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
@@ -77,16 +79,15 @@ unsafe fn tile<const MR: usize>(
     let scale_base = block * n_blocks * ROWS_PER_BLOCK;
     for kb in 0..n_blocks {
         if row0 == 0 {
-            prefetch_ahead::<1>(w, block, kb);
+            prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
         }
         let mut pairs = [[_mm256_setzero_si256(); 2]; MR];
         for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
             let packed = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES).cast());
-            let lo = _mm256_and_si256(packed, low_nibbles);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low_nibbles);
+            let halves = split_nibbles(packed);
             for (r, pairs_r) in pairs.iter_mut().enumerate() {
                 let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-                for (p, nibbles) in pairs_r.iter_mut().zip([lo, hi]) {
+                for (p, nibbles) in pairs_r.iter_mut().zip(halves) {
                     *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(nibbles, av));
                 }
             }
@@ -153,12 +154,11 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     block0: usize,
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_groups());
-    let low_nibbles = _mm256_set1_epi8(0x0F);
     let mut acc = [[_mm512_setzero_ps(); NB]; MR];
     let w_base = w.data.as_ptr();
     for kb in 0..n_blocks {
         if row0 == 0 {
-            prefetch_ahead::<NB>(w, block0, kb);
+            prefetch_ahead::<NB, _>(&w.data, w.k_pad, GROUP_BYTES, block0, kb);
         }
         let mut dots = [[_mm512_setzero_si512(); NB]; MR];
         for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
@@ -169,8 +169,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
                         .add(((block0 + j) * n_groups + g) * GROUP_BYTES)
                         .cast(),
                 );
-                let lo = _mm256_and_si256(packed, low_nibbles);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(packed), low_nibbles);
+                let [lo, hi] = split_nibbles(packed);
                 *v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
             }
             for (r, dots_r) in dots.iter_mut().enumerate() {

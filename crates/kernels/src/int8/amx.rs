@@ -23,8 +23,9 @@ use std::cell::RefCell;
 
 use half::f16;
 
-use super::x86::{block_chunks, blocks_ahead, prefetch, store_block_row, GROUP_BYTES};
+use super::x86::{block_chunks, prefetch_ahead, store_block_row, GROUP_BYTES};
 use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
+use crate::int4::x86::split_nibbles;
 use crate::int4::{PackedI4, GROUP_BYTES as I4_GROUP_BYTES};
 
 /// Rows of one activation tile (the most a tile holds).
@@ -245,15 +246,12 @@ unsafe fn unpack_i4(w: &PackedI4, blocks: Range<usize>, out: &mut Vec<i8>) {
     }
     let src = &w.data[blocks.start * (w.k_pad / K_PER_GROUP) * I4_GROUP_BYTES..]
         [..groups * I4_GROUP_BYTES];
-    let low_nibbles = _mm256_set1_epi8(0x0F);
     for (packed, unpacked) in src
         .chunks_exact(I4_GROUP_BYTES)
         .zip(out.chunks_exact_mut(GROUP_BYTES))
     {
         // SAFETY: `packed` holds 32 bytes and `unpacked` 64.
-        let v = _mm256_loadu_si256(packed.as_ptr().cast());
-        let lo = _mm256_and_si256(v, low_nibbles);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low_nibbles);
+        let [lo, hi] = split_nibbles(_mm256_loadu_si256(packed.as_ptr().cast()));
         _mm256_storeu_si256(unpacked.as_mut_ptr().cast(), lo);
         _mm256_storeu_si256(unpacked.as_mut_ptr().add(32).cast(), hi);
     }
@@ -347,10 +345,7 @@ unsafe fn block_sums<const MT: usize, const NB: usize>(
     };
     let weights = |j: usize| w.data.as_ptr().add(w.offset(block0 + j, kb));
     if w.streamed && row0 == 0 {
-        let (first, kb) = blocks_ahead(block0, NB, kb, w.n_blocks());
-        for block in first..first + NB {
-            prefetch(w.data, w.offset(block, kb), GROUPS_PER_BLOCK * GROUP_BYTES);
-        }
+        prefetch_ahead::<NB, _>(w.data, w.k_pad, GROUP_BYTES, block0 - w.first, kb);
     }
     tile_load::<4>(activations(0), a.k_pad);
     tile_load::<6>(weights(0), GROUP_BYTES);

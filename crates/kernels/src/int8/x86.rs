@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI8, QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
+use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
 pub(crate) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
@@ -56,7 +56,7 @@ pub(crate) unsafe fn load_a4(a: &QuantizedView<'_>, row: usize, group: usize) ->
 /// whole model, INT4 decode went from 210–220 to 314–322 tokens/s. Prefill, whose later
 /// row passes find a chunk in L2, did not change.
 #[inline(always)]
-pub(crate) fn prefetch<T: Copy>(data: &[T], from: usize, bytes: usize) {
+fn prefetch<T: Copy>(data: &[T], from: usize, bytes: usize) {
     let base = data.as_ptr().cast::<i8>();
     let end = std::mem::size_of_val(data).min(from.saturating_add(bytes));
     for line in (from..end).step_by(64) {
@@ -73,7 +73,7 @@ const PREFETCH_AHEAD: usize = 8;
 /// from `block0` at scale block `kb` of `n_blocks` asks for: [`PREFETCH_AHEAD`] further on in
 /// the same blocks, or at the start of the next tile's once they end.
 #[inline(always)]
-pub(crate) fn blocks_ahead(block0: usize, nb: usize, kb: usize, n_blocks: usize) -> (usize, usize) {
+fn blocks_ahead(block0: usize, nb: usize, kb: usize, n_blocks: usize) -> (usize, usize) {
     let kb = kb + PREFETCH_AHEAD;
     if kb < n_blocks {
         (block0, kb)
@@ -82,14 +82,22 @@ pub(crate) fn blocks_ahead(block0: usize, nb: usize, kb: usize, n_blocks: usize)
     }
 }
 
-/// [`prefetch`] for INT8 weights: see [`blocks_ahead`].
+/// [`prefetch`] of the weights [`blocks_ahead`] names, for a tile of `NB` blocks from
+/// `block0` at scale block `kb`, in the packed layout of either integer format: `data`
+/// holds each 16-row block's groups of four `k` in turn, `group_bytes` apiece.
 #[inline(always)]
-pub(super) fn prefetch_ahead<const NB: usize>(w: &PackedI8, block0: usize, kb: usize) {
-    let n_groups = w.k_pad / K_PER_GROUP;
-    let (first, kb) = blocks_ahead(block0, NB, kb, w.n_blocks());
+pub(crate) fn prefetch_ahead<const NB: usize, T: Copy>(
+    data: &[T],
+    k_pad: usize,
+    group_bytes: usize,
+    block0: usize,
+    kb: usize,
+) {
+    let n_groups = k_pad / K_PER_GROUP;
+    let (first, kb) = blocks_ahead(block0, NB, kb, k_pad / BLOCK_K);
     for block in first..first + NB {
-        let from = (block * n_groups + kb * GROUPS_PER_BLOCK) * GROUP_BYTES;
-        prefetch(&w.data, from, GROUPS_PER_BLOCK * GROUP_BYTES);
+        let from = (block * n_groups + kb * GROUPS_PER_BLOCK) * group_bytes;
+        prefetch(data, from, GROUPS_PER_BLOCK * group_bytes);
     }
 }
 
@@ -160,7 +168,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     let w_base = w.data.as_ptr();
     for kb in 0..n_blocks {
         if row0 == 0 {
-            prefetch_ahead::<NB>(w, block0, kb);
+            prefetch_ahead::<NB, _>(&w.data, w.k_pad, GROUP_BYTES, block0, kb);
         }
         let mut dots = [[_mm512_setzero_si512(); NB]; MR];
         for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
@@ -283,7 +291,7 @@ unsafe fn tile_avx2<const MR: usize>(
     let scale_base = w.scales.as_ptr().add(block * n_blocks * ROWS_PER_BLOCK);
     for kb in 0..n_blocks {
         if row0 == 0 {
-            prefetch_ahead::<1>(w, block, kb);
+            prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
         }
         let mut dots = [[_mm256_setzero_si256(); 2]; MR];
         for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
