@@ -7,6 +7,7 @@ mod kquants;
 mod legacy;
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use crate::{GgmlType, GgufError, Result};
 
@@ -54,8 +55,6 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
             data.len()
         )));
     }
-    let blocks = data.chunks_exact(ty.block_bytes());
-    let outs = out.chunks_exact_mut(ty.block_len());
     let each: fn(&[u8], &mut [f32]) = match ty {
         GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         GgmlType::F16 => |b, y| y[0] = f16::from_le_bytes([b[0], b[1]]).to_f32(),
@@ -72,11 +71,22 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         GgmlType::Q6K => kquants::dequant_q6_k,
         _ => return Err(GgufError::UnsupportedTensorType(ty)),
     };
-    for (block, y) in blocks.zip(outs) {
-        each(block, y);
-    }
+    // Runs of blocks on every core: a model is dequantised tensor by tensor at each load.
+    let per_run = (DEQUANTIZE_RUN / ty.block_len()).max(1);
+    data.par_chunks(per_run * ty.block_bytes())
+        .zip(out.par_chunks_mut(per_run * ty.block_len()))
+        .for_each(|(data, out)| {
+            let blocks = data.chunks_exact(ty.block_bytes());
+            for (block, y) in blocks.zip(out.chunks_exact_mut(ty.block_len())) {
+                each(block, y);
+            }
+        });
     Ok(())
 }
+
+/// Elements one task of [`dequantize`] decodes: large enough that a task is far longer
+/// than handing it to a thread.
+const DEQUANTIZE_RUN: usize = 1 << 16;
 
 /// Quantises `src` to `ty` with GGML's reference (round-to-nearest) schemes, so tests can
 /// write tiny models. K-quants need an optimising search and are not offered.

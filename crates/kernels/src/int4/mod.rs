@@ -27,6 +27,7 @@ pub(crate) mod x86;
 use std::ops::Range;
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::int8::{scale_index, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
 use crate::isa::{self, Isa};
@@ -72,6 +73,49 @@ fn nibble_position(row: usize, kk: usize, k_pad: usize) -> (usize, bool) {
     )
 }
 
+/// Packs up to 16 rows `w` (`[rows, k]`) into one row block's `data`, `scales` and
+/// `mins` ([`PackedI4`]'s layout, from the block's start).
+fn quantize_row_block(w: &[f32], k: usize, data: &mut [u8], scales: &mut [f16], mins: &mut [f16]) {
+    let n_groups = k.div_ceil(GROUP);
+    let k_pad = n_groups * GROUP;
+    for (row, w_row) in w.chunks_exact(k).enumerate() {
+        for (g, values) in w_row.chunks(GROUP).enumerate() {
+            let min = values.iter().copied().fold(f32::INFINITY, f32::min);
+            let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (min, scale) = if min.is_finite() && max > min {
+                (f16::from_f32(min), f16::from_f32((max - min) / 15.0))
+            } else {
+                (
+                    f16::from_f32(if min.is_finite() { min } else { 0.0 }),
+                    f16::ZERO,
+                )
+            };
+            let (min_f, scale_f) = (min.to_f32(), scale.to_f32());
+            let inv = if scale_f == 0.0 { 0.0 } else { 1.0 / scale_f };
+            // Padding keeps nibble 0: its activations are zero.
+            for (j, &v) in values.iter().enumerate() {
+                let nibble = round_to_nibble((v - min_f) * inv);
+                let (byte, high) = nibble_position(row, g * GROUP + j, k_pad);
+                data[byte] |= if high { nibble << 4 } else { nibble };
+            }
+            let at = scale_index(row, g, n_groups);
+            scales[at] = scale;
+            mins[at] = min;
+        }
+    }
+}
+
+/// `x.round().clamp(0.0, 15.0) as u8` (NaN gives 0) without `f32::round`, a libm call on
+/// baseline x86-64 that was most of packing a model at load: within `0..=15` the
+/// fraction `x - trunc(x)` is exact, so rounding half away from zero is adding whether
+/// it reaches one half.
+#[inline]
+fn round_to_nibble(x: f32) -> u8 {
+    let x = x.clamp(0.0, 15.0);
+    let whole = x as u8;
+    whole + u8::from(x - f32::from(whole) >= 0.5)
+}
+
 impl PackedI4 {
     /// Quantises a row-major f32 matrix `[n, k]`: each group's range `min..=max` is cut
     /// into 15 steps (against the stored f16 scale and minimum, so rounding them moves no
@@ -84,30 +128,15 @@ impl PackedI4 {
         let mut data = vec![0u8; n_pad * k_pad / 2];
         let mut scales = vec![f16::ZERO; n_pad * n_groups];
         let mut mins = vec![f16::ZERO; n_pad * n_groups];
-        for row in 0..n {
-            for (g, values) in w[row * k..(row + 1) * k].chunks(GROUP).enumerate() {
-                let min = values.iter().copied().fold(f32::INFINITY, f32::min);
-                let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let (min, scale) = if min.is_finite() && max > min {
-                    (f16::from_f32(min), f16::from_f32((max - min) / 15.0))
-                } else {
-                    (
-                        f16::from_f32(if min.is_finite() { min } else { 0.0 }),
-                        f16::ZERO,
-                    )
-                };
-                let (min_f, scale_f) = (min.to_f32(), scale.to_f32());
-                let inv = if scale_f == 0.0 { 0.0 } else { 1.0 / scale_f };
-                // Padding keeps nibble 0: its activations are zero.
-                for (j, &v) in values.iter().enumerate() {
-                    let nibble = ((v - min_f) * inv).round().clamp(0.0, 15.0) as u8;
-                    let (byte, high) = nibble_position(row, g * GROUP + j, k_pad);
-                    data[byte] |= if high { nibble << 4 } else { nibble };
-                }
-                let at = scale_index(row, g, n_groups);
-                scales[at] = scale;
-                mins[at] = min;
-            }
+        // Row blocks on every core, as `PackedI8::quantize` packs them.
+        if n > 0 && k > 0 {
+            w.par_chunks(ROWS_PER_BLOCK * k)
+                .zip(data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2))
+                .zip(scales.par_chunks_mut(ROWS_PER_BLOCK * n_groups))
+                .zip(mins.par_chunks_mut(ROWS_PER_BLOCK * n_groups))
+                .for_each(|(((w, data), scales), mins)| {
+                    quantize_row_block(w, k, data, scales, mins)
+                });
         }
         Self {
             n,
@@ -338,6 +367,32 @@ mod tests {
                     "row {row} k {kk}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn nibbles_round_as_f32_round_does() {
+        let mut xs = vec![
+            -1.0,
+            -0.5,
+            -0.0,
+            0.0,
+            0.49999997,
+            0.5,
+            14.5,
+            14.999999,
+            15.0,
+            15.5,
+            1e9,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ];
+        xs.extend((0..17).map(|i| i as f32 + 0.5));
+        xs.extend(random(4096, 3).iter().map(|v| v * 20.0));
+        for x in xs {
+            let want = x.round().clamp(0.0, 15.0) as u8;
+            assert_eq!(round_to_nibble(x), want, "{x}");
         }
     }
 

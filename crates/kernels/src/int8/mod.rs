@@ -22,6 +22,7 @@ mod reference;
 pub(crate) mod x86;
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::isa::{self, Isa};
 use std::ops::Range;
@@ -63,30 +64,33 @@ pub struct PackedI8 {
 
 impl PackedI8 {
     /// Quantises a row-major f32 matrix `[n, k]` to INT8, one scale per row and block.
+    ///
+    /// Each 16-row block's bytes, scales and sums are contiguous, so the blocks are packed
+    /// on every core ([`rayon`]): a model is packed once per load, and on one core this
+    /// was most of Qwen2.5-0.5B's.
     pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
+        Self::quantize_with(isa::active(), w, n, k)
+    }
+
+    /// As [`PackedI8::quantize`] with an explicit ISA (tests compare every ISA against
+    /// scalar).
+    pub fn quantize_with(isa: Isa, w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w must be [n, k]");
+        isa.assert_supported();
         let k_pad = k.div_ceil(BLOCK_K) * BLOCK_K;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         let n_blocks = k_pad / BLOCK_K;
         let mut data = vec![0i8; n_pad * k_pad];
         let mut scales = vec![f16::ZERO; n_pad * n_blocks];
         let mut block_sums = vec![0i16; n_pad * n_blocks];
-        let mut q = [0i8; BLOCK_K];
-        for row in 0..n {
-            for (b, xb) in w[row * k..(row + 1) * k].chunks(BLOCK_K).enumerate() {
-                // Quantised against the stored (f16) scale, so no step is off by its rounding.
-                let max = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-                let scale = f16::from_f32(max / 127.0);
-                let stored = scale.to_f32();
-                q.fill(0);
-                quantize_scaled(xb, if stored > 0.0 { 1.0 / stored } else { 0.0 }, &mut q);
-                let at = scale_index(row, b, n_blocks);
-                scales[at] = scale;
-                block_sums[at] = q.iter().map(|&v| i16::from(v)).sum();
-                for (j, &v) in q.iter().enumerate() {
-                    data[packed_index(row, b * BLOCK_K + j, k_pad)] = v;
-                }
-            }
+        if n > 0 && k > 0 {
+            w.par_chunks(ROWS_PER_BLOCK * k)
+                .zip(data.par_chunks_mut(ROWS_PER_BLOCK * k_pad))
+                .zip(scales.par_chunks_mut(ROWS_PER_BLOCK * n_blocks))
+                .zip(block_sums.par_chunks_mut(ROWS_PER_BLOCK * n_blocks))
+                .for_each(|(((w, data), scales), sums)| {
+                    quantize_row_block(isa, w, k, data, scales, sums)
+                });
         }
         Self {
             n,
@@ -144,24 +148,107 @@ pub fn scale_index(row: usize, block: usize, n_blocks: usize) -> usize {
     ((row / ROWS_PER_BLOCK) * n_blocks + block) * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK
 }
 
+/// Packs up to 16 rows `w` (`[rows, k]`) into one row block's `data`, `scales` and
+/// `sums` ([`PackedI8`]'s layout, from the block's start).
+fn quantize_row_block(
+    isa: Isa,
+    w: &[f32],
+    k: usize,
+    data: &mut [i8],
+    scales: &mut [f16],
+    sums: &mut [i16],
+) {
+    let n_blocks = k.div_ceil(BLOCK_K);
+    let k_pad = n_blocks * BLOCK_K;
+    let (mut q, mut padded) = ([0i8; BLOCK_K], [0.0f32; BLOCK_K]);
+    for (row, w_row) in w.chunks_exact(k).enumerate() {
+        for (b, xb) in w_row.chunks(BLOCK_K).enumerate() {
+            let block = if xb.len() == BLOCK_K {
+                xb
+            } else {
+                padded[..xb.len()].copy_from_slice(xb);
+                padded[xb.len()..].fill(0.0);
+                &padded
+            };
+            let at = scale_index(row, b, n_blocks);
+            // The f16 value `Scaling::Weights` quantised against: exact in f16.
+            scales[at] = f16::from_f32(quantize_block(isa, block, &mut q, Scaling::Weights));
+            sums[at] = q.iter().map(|&v| i16::from(v)).sum();
+            for (g, group) in q.chunks_exact(K_PER_GROUP).enumerate() {
+                let at = packed_index(row, b * BLOCK_K + g * K_PER_GROUP, k_pad);
+                data[at..at + K_PER_GROUP].copy_from_slice(group);
+            }
+        }
+    }
+}
+
+/// How a block's scale follows from its largest magnitude.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scaling {
+    /// Activations, quantised per token at run time: scaled by `127 / max`, the scale kept
+    /// in f32. A zero or non-finite `max` zeroes the block.
+    Activations,
+    /// Weights, whose scales are stored in f16: scaled against the stored scale, so no
+    /// step is off by its rounding.
+    Weights,
+}
+
+impl Scaling {
+    /// The multiplier a block of largest magnitude `max` is scaled by before rounding (0
+    /// zeroes the block), and the scale kept.
+    #[inline(always)]
+    pub(crate) fn step(self, max: f32) -> (f32, f32) {
+        match self {
+            Scaling::Activations if max == 0.0 || !max.is_finite() => (0.0, 0.0),
+            Scaling::Activations => (127.0 / max, max / 127.0),
+            Scaling::Weights => {
+                let stored = f16::from_f32(max / 127.0).to_f32();
+                (if stored > 0.0 { 1.0 / stored } else { 0.0 }, stored)
+            }
+        }
+    }
+}
+
+/// One whole block ([`BLOCK_K`] values) quantised into `q` by `scaling`, on `isa`'s
+/// vector path or the scalar one: the same bytes and scale on every ISA. Returns the
+/// scale.
+fn quantize_block(isa: Isa, block: &[f32], q: &mut [i8], scaling: Scaling) -> f32 {
+    assert!(block.len() == BLOCK_K && q.len() >= BLOCK_K);
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: the callers checked `isa` is supported: `Isa::detect` requires AVX2 for
+        // `Isa::Avx2` and every family above, and AVX-512F for `Isa::Avx512` and above;
+        // `block` and `q` hold a whole block.
+        return unsafe {
+            if isa >= Isa::Avx512 {
+                x86::quantize_block_avx512(block, q, scaling)
+            } else {
+                x86::quantize_block_avx2(block, q, scaling)
+            }
+        };
+    }
+    let max = block.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    quantize_with_max(block, max, q, scaling)
+}
+
 /// Symmetric INT8 quantisation of one row into `[-127, 127]` (never -128, so the AVX2
 /// sign trick cannot overflow) with a single scale: the INT8 KV cache's rows. Returns
 /// the scale; an all-zero row gets scale 0.
 pub fn quantize_row(x: &[f32], out: &mut [i8]) -> f32 {
     debug_assert!(out.len() >= x.len());
     let max = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    quantize_with_max(x, max, out)
+    quantize_with_max(x, max, out, Scaling::Activations)
 }
 
-/// Quantises `x` with the scale `max / 127`; returns that scale (0 for a zero or
-/// non-finite `max`, which zeroes `out`).
-fn quantize_with_max(x: &[f32], max: f32, out: &mut [i8]) -> f32 {
-    if max == 0.0 || !max.is_finite() {
+/// Quantises `x`, whose largest magnitude is `max`, by `scaling`; returns the scale.
+fn quantize_with_max(x: &[f32], max: f32, out: &mut [i8], scaling: Scaling) -> f32 {
+    let (inv, scale) = scaling.step(max);
+    if inv == 0.0 {
         out[..x.len()].fill(0);
-        return 0.0;
+    } else {
+        quantize_scaled(x, inv, out);
     }
-    quantize_scaled(x, 127.0 / max, out);
-    max / 127.0
+    scale
 }
 
 /// `out = round(x · inv)` clamped to `[-127, 127]`.
@@ -221,16 +308,7 @@ pub fn quantize_blocks_excluding_with(
                 }
                 &zeroed
             };
-            // SAFETY: `Isa::detect` requires AVX2 for `Isa::Avx2` and every family above,
-            // and AVX-512F for `Isa::Avx512` and above; `block` is whole, and so is `qb`
-            // (`out` holds `k_pad`).
-            scales[b] = unsafe {
-                if isa >= Isa::Avx512 {
-                    x86::quantize_block_avx512(block, qb)
-                } else {
-                    x86::quantize_block_avx2(block, qb)
-                }
-            };
+            scales[b] = quantize_block(isa, block, qb, Scaling::Activations);
         }
         return;
     }
@@ -248,7 +326,7 @@ pub fn quantize_blocks_excluding_with(
                 max = max.max(v.abs());
             }
         }
-        scales[b] = quantize_with_max(xb, max, qb);
+        scales[b] = quantize_with_max(xb, max, qb, Scaling::Activations);
         if any_skipped {
             for (q, skip) in qb.iter_mut().zip(skipped) {
                 if skip {
@@ -536,6 +614,28 @@ mod tests {
         let expected = run(Isa::Scalar);
         for isa in Isa::available() {
             assert_eq!(run(isa), expected, "{isa}");
+        }
+    }
+
+    #[test]
+    fn vectorised_weight_packing_matches_scalar() {
+        // Three row blocks, the last one short, and a short last block along `k`.
+        let (n, k) = (37, 7 * BLOCK_K + 5);
+        let mut w: Vec<f32> = random(n * k, 11).iter().map(|v| v * 40.0).collect();
+        w[2 * k..3 * k].fill(0.0); // an all-zero row
+        w[5 * k + 40] = f32::NAN;
+        w[6 * k + 70] = f32::INFINITY; // a block that cannot be scaled
+        w[20 * k + 100] = 1e30; // a scale past f16's range
+        w[21 * k + 3] = -0.0;
+        w[36 * k + k - 1] = -5000.0;
+        let run = |isa| {
+            let p = PackedI8::quantize_with(isa, &w, n, k);
+            let scales: Vec<u16> = p.scales.iter().map(|s| s.to_bits()).collect();
+            (p.data, scales, p.block_sums)
+        };
+        let expected = run(Isa::Scalar);
+        for isa in Isa::available() {
+            assert!(run(isa) == expected, "{isa}");
         }
     }
 

@@ -10,7 +10,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
+use super::{
+    PackedI8, QuantizedView, Scaling, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK,
+};
 
 pub(crate) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
@@ -355,15 +357,14 @@ pub(crate) unsafe fn store_tile<const MR: usize>(
     }
 }
 
-/// One whole block of activations quantised as the scalar path does it: the same scale
-/// (`max / 127`), and each value scaled, clamped to ±127, rounded half away from zero by
-/// truncating `v ± 0.5`, with NaN giving 0. Returns the scale (0 for an all-zero block or
-/// a non-finite maximum, which zero the block).
+/// One whole block quantised as the scalar path does it: the same scale ([`Scaling`]),
+/// and each value scaled, clamped to ±127, rounded half away from zero by truncating
+/// `v ± 0.5`, with NaN giving 0. Returns the scale.
 ///
 /// # Safety
 /// The CPU has AVX2; `x` and `q` hold at least [`super::BLOCK_K`] elements.
 #[target_feature(enable = "avx2")]
-pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
+pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8], scaling: Scaling) -> f32 {
     debug_assert!(x.len() >= super::BLOCK_K && q.len() >= super::BLOCK_K);
     let sign_bit = _mm256_set1_ps(-0.0);
     let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.as_ptr().add(i)));
@@ -375,11 +376,12 @@ pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
     let half = _mm_max_ps(_mm256_castps256_ps128(max), _mm256_extractf128_ps::<1>(max));
     let half = _mm_max_ps(half, _mm_movehl_ps(half, half));
     let max = _mm_cvtss_f32(_mm_max_ss(half, _mm_shuffle_ps::<1>(half, half)));
-    if max == 0.0 || !max.is_finite() {
+    let (inv, scale) = scaling.step(max);
+    if inv == 0.0 {
         q[..super::BLOCK_K].fill(0);
-        return 0.0;
+        return scale;
     }
-    let inv = _mm256_set1_ps(127.0 / max);
+    let inv = _mm256_set1_ps(inv);
     let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
     let rounded = v.map(|vi| {
         let scaled = _mm256_mul_ps(vi, inv);
@@ -396,7 +398,7 @@ pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
     let bytes = _mm256_packs_epi16(words[0], words[1]);
     let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered);
-    max / 127.0
+    scale
 }
 
 /// As [`quantize_block_avx2`], the block in two AVX-512 vectors: the same operations on
@@ -405,7 +407,7 @@ pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8]) -> f32 {
 /// # Safety
 /// The CPU has AVX-512F; `x` and `q` hold at least [`super::BLOCK_K`] elements.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
+pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8], scaling: Scaling) -> f32 {
     debug_assert!(x.len() >= super::BLOCK_K && q.len() >= super::BLOCK_K);
     let v = [0, 16].map(|i| _mm512_loadu_ps(x.as_ptr().add(i)));
     let mut max = _mm512_setzero_ps();
@@ -413,12 +415,12 @@ pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
         // A NaN lane keeps `max` (the second operand), as `f32::max` ignores NaN.
         max = _mm512_max_ps(_mm512_abs_ps(vi), max);
     }
-    let max = _mm512_reduce_max_ps(max);
-    if max == 0.0 || !max.is_finite() {
+    let (inv, scale) = scaling.step(_mm512_reduce_max_ps(max));
+    if inv == 0.0 {
         q[..super::BLOCK_K].fill(0);
-        return 0.0;
+        return scale;
     }
-    let inv = _mm512_set1_ps(127.0 / max);
+    let inv = _mm512_set1_ps(inv);
     let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
     let sign_bit = _mm512_set1_epi32(i32::MIN);
     for (i, vi) in v.into_iter().enumerate() {
@@ -436,5 +438,5 @@ pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8]) -> f32 {
             _mm512_cvtsepi32_epi8(rounded),
         );
     }
-    max / 127.0
+    scale
 }
