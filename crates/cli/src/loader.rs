@@ -277,23 +277,34 @@ impl ModelArgs {
                 .with_context(|| format!("chat template {}", template.display()))?;
         }
         let loading = || format!("loading {}", path.display());
-        let f32_model = (keep_f32 && self.precision != Precision::F32)
-            .then(|| Model::from_checkpoint(&checkpoint, Precision::F32, None).map(Arc::new))
-            .transpose()
-            .with_context(loading)?;
-        let calibration = if self.precision.quantises_activations() {
-            Some(calibration(
-                &path,
-                &checkpoint,
-                &tokenizer,
-                &pool,
-                f32_model.as_deref(),
-            )?)
-        } else {
-            None
-        };
-        let model = Model::from_checkpoint(&checkpoint, self.precision, calibration.as_ref())
-            .with_context(loading)?;
+        // The weights are dequantised and packed on `rayon`: on as many threads as the
+        // forward pass, in a pool that ends with the load. The load itself runs on one of
+        // them, with the main thread's stack.
+        let converter = rayon::ThreadPoolBuilder::new()
+            .num_threads(pool.n_threads())
+            .stack_size(8 << 20)
+            .build()
+            .context("starting the threads that convert the weights")?;
+        let (f32_model, model) = converter.install(|| -> Result<_> {
+            let f32_model = (keep_f32 && self.precision != Precision::F32)
+                .then(|| Model::from_checkpoint(&checkpoint, Precision::F32, None).map(Arc::new))
+                .transpose()
+                .with_context(loading)?;
+            let calibration = if self.precision.quantises_activations() {
+                Some(calibration(
+                    &path,
+                    &checkpoint,
+                    &tokenizer,
+                    &pool,
+                    f32_model.as_deref(),
+                )?)
+            } else {
+                None
+            };
+            let model = Model::from_checkpoint(&checkpoint, self.precision, calibration.as_ref())
+                .with_context(loading)?;
+            Ok((f32_model, model))
+        })?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
         let model = Arc::new(model);
         let f32_model = f32_model.or_else(|| keep_f32.then(|| Arc::clone(&model)));
