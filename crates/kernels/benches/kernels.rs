@@ -5,7 +5,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pyramid_kernels::attention::{attend_group, attend_rows, KvRows, MAX_ROWS};
 use pyramid_kernels::int4::{gemm_i4, PackedI4};
-use pyramid_kernels::int8::{gemm_i8, PackedI8, QuantizedRows};
+use pyramid_kernels::int8::{gemm_i8, quantize_blocks_excluding, PackedI8, QuantizedRows, BLOCK_K};
 use pyramid_kernels::ThreadPool;
 
 /// FFN gate/up of Qwen2.5-0.5B: the largest projection of a layer.
@@ -202,8 +202,30 @@ fn prefill_attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// Quantising a prefill chunk's activations for a projection of Qwen2.5-0.5B's FFN
+/// (128 rows of `k` values, a few outlier channels left out), as every projection site
+/// does before its product: elements are values quantised.
+fn activation_quantisation(c: &mut Criterion) {
+    const ROWS: usize = 128;
+    let x = values(ROWS * K, 6);
+    let excluded = [7, 300, 301, 640];
+    let k_pad = K.next_multiple_of(BLOCK_K);
+    let (mut q, mut scales) = (vec![0i8; k_pad], vec![0.0f32; k_pad / BLOCK_K]);
+    let mut group = c.benchmark_group("quantise");
+    group.throughput(Throughput::Elements((ROWS * K) as u64));
+    group.bench_function("activations", |b| {
+        b.iter(|| {
+            for row in x.chunks_exact(K) {
+                quantize_blocks_excluding(row, &excluded, &mut q, &mut scales);
+            }
+        })
+    });
+    group.finish();
+}
+
 criterion_group!(
     benches,
+    activation_quantisation,
     integer_gemm,
     decode_step_gemms,
     grouped_attention,

@@ -275,9 +275,11 @@ pub fn quantize_blocks_excluding(
 }
 
 /// As [`quantize_blocks_excluding`] with an explicit ISA. Every token's activations go
-/// through this at each projection site, so every block takes a vector path (a block with
-/// excluded channels, or the short last one, as a copy with zeros there), which gives the
-/// scalar one's bytes and scales exactly.
+/// through this at each projection site, so every block takes a vector path, which gives
+/// the scalar one's bytes and scales exactly: on AVX-512 sixteen blocks at a time, reading
+/// the excluded channels and the padding as zeros through load masks, on AVX2 block by
+/// block (a block with excluded channels, or the short last one, as a copy with zeros
+/// there).
 pub fn quantize_blocks_excluding_with(
     isa: Isa,
     x: &[f32],
@@ -290,6 +292,35 @@ pub fn quantize_blocks_excluding_with(
     isa.assert_supported();
     out[x.len()..k_pad].fill(0);
     let mut excluded = excluded.iter().copied().peekable();
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 {
+        const BATCH: usize = x86::ACTIVATION_BATCH * BLOCK_K;
+        for (i, xs) in x.chunks(BATCH).enumerate() {
+            let start = i * BATCH;
+            let len = xs.len().next_multiple_of(BLOCK_K);
+            // The values read: all of `xs` but the excluded channels.
+            let mut keep = [0u16; 2 * x86::ACTIVATION_BATCH];
+            for (h, mask) in keep.iter_mut().enumerate() {
+                let lanes = xs.len().saturating_sub(16 * h).min(16);
+                *mask = ((1u32 << lanes) - 1) as u16;
+            }
+            while let Some(c) = excluded.next_if(|&c| c < start + xs.len()) {
+                keep[(c - start) / 16] &= !(1 << ((c - start) % 16));
+            }
+            // SAFETY: `Isa::detect` requires AVX-512F for `Isa::Avx512` and above, and the
+            // callers checked `isa` is supported; `keep` covers only `xs`; `out` and
+            // `scales` hold the whole padded row (asserted above).
+            unsafe {
+                x86::quantize_activation_batch_avx512(
+                    xs,
+                    &keep,
+                    &mut out[start..start + len],
+                    &mut scales[start / BLOCK_K..(start + len) / BLOCK_K],
+                )
+            };
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         let mut zeroed: [f32; BLOCK_K];
@@ -591,29 +622,47 @@ mod tests {
 
     #[test]
     fn vectorised_activation_quantisation_matches_scalar() {
-        let mut x: Vec<f32> = random(7 * BLOCK_K + 5, 9)
+        // 40 whole blocks and a short one: the vector path's batches of sixteen blocks,
+        // the last one short.
+        let mut x: Vec<f32> = random(40 * BLOCK_K + 5, 9)
             .iter()
             .map(|v| v * 40.0)
             .collect();
-        x[40..72].fill(0.0); // an all-zero block
+        x[40..72].fill(0.0); // a zero run across two blocks
         x[75] = -0.0;
         x[100] = f32::NAN;
         x[130] = f32::INFINITY; // a block that cannot be scaled
+        x[20 * BLOCK_K..21 * BLOCK_K].fill(0.0); // an all-zero block
+        x[25 * BLOCK_K..26 * BLOCK_K].fill(-1e-40); // a subnormal maximum: 127 / max is ∞
 
         // Excluded: an infinity and the largest value (left out of their blocks' scales),
-        // and a channel of the short last block.
-        let excluded = [3, 200, 226];
+        // one on each side of a batch boundary, and a channel of the short last block.
+        let excluded = [
+            3,
+            16 * BLOCK_K - 1,
+            16 * BLOCK_K,
+            37 * BLOCK_K + 8,
+            40 * BLOCK_K + 2,
+        ];
         x[3] = f32::INFINITY;
-        x[200] = -5000.0;
-        let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
-        let run = |isa| {
+        x[37 * BLOCK_K + 8] = -5000.0;
+        let run = |isa, x: &[f32], excluded: &[usize]| {
+            let k_pad = x.len().div_ceil(BLOCK_K) * BLOCK_K;
             let (mut q, mut s) = (vec![7i8; k_pad], vec![-1.0f32; k_pad / BLOCK_K]);
-            quantize_blocks_excluding_with(isa, &x, &excluded, &mut q, &mut s);
+            quantize_blocks_excluding_with(isa, x, excluded, &mut q, &mut s);
             (q, s.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };
-        let expected = run(Isa::Scalar);
-        for isa in Isa::available() {
-            assert_eq!(run(isa), expected, "{isa}");
+        // And rows shorter than a block, a batch, or just past one.
+        for len in [x.len(), 1, 17, BLOCK_K, 16 * BLOCK_K, 16 * BLOCK_K + 1] {
+            let (x, excluded) = if len == x.len() {
+                (&x[..], &excluded[..])
+            } else {
+                (&x[100..100 + len], &[0][..])
+            };
+            let expected = run(Isa::Scalar, x, excluded);
+            for isa in Isa::available() {
+                assert_eq!(run(isa, x, excluded), expected, "{isa}, {len} values");
+            }
         }
     }
 

@@ -18,6 +18,9 @@ pub(crate) fn has_vnni() -> bool {
     is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw")
 }
 
+/// Blocks of activations [`quantize_activation_batch_avx512`] quantises in one call.
+pub(super) const ACTIVATION_BATCH: usize = 16;
+
 /// Bytes of one packed group of a block: 16 rows × 4 k.
 pub(super) const GROUP_BYTES: usize = ROWS_PER_BLOCK * K_PER_GROUP;
 
@@ -399,6 +402,81 @@ pub(super) unsafe fn quantize_block_avx2(x: &[f32], q: &mut [i8], scaling: Scali
     let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(q.as_mut_ptr().cast(), ordered);
     scale
+}
+
+/// Up to sixteen blocks of activations quantised as [`quantize_block_avx512`] quantises
+/// each, with [`Scaling::Activations`] and the values outside `keep` (a mask per sixteen
+/// values: the excluded channels and the padding past `x`) read as zeros. The scales of
+/// all the blocks come from one pair of vector divisions instead of two scalar ones per
+/// block; division is correctly rounded in both, and a block that cannot be scaled gets
+/// the multiplier 0, which zeroes it as the scalar path does. So the bytes and scales are
+/// the scalar path's.
+///
+/// # Safety
+/// The CPU has AVX-512F; `keep` has no lane set at or past `x.len()`; `q` holds the
+/// padded blocks (`x.len()` rounded up to [`super::BLOCK_K`]) and `scales` one per block.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn quantize_activation_batch_avx512(
+    x: &[f32],
+    keep: &[__mmask16; ACTIVATION_BATCH * 2],
+    q: &mut [i8],
+    scales: &mut [f32],
+) {
+    let n_blocks = x.len().div_ceil(super::BLOCK_K);
+    debug_assert!(n_blocks <= ACTIVATION_BATCH && scales.len() >= n_blocks);
+    debug_assert!(q.len() >= n_blocks * super::BLOCK_K);
+    let mut maxes = [0.0f32; ACTIVATION_BATCH];
+    for (b, max) in maxes.iter_mut().enumerate().take(n_blocks) {
+        // As in `quantize_block_avx512`: a NaN lane keeps the running maximum.
+        let mut m = _mm512_setzero_ps();
+        for h in [2 * b, 2 * b + 1] {
+            m = _mm512_max_ps(_mm512_abs_ps(load_kept(x, keep, h)), m);
+        }
+        *max = _mm512_reduce_max_ps(m);
+    }
+    // `Scaling::Activations::step` for every block at once: a maximum is never NaN here,
+    // so a block scales when its maximum is above zero and finite.
+    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let max = _mm512_loadu_ps(maxes.as_ptr());
+    let scalable = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(max, _mm512_setzero_ps())
+        & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(max, _mm512_set1_ps(f32::INFINITY));
+    let mut invs = [0.0f32; ACTIVATION_BATCH];
+    _mm512_storeu_ps(invs.as_mut_ptr(), _mm512_maskz_div_ps(scalable, hi, max));
+    _mm512_mask_storeu_ps(
+        scales.as_mut_ptr(),
+        ((1u32 << n_blocks) - 1) as __mmask16,
+        _mm512_maskz_div_ps(scalable, max, hi),
+    );
+    let sign_bit = _mm512_set1_epi32(i32::MIN);
+    for (b, &inv) in invs.iter().enumerate().take(n_blocks) {
+        let inv = _mm512_set1_ps(inv);
+        for h in [2 * b, 2 * b + 1] {
+            let scaled = _mm512_mul_ps(load_kept(x, keep, h), inv);
+            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(scaled, scaled);
+            let scaled = _mm512_maskz_mov_ps(ordered, scaled);
+            let scaled = _mm512_min_ps(_mm512_max_ps(scaled, lo), hi);
+            let half = _mm512_or_si512(
+                _mm512_and_si512(_mm512_castps_si512(scaled), sign_bit),
+                _mm512_castps_si512(_mm512_set1_ps(0.5)),
+            );
+            let rounded = _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_castsi512_ps(half)));
+            _mm_storeu_si128(
+                q.as_mut_ptr().add(16 * h).cast(),
+                _mm512_cvtsepi32_epi8(rounded),
+            );
+        }
+    }
+}
+
+/// Values `16 · h ..` of `x` where `keep[h]` has their lane, zeros elsewhere.
+///
+/// # Safety
+/// The CPU has AVX-512F; `keep[h]` has no lane set at or past `x.len()`.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_kept(x: &[f32], keep: &[__mmask16], h: usize) -> __m512 {
+    // Masked lanes are never read, so a half past the end of `x` reads nothing.
+    _mm512_maskz_loadu_ps(keep[h], x.as_ptr().wrapping_add(16 * h))
 }
 
 /// As [`quantize_block_avx2`], the block in two AVX-512 vectors: the same operations on
