@@ -614,8 +614,12 @@ pub fn silu_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     isa.assert_supported();
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
-        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { silu_mul_avx2(gate, up) },
+        // SAFETY: `Isa::detect` requires AVX-512F, AVX2 and FMA for `Isa::Avx512` and
+        // `Isa::Amx`.
+        Isa::Avx512 | Isa::Amx => unsafe { silu_mul_avx512(gate, up) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2 and FMA for `Isa::Avx2`.
+        Isa::Avx2 => unsafe { silu_mul_avx2(gate, up) },
         _ => silu_mul_scalar(gate, up),
     }
 }
@@ -641,6 +645,23 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     silu_mul_scalar(&mut gate[whole..], &up[whole..]);
 }
 
+/// [`silu_mul_avx2`] on sixteen lanes, the rest on AVX2: the same operations per value
+/// ([`exp_avx512`] is [`exp_avx2`]'s), so the same result as on AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn silu_mul_avx512(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    let whole = gate.len() / 16 * 16;
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    for i in (0..whole).step_by(16) {
+        let x = _mm512_loadu_ps(g.add(i));
+        let e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        let silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+        _mm512_storeu_ps(g.add(i), _mm512_mul_ps(silu, _mm512_loadu_ps(u.add(i))));
+    }
+    silu_mul_avx2(&mut gate[whole..], &up[whole..]);
+}
+
 /// GeGLU: `gate = gelu_tanh(gate) * up`, the feed-forward activation of Gemma, with GELU in
 /// its tanh approximation `x/2 · (1 + tanh(√(2/π) · (x + 0.044715 x³)))` (PyTorch's
 /// `gelu(approximate="tanh")`). Vectorised like [`silu_mul_in_place`], which it matches in
@@ -655,8 +676,12 @@ pub fn gelu_tanh_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     isa.assert_supported();
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::detect` requires AVX2 and FMA for both vector ISAs.
-        Isa::Avx2 | Isa::Avx512 | Isa::Amx => unsafe { gelu_tanh_mul_avx2(gate, up) },
+        // SAFETY: `Isa::detect` requires AVX-512F, AVX2 and FMA for `Isa::Avx512` and
+        // `Isa::Amx`.
+        Isa::Avx512 | Isa::Amx => unsafe { gelu_tanh_mul_avx512(gate, up) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::detect` requires AVX2 and FMA for `Isa::Avx2`.
+        Isa::Avx2 => unsafe { gelu_tanh_mul_avx2(gate, up) },
         _ => gelu_tanh_mul_scalar(gate, up),
     }
 }
@@ -694,6 +719,29 @@ unsafe fn gelu_tanh_mul_avx2(gate: &mut [f32], up: &[f32]) {
         _mm256_storeu_ps(g.add(i), _mm256_mul_ps(gelu, _mm256_loadu_ps(u.add(i))));
     }
     gelu_tanh_mul_scalar(&mut gate[whole..], &up[whole..]);
+}
+
+/// [`gelu_tanh_mul_avx2`] on sixteen lanes, the rest on AVX2: the same operations per
+/// value, so the same result as on AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn gelu_tanh_mul_avx512(gate: &mut [f32], up: &[f32]) {
+    use std::arch::x86_64::*;
+    let whole = gate.len() / 16 * 16;
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    let (c, k) = (
+        _mm512_set1_ps(-2.0 * GELU_SQRT_2_OVER_PI),
+        _mm512_set1_ps(GELU_CUBIC),
+    );
+    for i in (0..whole).step_by(16) {
+        let x = _mm512_loadu_ps(g.add(i));
+        let x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+        let minus_2y = _mm512_mul_ps(c, _mm512_fmadd_ps(k, x3, x));
+        let e = exp_avx512(minus_2y);
+        let gelu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+        _mm512_storeu_ps(g.add(i), _mm512_mul_ps(gelu, _mm512_loadu_ps(u.add(i))));
+    }
+    gelu_tanh_mul_avx2(&mut gate[whole..], &up[whole..]);
 }
 
 /// `e^x` per lane: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, and a degree-6
@@ -880,7 +928,7 @@ mod tests {
 
     #[test]
     fn vectorised_silu_matches_scalar() {
-        for len in [1, 7, 8, 13, 96, 1000] {
+        for len in [1, 7, 8, 13, 96, 1000, 1021] {
             // Past ±88 the vector `exp` saturates; SiLU is then `x` or ±0 either way.
             let gate: Vec<f32> = crate::test_support::random(len, len as u64)
                 .iter()
@@ -890,6 +938,18 @@ mod tests {
             let up = crate::test_support::random(len, len as u64 + 1);
             let mut expected = gate.clone();
             silu_mul_in_place_with(Isa::Scalar, &mut expected, &up);
+            // AVX-512 runs AVX2's operations per value: the same bits.
+            let on = |isa| {
+                let mut got = gate.clone();
+                silu_mul_in_place_with(isa, &mut got, &up);
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            for isa in Isa::available()
+                .into_iter()
+                .filter(|&isa| isa >= Isa::Avx512)
+            {
+                assert_eq!(on(isa), on(Isa::Avx2), "{isa} len {len}");
+            }
             for isa in Isa::available() {
                 let mut got = gate.clone();
                 silu_mul_in_place_with(isa, &mut got, &up);
@@ -955,7 +1015,7 @@ mod tests {
 
     #[test]
     fn vectorised_gelu_tanh_matches_scalar() {
-        for len in [1, 7, 8, 13, 96, 1000] {
+        for len in [1, 7, 8, 13, 96, 1000, 1021] {
             let gate: Vec<f32> = crate::test_support::random(len, len as u64)
                 .iter()
                 .enumerate()
@@ -964,6 +1024,18 @@ mod tests {
             let up = crate::test_support::random(len, len as u64 + 1);
             let mut expected = gate.clone();
             gelu_tanh_mul_in_place_with(Isa::Scalar, &mut expected, &up);
+            // AVX-512 runs AVX2's operations per value: the same bits.
+            let on = |isa| {
+                let mut got = gate.clone();
+                gelu_tanh_mul_in_place_with(isa, &mut got, &up);
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            for isa in Isa::available()
+                .into_iter()
+                .filter(|&isa| isa >= Isa::Avx512)
+            {
+                assert_eq!(on(isa), on(Isa::Avx2), "{isa} len {len}");
+            }
             for isa in Isa::available() {
                 let mut got = gate.clone();
                 gelu_tanh_mul_in_place_with(isa, &mut got, &up);
