@@ -436,7 +436,7 @@ pub(super) unsafe fn quantize_activation_batch_avx512(
     }
     // `Scaling::Activations::step` for every block at once: a maximum is never NaN here,
     // so a block scales when its maximum is above zero and finite.
-    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let hi = _mm512_set1_ps(127.0);
     let max = _mm512_loadu_ps(maxes.as_ptr());
     let scalable = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(max, _mm512_setzero_ps())
         & _mm512_cmp_ps_mask::<_CMP_LT_OQ>(max, _mm512_set1_ps(f32::INFINITY));
@@ -447,25 +447,36 @@ pub(super) unsafe fn quantize_activation_batch_avx512(
         ((1u32 << n_blocks) - 1) as __mmask16,
         _mm512_maskz_div_ps(scalable, max, hi),
     );
-    let sign_bit = _mm512_set1_epi32(i32::MIN);
     for (b, &inv) in invs.iter().enumerate().take(n_blocks) {
         let inv = _mm512_set1_ps(inv);
         for h in [2 * b, 2 * b + 1] {
-            let scaled = _mm512_mul_ps(load_kept(x, keep, h), inv);
-            let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(scaled, scaled);
-            let scaled = _mm512_maskz_mov_ps(ordered, scaled);
-            let scaled = _mm512_min_ps(_mm512_max_ps(scaled, lo), hi);
-            let half = _mm512_or_si512(
-                _mm512_and_si512(_mm512_castps_si512(scaled), sign_bit),
-                _mm512_castps_si512(_mm512_set1_ps(0.5)),
-            );
-            let rounded = _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_castsi512_ps(half)));
-            _mm_storeu_si128(
-                q.as_mut_ptr().add(16 * h).cast(),
-                _mm512_cvtsepi32_epi8(rounded),
-            );
+            let bytes = scale_round_avx512(load_kept(x, keep, h), inv);
+            _mm_storeu_si128(q.as_mut_ptr().add(16 * h).cast(), bytes);
         }
     }
+}
+
+/// Sixteen values scaled by `inv` and rounded to bytes as the scalar path does: clamped
+/// to ±127, half away from zero by truncating `v ± 0.5`, NaN giving 0.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn scale_round_avx512(v: __m512, inv: __m512) -> __m128i {
+    let scaled = _mm512_mul_ps(v, inv);
+    let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(scaled, scaled);
+    let scaled = _mm512_maskz_mov_ps(ordered, scaled);
+    let scaled = _mm512_min_ps(
+        _mm512_max_ps(scaled, _mm512_set1_ps(-127.0)),
+        _mm512_set1_ps(127.0),
+    );
+    let half = _mm512_or_si512(
+        _mm512_and_si512(_mm512_castps_si512(scaled), _mm512_set1_epi32(i32::MIN)),
+        _mm512_castps_si512(_mm512_set1_ps(0.5)),
+    );
+    let rounded = _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_castsi512_ps(half)));
+    _mm512_cvtsepi32_epi8(rounded)
 }
 
 /// Values `16 · h ..` of `x` where `keep[h]` has their lane, zeros elsewhere.
@@ -499,22 +510,9 @@ pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8], scaling: Sca
         return scale;
     }
     let inv = _mm512_set1_ps(inv);
-    let (lo, hi) = (_mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
-    let sign_bit = _mm512_set1_epi32(i32::MIN);
     for (i, vi) in v.into_iter().enumerate() {
-        let scaled = _mm512_mul_ps(vi, inv);
-        let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(scaled, scaled);
-        let scaled = _mm512_maskz_mov_ps(ordered, scaled);
-        let scaled = _mm512_min_ps(_mm512_max_ps(scaled, lo), hi);
-        let half = _mm512_or_si512(
-            _mm512_and_si512(_mm512_castps_si512(scaled), sign_bit),
-            _mm512_castps_si512(_mm512_set1_ps(0.5)),
-        );
-        let rounded = _mm512_cvttps_epi32(_mm512_add_ps(scaled, _mm512_castsi512_ps(half)));
-        _mm_storeu_si128(
-            q.as_mut_ptr().add(16 * i).cast(),
-            _mm512_cvtsepi32_epi8(rounded),
-        );
+        let bytes = scale_round_avx512(vi, inv);
+        _mm_storeu_si128(q.as_mut_ptr().add(16 * i).cast(), bytes);
     }
     scale
 }
