@@ -73,7 +73,7 @@ fn decode_step_gemms(c: &mut Criterion) {
     let multiply_adds: usize = shapes.iter().map(|(k, n)| k * n).sum();
     let mut group = c.benchmark_group("decode_step");
     group.sample_size(10);
-    for m in [1, 8] {
+    for m in [1, 8, 16] {
         let inputs: Vec<QuantizedRows> = [EMBD, FF]
             .iter()
             .map(|&k| {

@@ -42,7 +42,10 @@ pub const GROUPS_PER_BLOCK: usize = BLOCK_K / K_PER_GROUP;
 /// empty and VNNI is as fast or faster. Batches this small are decode steps, whose weights
 /// come from L3 or memory: on a step of SmolLM2's and Qwen2.5-0.5B's products (2 threads,
 /// Sapphire Rapids, both kernels prefetching) the tiles read 25–28 G weights/s at 5 to 8
-/// rows against VNNI's 17–23 G, tied at 4, and at 3 lost on SmolLM2's (25 against 28).
+/// rows against VNNI's 17–23 G when its tiles had four rows, tied at 4, and at 3 lost on
+/// SmolLM2's (25 against 28). With eight-row VNNI tiles the two tie at 8 rows
+/// (`cargo bench -- decode_step/int8/8`, 4.19–4.32 ms against 4.27–4.31) and the tiles win
+/// at 16 (5.4 against 7.7 ms).
 const AMX_MIN_ROWS: usize = 5;
 
 /// INT8 weights `[n, k]` in the packed layout, with one scale per row and block of `k`.

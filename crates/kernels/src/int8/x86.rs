@@ -3,7 +3,7 @@
 //! block's weight and activation scales.
 //!
 //! VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by +128
-//! (an XOR of the sign bit) and `128 · Σ w` is subtracted at the end. AVX2 has no byte dot
+//! (an XOR of the sign bit) and each block's sums start at `-128 · Σ w`. AVX2 has no byte dot
 //! product that cannot saturate on `u8 × i8`, so it moves the activation's sign onto the
 //! weight (`vpsignb`) and multiplies `|a| · ±w`, whose pair sums stay below 2¹⁵.
 
@@ -121,10 +121,18 @@ pub(super) unsafe fn gemm_blocks_vnni(
         blocks,
         ROWS_PER_BLOCK * w.k_pad,
         |rows, row, b, pair| match (rows, pair) {
+            (8, true) => tile_vnni::<8, 2>(a, w, out, row, b),
+            (7, true) => tile_vnni::<7, 2>(a, w, out, row, b),
+            (6, true) => tile_vnni::<6, 2>(a, w, out, row, b),
+            (5, true) => tile_vnni::<5, 2>(a, w, out, row, b),
             (4, true) => tile_vnni::<4, 2>(a, w, out, row, b),
             (3, true) => tile_vnni::<3, 2>(a, w, out, row, b),
             (2, true) => tile_vnni::<2, 2>(a, w, out, row, b),
             (_, true) => tile_vnni::<1, 2>(a, w, out, row, b),
+            (8, false) => tile_vnni::<8, 1>(a, w, out, row, b),
+            (7, false) => tile_vnni::<7, 1>(a, w, out, row, b),
+            (6, false) => tile_vnni::<6, 1>(a, w, out, row, b),
+            (5, false) => tile_vnni::<5, 1>(a, w, out, row, b),
             (4, false) => tile_vnni::<4, 1>(a, w, out, row, b),
             (3, false) => tile_vnni::<3, 1>(a, w, out, row, b),
             (2, false) => tile_vnni::<2, 1>(a, w, out, row, b),
@@ -133,8 +141,13 @@ pub(super) unsafe fn gemm_blocks_vnni(
     );
 }
 
-/// Calls `tile(rows, row, block, pair)` for every tile of up to four activation rows and
-/// two 16-row weight blocks (one when `pair` is false: a chunk's odd last block), a chunk
+/// Activation rows one VNNI tile multiplies: eight rows by two weight blocks keep sixteen
+/// integer sums in registers, and each weight vector loaded serves eight `vpdpbusd`, so a
+/// decoding batch of up to eight reads its weights from memory once.
+pub(crate) const PASS_ROWS: usize = 8;
+
+/// Calls `tile(rows, row, block, pair)` for every tile of up to [`PASS_ROWS`] activation
+/// rows and two 16-row weight blocks (one when `pair` is false: a chunk's odd last block), a chunk
 /// of weights that fits in L2 at a time: the walk both AVX-512 VNNI kernels take.
 #[inline(always)]
 pub(crate) fn for_each_pair_tile(
@@ -146,7 +159,7 @@ pub(crate) fn for_each_pair_tile(
     for chunk in block_chunks(blocks, block_bytes) {
         let mut row = 0;
         while row < m {
-            let rows = (m - row).min(4);
+            let rows = (m - row).min(PASS_ROWS);
             let mut b = chunk.start;
             while b < chunk.end {
                 let pair = chunk.end - b >= 2;
@@ -168,23 +181,43 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     block0: usize,
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_blocks());
-    let offset = _mm512_set1_epi32(0x8080_8080u32 as i32);
+    let sign = _mm256_set1_epi8(i8::MIN);
     let mut acc = [[_mm512_setzero_ps(); NB]; MR];
     let w_base = w.data.as_ptr();
+    // The block's activations offset to unsigned once per row, not once per weight
+    // vector they meet: the XOR would otherwise take a vector port from `vpdpbusd`.
+    let mut a_unsigned = [[0i32; GROUPS_PER_BLOCK]; MR];
     for kb in 0..n_blocks {
         if row0 == 0 {
             prefetch_ahead::<NB, _>(&w.data, w.k_pad, GROUP_BYTES, block0, kb);
         }
-        let mut dots = [[_mm512_setzero_si512(); NB]; MR];
-        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
+        for (r, a_r) in a_unsigned.iter_mut().enumerate() {
+            let at = a.data.as_ptr().add((row0 + r) * a.k_pad + kb * BLOCK_K);
+            let offset = _mm256_xor_si256(_mm256_loadu_si256(at.cast()), sign);
+            _mm256_storeu_si256(a_r.as_mut_ptr().cast(), offset);
+        }
+        // Read back from memory, so each lane reaches `vpdpbusd` as a broadcast load (a
+        // load port) rather than as shuffles of a register (the port `vpdpbusd` needs).
+        std::hint::black_box(&mut a_unsigned);
+        // The sums start at `-128 · Σ w`, which takes the offset back out.
+        let mut start = [_mm512_setzero_si512(); NB];
+        for (j, s) in start.iter_mut().enumerate() {
+            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
+            let sums =
+                _mm512_cvtepi16_epi32(_mm256_loadu_si256(w.block_sums.as_ptr().add(at).cast()));
+            *s = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
+        }
+        let mut dots = [start; MR];
+        for g in 0..GROUPS_PER_BLOCK {
             let mut wv = [_mm512_setzero_si512(); NB];
             for (j, v) in wv.iter_mut().enumerate() {
+                let group = kb * GROUPS_PER_BLOCK + g;
                 *v = _mm512_loadu_si512(
-                    w_base.add(((block0 + j) * n_groups + g) * GROUP_BYTES) as *const _
+                    w_base.add(((block0 + j) * n_groups + group) * GROUP_BYTES) as *const _,
                 );
             }
-            for (r, dots_r) in dots.iter_mut().enumerate() {
-                let av = _mm512_xor_si512(_mm512_set1_epi32(load_a4(a, row0 + r, g)), offset);
+            for (dots_r, a_r) in dots.iter_mut().zip(&a_unsigned) {
+                let av = _mm512_set1_epi32(a_r[g]);
                 for (d, wv_j) in dots_r.iter_mut().zip(&wv) {
                     *d = _mm512_dpbusd_epi32(*d, av, *wv_j);
                 }
@@ -193,14 +226,10 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
         for j in 0..NB {
             let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
             let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
-            let sums =
-                _mm512_cvtepi16_epi32(_mm256_loadu_si256(w.block_sums.as_ptr().add(at).cast()));
-            let offset_sums = _mm512_slli_epi32(sums, 7);
             for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
                 let a_scale = _mm512_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
-                let exact = _mm512_sub_epi32(dots_r[j], offset_sums);
                 acc_r[j] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(exact),
+                    _mm512_cvtepi32_ps(dots_r[j]),
                     _mm512_mul_ps(w_scale, a_scale),
                     acc_r[j],
                 );
