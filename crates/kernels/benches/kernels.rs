@@ -165,6 +165,35 @@ fn grouped_attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// One token's attention in a decode step on SmolLM2's shapes at depth 4,096: 30 layers ×
+/// 3 KV heads, each with its own cache (180 MB in f32), so every row comes from memory as
+/// in decoding, unlike [`grouped_attention`]'s one cache that stays in L2. One thread.
+fn decode_attention(c: &mut Criterion) {
+    const CACHES: usize = 90;
+    let (head_dim, n_q, n_pos) = (64, 3, 4096);
+    let q = values(n_q * head_dim, 3);
+    let caches: Vec<BenchCache> = (0..CACHES)
+        .map(|_| BenchCache::new(n_pos, head_dim))
+        .collect();
+    let mut group = c.benchmark_group("decode_attention");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(
+        (CACHES * 2 * n_q * n_pos * head_dim) as u64,
+    ));
+    let (mut scratch, mut out) = (Vec::new(), vec![0.0; n_q * head_dim]);
+    for (k, name) in ["f32", "int8"].into_iter().enumerate() {
+        group.bench_function(BenchmarkId::new(name, n_pos), |b| {
+            b.iter(|| {
+                for cache in &caches {
+                    let kv = cache.kinds()[k].1;
+                    attend_group(&q, head_dim, kv, 0.125, &mut scratch, &mut out);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
 /// One prefill block of [`MAX_ROWS`] consecutive rows at depth 4,096 over one KV head, for
 /// SmolLM2's group of three query heads and Qwen2.5's seven: the attention of a long
 /// prompt's chunk. One thread, as each block is one thread's work item.
@@ -229,6 +258,7 @@ criterion_group!(
     integer_gemm,
     decode_step_gemms,
     grouped_attention,
+    decode_attention,
     prefill_attention
 );
 criterion_main!(benches);

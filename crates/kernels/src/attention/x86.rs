@@ -566,7 +566,13 @@ unsafe fn weighted_sums_wide<T: Widen, const NQ: usize>(
     let head_dim = cache.head_dim;
     let mut d = 0;
     while d < head_dim {
-        if head_dim - d >= 32 {
+        // A pass over the positions per 64 columns where the sums fit in registers (four
+        // heads or fewer), so a row of 64 values is read once as one stream, not in
+        // halves by two passes.
+        if NQ <= 4 && head_dim - d >= 64 {
+            columns_wide::<T, NQ, 4>(cache, weights, out, d);
+            d += 64;
+        } else if head_dim - d >= 32 {
             columns_wide::<T, NQ, 2>(cache, weights, out, d);
             d += 32;
         } else {
