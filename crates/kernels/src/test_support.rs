@@ -14,7 +14,7 @@ pub fn random(len: usize, seed: u64) -> Vec<f32> {
 
 /// `(m, k, n)` of integer GEMM parity tests: none a multiple of every block size, so
 /// the packed layouts' padding and the kernels' tails are all exercised.
-pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 10] = [
+pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 12] = [
     (1, 1, 1),
     (1, 5, 17),
     (3, 33, 7),
@@ -25,6 +25,8 @@ pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 10] = [
     (7, 63, 129),
     (14, 96, 65),
     (10, 72, 48),
+    (6, 96, 48),
+    (8, 160, 33),
 ];
 
 /// `(m, k, n)` whose packed weights span more than one of the integer kernels' L2 chunks
