@@ -3,9 +3,9 @@
 //! block's weight and activation scales.
 //!
 //! VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by +128
-//! (an XOR of the sign bit) and each block's sums start at `-128 · Σ w`. AVX2 has no byte dot
-//! product that cannot saturate on `u8 × i8`, so it moves the activation's sign onto the
-//! weight (`vpsignb`) and multiplies `|a| · ±w`, whose pair sums stay below 2¹⁵.
+//! (an XOR of the sign bit) and each block's sums start at `-128 · Σ w`. AVX2 has no byte
+//! dot product that cannot saturate on `u8 × i8`, so it moves the activation's sign onto
+//! the weight (`vpsignb`) and multiplies `|a| · ±w`, whose pair sums stay below 2¹⁵.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -147,8 +147,8 @@ pub(super) unsafe fn gemm_blocks_vnni(
 pub(crate) const PASS_ROWS: usize = 8;
 
 /// Calls `tile(rows, row, block, pair)` for every tile of up to [`PASS_ROWS`] activation
-/// rows and two 16-row weight blocks (one when `pair` is false: a chunk's odd last block), a chunk
-/// of weights that fits in L2 at a time: the walk both AVX-512 VNNI kernels take.
+/// rows and two 16-row weight blocks (one when `pair` is false: a chunk's odd last block),
+/// a chunk of weights that fits in L2 at a time: the walk both AVX-512 VNNI kernels take.
 #[inline(always)]
 pub(crate) fn for_each_pair_tile(
     m: usize,
