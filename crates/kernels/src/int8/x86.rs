@@ -209,9 +209,9 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
         }
         let mut dots = [start; MR];
         for g in 0..GROUPS_PER_BLOCK {
+            let group = kb * GROUPS_PER_BLOCK + g;
             let mut wv = [_mm512_setzero_si512(); NB];
             for (j, v) in wv.iter_mut().enumerate() {
-                let group = kb * GROUPS_PER_BLOCK + g;
                 *v = _mm512_loadu_si512(
                     w_base.add(((block0 + j) * n_groups + group) * GROUP_BYTES) as *const _,
                 );
