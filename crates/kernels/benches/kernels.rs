@@ -3,10 +3,13 @@
 //! `cargo bench -p pyramid-kernels`. Uses every core, as a forward pass does.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use pyramid_kernels::attention::{attend_group, attend_rows, KvRows, MAX_ROWS};
+use pyramid_kernels::attention::{
+    attend_group, attend_row_shared, attend_rows, meeting_len, KvRows, MAX_ROWS,
+};
 use pyramid_kernels::int4::{gemm_i4, PackedI4};
 use pyramid_kernels::int8::{gemm_i8, quantize_blocks_excluding, PackedI8, QuantizedRows, BLOCK_K};
-use pyramid_kernels::ThreadPool;
+use pyramid_kernels::isa;
+use pyramid_kernels::{SharedSlice, ThreadPool};
 
 /// FFN gate/up of Qwen2.5-0.5B: the largest projection of a layer.
 const K: usize = 896;
@@ -194,6 +197,76 @@ fn decode_attention(c: &mut Criterion) {
     group.finish();
 }
 
+/// [`decode_attention`]'s 90 caches on a team of two threads, as a SmolLM2 decode step
+/// of one sequence reads them: per layer, KV heads 0 and 1 one to each thread and head 2
+/// either to the first thread ("dealt", 2:1) or shared by both ("shared"), then a
+/// barrier.
+fn decode_attention_team(c: &mut Criterion) {
+    const LAYERS: usize = 30;
+    let (head_dim, n_q, n_pos) = (64, 3, 4096);
+    let pool = ThreadPool::new(2).expect("thread pool");
+    let q = values(n_q * head_dim, 3);
+    let caches: Vec<BenchCache> = (0..LAYERS * 3)
+        .map(|_| BenchCache::new(n_pos, head_dim))
+        .collect();
+    let mut meeting = vec![0.0; meeting_len(n_pos, 2)];
+    let meeting = SharedSlice::new(&mut meeting);
+    let mut out = vec![0.0; 3 * n_q * head_dim];
+    let out = SharedSlice::new(&mut out);
+    let mut group = c.benchmark_group("decode_attention_team");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(
+        (LAYERS * 3 * 2 * n_q * n_pos * head_dim) as u64,
+    ));
+    for k in 0..2 {
+        for share in [false, true] {
+            let name = format!(
+                "{}/{}",
+                ["f32", "int8"][k],
+                ["dealt", "shared"][usize::from(share)]
+            );
+            group.bench_function(BenchmarkId::new(name, n_pos), |b| {
+                b.iter(|| {
+                    pool.run_team(&|team| {
+                        let mut scratch = Vec::new();
+                        for layer in caches.chunks_exact(3) {
+                            let kv = |head: usize| layer[head].kinds()[k].1;
+                            let span =
+                                |head: usize| head * n_q * head_dim..(head + 1) * n_q * head_dim;
+                            let mine = [team.idx()]
+                                .into_iter()
+                                .chain((!share && team.idx() == 0).then_some(2));
+                            for head in mine {
+                                // SAFETY: each head's span of `out` is one thread's.
+                                let o = unsafe { out.range_mut(span(head)) };
+                                attend_group(&q, head_dim, kv(head), 0.125, &mut scratch, o);
+                            }
+                            if share {
+                                // SAFETY: both threads share head 2; nobody else touches it.
+                                unsafe {
+                                    attend_row_shared(
+                                        team,
+                                        isa::active(),
+                                        &q,
+                                        head_dim,
+                                        kv(2),
+                                        0.125,
+                                        &meeting,
+                                        &out,
+                                        span(2).start,
+                                    )
+                                };
+                            }
+                            team.sync();
+                        }
+                    })
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
 /// One prefill block of [`MAX_ROWS`] consecutive rows at depth 4,096 over one KV head, for
 /// SmolLM2's group of three query heads and Qwen2.5's seven: the attention of a long
 /// prompt's chunk. One thread, as each block is one thread's work item.
@@ -259,6 +332,7 @@ criterion_group!(
     decode_step_gemms,
     grouped_attention,
     decode_attention,
+    decode_attention_team,
     prefill_attention
 );
 criterion_main!(benches);

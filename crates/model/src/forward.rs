@@ -13,7 +13,11 @@
 
 use std::sync::Mutex;
 
-use pyramid_kernels::attention::{attend_rows, scratch_len, MAX_GROUP, MAX_ROWS};
+use pyramid_kernels::attention::{
+    attend_row_shared, attend_rows, can_share, meeting_len, scratch_len, worth_sharing, MAX_GROUP,
+    MAX_ROWS,
+};
+use pyramid_kernels::isa;
 use pyramid_kernels::ops::{
     add_in_place, gelu_tanh_mul_in_place, rms_norm, rms_norm_in_place, rope_in_place,
     silu_mul_in_place,
@@ -123,6 +127,8 @@ pub struct Scratch {
     /// One attention-score buffer per pool thread: `[rows of a block, window, MAX_GROUP]`
     /// each (a block is at most `MAX_ROWS` rows of one segment).
     scores: Vec<Mutex<Vec<f32>>>,
+    /// Where a team sharing one row's attention meets (`meeting_len` floats).
+    meeting: Vec<f32>,
     x: Vec<f32>,    // [n_tokens, n_embd] residual stream
     h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
     q: Vec<f32>,    // [n_tokens, q_dim]
@@ -140,6 +146,15 @@ pub struct Scratch {
 fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
     buf.resize(len, 0.0);
     &mut buf[..len]
+}
+
+/// `buf` grown to `len` floats if shorter, never shrunk: a buffer whose length follows
+/// the longest sequence is not cleared again each time a shorter pass comes between.
+fn at_least(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    buf
 }
 
 impl Scratch {
@@ -166,6 +181,11 @@ impl Scratch {
             scores: (0..n_threads)
                 .map(|_| Mutex::new(Vec::with_capacity(scratch_len(window, n_tokens))))
                 .collect(),
+            meeting: with(if n_threads > 1 {
+                meeting_len(window, n_threads)
+            } else {
+                0
+            }),
             x: with(n_tokens * e),
             h: with(n_tokens * e),
             q: with(n_tokens * qd),
@@ -186,6 +206,7 @@ impl Scratch {
             v.capacity() * std::mem::size_of::<T>()
         }
         let floats = [
+            &self.meeting,
             &self.normed,
             &self.logits,
             &self.x,
@@ -376,8 +397,16 @@ impl Model {
         }
         let n_rows = rows.len();
         let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let meeting = match pool.n_threads() {
+            1 => 0,
+            n_threads => {
+                let longest = scratch.places.iter().map(|p| p.pos + 1).max();
+                meeting_len(longest.unwrap_or(0), n_threads)
+            }
+        };
         let s = scratch;
         let bufs = Buffers {
+            meeting: SharedSlice::new(at_least(&mut s.meeting, meeting)),
             x: SharedSlice::new(sized(&mut s.x, n * e)),
             h: SharedSlice::new(sized(&mut s.h, n * e)),
             q: SharedSlice::new(sized(&mut s.q, n * qd)),
@@ -865,27 +894,62 @@ impl Model {
         // round-robin rather than in contiguous runs: a causal row's work grows with its
         // position, so contiguous runs would leave the last rows' thread with most of it.
         // A block's rows and a KV head's query heads go together so its cache is read
-        // once for all of them; heads split into more runs only where there would
-        // otherwise be fewer items than threads (decode).
+        // once for all of them. Items left over after the last whole round that are one
+        // long row each (a decoding sequence whose heads do not divide among the threads)
+        // are shared by the whole team instead, each thread reading part of the cache;
+        // otherwise heads split into more runs where there would be fewer items than
+        // threads.
+        let n_threads = team.n_threads();
         let n_kv = cfg.n_head_kv;
+        // The positions block `b` attends to: causal, back to the layer's window (a
+        // windowed block is one row).
+        let span = |b: usize| {
+            let (t0, n_rows) = blocks[b];
+            let last_pos = pass.places[t0].pos + n_rows;
+            window.map_or(0, |w| last_pos.saturating_sub(w))..last_pos
+        };
+        let shareable = n_threads > 1 && can_share(isa::active(), head_dim);
+        let shared = |b: usize| {
+            let (t0, n_rows) = blocks[b];
+            let place = pass.places[t0];
+            shareable && n_rows == 1 && !place.padding && {
+                let positions = span(b);
+                let kv: &KvCache = pass.segments.get(place.segment).kv;
+                let rows = kv.head(layer_idx, 0, positions.end);
+                worth_sharing(rows.skip(positions.start, head_dim))
+            }
+        };
         let min_runs = group.div_ceil(MAX_GROUP);
-        let wanted = team.n_threads().div_ceil((blocks.len() * n_kv).max(1));
+        let wanted = if (0..blocks.len()).all(shared) {
+            min_runs
+        } else {
+            n_threads.div_ceil((blocks.len() * n_kv).max(1))
+        };
         let runs = wanted.clamp(min_runs, group);
         let heads_per_run = group.div_ceil(runs);
         let runs = group.div_ceil(heads_per_run);
         let n_items = blocks.len() * n_kv * runs;
-        let mut q_rows: [&[f32]; MAX_ROWS] = Default::default();
-        let mut o_rows: [&mut [f32]; MAX_ROWS] = Default::default();
-        for item in (team.idx()..n_items).step_by(team.n_threads()) {
+        let whole_rounds = n_items - n_items % n_threads;
+        // Block, KV head and query heads of an item.
+        let item_at = |item: usize| {
             let (b, rest) = (item / (n_kv * runs), item % (n_kv * runs));
             let (kv_head, run) = (rest / runs, rest % runs);
-            let (t0, n_rows) = blocks[b];
-            let place = pass.places[t0];
             let first = kv_head * group + run * heads_per_run;
             let last = (first + heads_per_run).min((kv_head + 1) * group);
+            (b, kv_head, first..last)
+        };
+        let mut q_rows: [&[f32]; MAX_ROWS] = Default::default();
+        let mut o_rows: [&mut [f32]; MAX_ROWS] = Default::default();
+        for item in (team.idx()..n_items).step_by(n_threads) {
+            let (b, kv_head, heads) = item_at(item);
+            if item >= whole_rounds && shared(b) {
+                continue;
+            }
+            let (t0, n_rows) = blocks[b];
+            let place = pass.places[t0];
             for r in 0..n_rows {
                 let t = t0 + r;
-                let span = t * qd + first * head_dim..t * qd + last * head_dim;
+                let span = t * qd + heads.start * head_dim..t * qd + heads.end * head_dim;
                 q_rows[r] = &q[span.clone()];
                 o_rows[r] = pass.bufs.attn.range_mut(span);
             }
@@ -895,19 +959,44 @@ impl Model {
                 continue;
             }
             let kv: &KvCache = pass.segments.get(place.segment).kv;
-            // Causal: each row attends to itself and everything before, back to the
-            // layer's window (a windowed block is one row).
-            let last_pos = place.pos + n_rows;
-            let start = window.map_or(0, |w| last_pos.saturating_sub(w));
-            let rows = kv.head(layer_idx, kv_head, last_pos).skip(start, head_dim);
+            let positions = span(b);
+            let rows = kv
+                .head(layer_idx, kv_head, positions.end)
+                .skip(positions.start, head_dim);
             attend_rows(
                 &q_rows[..n_rows],
                 head_dim,
                 rows,
-                place.pos + 1 - start,
+                place.pos + 1 - positions.start,
                 scale,
                 scores,
                 outs,
+            );
+        }
+        for item in whole_rounds..n_items {
+            let (b, kv_head, heads) = item_at(item);
+            if !shared(b) {
+                continue;
+            }
+            let t = blocks[b].0;
+            let at = t * qd + heads.start * head_dim;
+            let kv: &KvCache = pass.segments.get(pass.places[t].segment).kv;
+            let positions = span(b);
+            let rows = kv
+                .head(layer_idx, kv_head, positions.end)
+                .skip(positions.start, head_dim);
+            // Every thread takes every shared item, in the same order; the call returns
+            // at a barrier, with its output complete.
+            attend_row_shared(
+                team,
+                isa::active(),
+                &q[at..at + heads.len() * head_dim],
+                head_dim,
+                rows,
+                scale,
+                &pass.bufs.meeting,
+                &pass.bufs.attn,
+                at,
             );
         }
     }
@@ -944,6 +1033,7 @@ struct Buffers<'s> {
     normed: SharedSlice<'s, f32>, // [n_rows, n_embd]
     logits: SharedSlice<'s, f32>, // [n_rows, n_vocab]
     prepared: PreparedInput<'s>,
+    meeting: SharedSlice<'s, f32>, // where a team sharing a row's attention meets
 }
 
 /// Everything a region reads besides the weights.

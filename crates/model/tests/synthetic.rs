@@ -2,6 +2,7 @@
 //! loader plumbing, invariances of the KV cache, and bad-input errors.
 
 use pyramid_gguf::{GgmlType, GgufFile, Value};
+use pyramid_kernels::attention::SHARE_MIN_BYTES;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::Site;
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
@@ -148,6 +149,65 @@ fn thread_invariance(arch: Architecture) {
                 );
             }
         }
+    }
+}
+
+/// A decoding row over at least `SHARE_MIN_BYTES` of cache whose KV heads do not divide
+/// among the threads is shared by the team: it must give what one thread gives, and
+/// what the same tokens give as rows of one pass (a verified draft), bit for bit. Three
+/// KV heads (SmolLM2's split on two threads) and one (Gemma 3's); an f32 cache, as an
+/// INT8 one would need four times the positions (the kernel's own test covers it).
+#[test]
+fn long_decoding_rows_shared_by_threads_change_no_bit() {
+    const HEAD_DIM: usize = 64;
+    // Past SHARE_MIN_BYTES of f32 keys and values a head.
+    let n_prompt = (SHARE_MIN_BYTES / (2 * 4 * HEAD_DIM)) as u32 + 8;
+    let prompt: Vec<u32> = (0..n_prompt).map(|i| (i * 37 + 11) % 100).collect();
+    let drafts = [17u32, 42, 5];
+    for (n_head, n_head_kv) in [(6, 3), (4, 1)] {
+        let model = build(&SyntheticSpec {
+            n_embd: HEAD_DIM * n_head,
+            n_head,
+            n_head_kv,
+            n_ctx: 1024,
+            ..SyntheticSpec::tiny(Architecture::Llama)
+        });
+        let prefilled = |pool: &ThreadPool, scratch: &mut Scratch| {
+            let mut kv = model.new_kv_cache(1024);
+            model
+                .forward(pool, &prompt, &mut kv, scratch, LogitsFor::Last)
+                .unwrap();
+            kv
+        };
+        let decoded = |n_threads: usize| {
+            let (pool, mut scratch) = (ThreadPool::new(n_threads).unwrap(), Scratch::default());
+            let mut kv = prefilled(&pool, &mut scratch);
+            drafts
+                .iter()
+                .flat_map(|&t| {
+                    model
+                        .forward(&pool, &[t], &mut kv, &mut scratch, LogitsFor::Last)
+                        .unwrap()
+                })
+                .collect::<Vec<f32>>()
+        };
+        let one = decoded(1);
+        let what = format!("{n_head_kv} KV heads");
+        for n_threads in [2, 3] {
+            assert!(
+                decoded(n_threads) == one,
+                "{what}: {n_threads} threads differ from 1"
+            );
+        }
+        let (pool, mut scratch) = (ThreadPool::new(2).unwrap(), Scratch::default());
+        let mut kv = prefilled(&pool, &mut scratch);
+        let verified = model
+            .forward(&pool, &drafts, &mut kv, &mut scratch, LogitsFor::All)
+            .unwrap();
+        assert!(
+            verified == one,
+            "{what}: verified rows differ from decoded ones"
+        );
     }
 }
 

@@ -32,6 +32,7 @@ use crate::ops::{
     attention_scores, attention_scores_f16, attention_scores_i8, softmax_in_place, weighted_sum,
     weighted_sum_f16, weighted_sum_i8,
 };
+pub use shared::{attend_row_shared, can_share, meeting_len, worth_sharing, SHARE_MIN_BYTES};
 
 /// Query heads one call takes at most: the lanes of one AVX2 register of scores.
 pub const MAX_GROUP: usize = 8;
@@ -324,6 +325,7 @@ fn attend_group_scalar(
     }
 }
 
+mod shared;
 #[cfg(target_arch = "x86_64")]
 mod tiled;
 #[cfg(target_arch = "x86_64")]
@@ -335,7 +337,7 @@ mod tests {
     use crate::test_support::random;
 
     /// One KV head's random rows in every storage type.
-    struct Caches {
+    pub(super) struct Caches {
         keys: Vec<f32>,
         values: Vec<f32>,
         keys_h: Vec<f16>,
@@ -347,7 +349,7 @@ mod tests {
     }
 
     impl Caches {
-        fn random(n_pos: usize, head_dim: usize, seed: u64) -> Self {
+        pub(super) fn random(n_pos: usize, head_dim: usize, seed: u64) -> Self {
             let keys = random(n_pos * head_dim, seed);
             let values = random(n_pos * head_dim, seed + 1);
             Self {
@@ -362,7 +364,7 @@ mod tests {
             }
         }
 
-        fn all(&self) -> [KvRows<'_>; 3] {
+        pub(super) fn all(&self) -> [KvRows<'_>; 3] {
             [
                 KvRows::F32 {
                     keys: &self.keys,

@@ -2,6 +2,7 @@
 //! against each key row, with the row's arithmetic fixed whatever the block.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use half::f16;
 
@@ -129,12 +130,12 @@ pub(super) unsafe fn attend_rows(
 }
 
 /// One KV head's rows in their storage type.
-struct Cache<'a, T> {
-    keys: &'a [T],
-    key_scales: Option<&'a [f32]>,
-    values: &'a [T],
-    value_scales: Option<&'a [f32]>,
-    head_dim: usize,
+pub(super) struct Cache<'a, T> {
+    pub(super) keys: &'a [T],
+    pub(super) key_scales: Option<&'a [f32]>,
+    pub(super) values: &'a [T],
+    pub(super) value_scales: Option<&'a [f32]>,
+    pub(super) head_dim: usize,
 }
 
 /// Scores are kept position-major per row, `[n_rows][n_pos][8]` with head `h` in lane
@@ -220,32 +221,57 @@ unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
         n_rows,
         inv: &inv,
     };
+    let mut out_rows = [std::ptr::null_mut(); MAX_ROWS];
+    for (o, row) in out_rows.iter_mut().zip(out.iter_mut()) {
+        *o = row.as_mut_ptr();
+    }
+    weighted_sums::<T, NQ, Z>(cache, &weights, &out_rows[..n_rows], 0..head_dim, wide);
+}
+
+/// Output columns `cols` (whole eight-wide chunks, or 16-wide with `wide`) of every head
+/// of the rows at `out`, each `[NQ, head_dim]`.
+///
+/// # Safety
+/// As [`rows`]; no other thread writes these columns of the rows while this runs.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) unsafe fn weighted_sums<T: Widen, const NQ: usize, const Z: usize>(
+    cache: &Cache<'_, T>,
+    weights: &Weights<'_>,
+    out: &[*mut f32],
+    cols: Range<usize>,
+    wide: bool,
+) {
     if wide {
-        weighted_sums_wide::<T, NQ>(cache, &weights, out);
-    } else {
-        let chunks = head_dim / 8;
-        let mut c = 0;
-        while c < chunks {
-            if chunks - c >= Z {
-                columns::<T, NQ, Z>(cache, &weights, out, c);
-                c += Z;
-            } else {
-                columns::<T, NQ, 1>(cache, &weights, out, c);
-                c += 1;
-            }
+        weighted_sums_wide::<T, NQ>(cache, weights, out, cols);
+        return;
+    }
+    let (mut c, end) = (cols.start / 8, cols.end / 8);
+    while c < end {
+        if end - c >= Z {
+            columns::<T, NQ, Z>(cache, weights, out, c);
+            c += Z;
+        } else {
+            columns::<T, NQ, 1>(cache, weights, out, c);
+            c += 1;
         }
     }
 }
 
 /// Positions the score loop asks for keys ahead of the ones it reads.
-const KEYS_AHEAD: usize = 16;
+pub(super) const KEYS_AHEAD: usize = 16;
 
 /// Asks the memory system for every cache line of positions `from..from + n` of `rows`
 /// (`head_dim` elements each), those that exist: a hint (`_MM_HINT_T0` into L1,
 /// `_MM_HINT_T1` into L2) with no effect on any result, for streams too short for the
 /// hardware prefetcher to catch up with, such as a decoding sequence's rows of one head.
 #[inline(always)]
-fn prefetch_positions<T, const HINT: i32>(rows: &[T], head_dim: usize, from: usize, n: usize) {
+pub(super) fn prefetch_positions<T, const HINT: i32>(
+    rows: &[T],
+    head_dim: usize,
+    from: usize,
+    n: usize,
+) {
     let end = ((from + n) * head_dim).min(rows.len());
     let wanted = &rows[(from * head_dim).min(end)..end];
     let first = wanted.as_ptr().cast::<i8>();
@@ -263,7 +289,7 @@ fn prefetch_positions<T, const HINT: i32>(rows: &[T], head_dim: usize, from: usi
 /// The CPU has AVX2 and FMA; `scores` holds the positions, `value_scales` (if any) too.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn exponentiate(
+pub(super) unsafe fn exponentiate(
     scores: *mut f32,
     from: usize,
     to: usize,
@@ -291,7 +317,7 @@ unsafe fn exponentiate(
 /// As [`exponentiate`], and the CPU has AVX-512F.
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-unsafe fn exponentiate_wide(
+pub(super) unsafe fn exponentiate_wide(
     scores: *mut f32,
     len: usize,
     max: __m256,
@@ -330,7 +356,7 @@ unsafe fn exponentiate_wide(
 /// holds the positions and `dst` has room for them.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn score_positions<T: Widen, const NQ: usize, const P: usize>(
+pub(super) unsafe fn score_positions<T: Widen, const NQ: usize, const P: usize>(
     q_r: *const f32,
     cache: &Cache<'_, T>,
     p0: usize,
@@ -366,7 +392,7 @@ unsafe fn score_positions<T: Widen, const NQ: usize, const P: usize>(
 
 /// Position pairs [`score_pairs_wide`] takes at once for a group of `nq` heads: as many
 /// sums as fit in 32 registers beside the keys.
-const fn wide_pairs(nq: usize) -> usize {
+pub(super) const fn wide_pairs(nq: usize) -> usize {
     match nq {
         1..=3 => 4,
         4..=6 => 2,
@@ -382,7 +408,7 @@ const fn wide_pairs(nq: usize) -> usize {
 /// As [`score_positions`], and the CPU has AVX-512 F.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 #[inline]
-unsafe fn score_pairs_wide<T: Widen, const NQ: usize>(
+pub(super) unsafe fn score_pairs_wide<T: Widen, const NQ: usize>(
     q_r: *const f32,
     cache: &Cache<'_, T>,
     p0: usize,
@@ -480,12 +506,12 @@ unsafe fn sum_lane_pairs<const NQ: usize>(acc: &[__m512; 8]) -> __m512 {
 }
 
 /// Each row's softmax weights, `[n_rows][n_pos][8]`, and its heads' `1 / Σ exp`.
-struct Weights<'a> {
-    scores: *const f32,
-    n_pos: usize,
-    first_len: usize,
-    n_rows: usize,
-    inv: &'a [[f32; 8]; MAX_ROWS],
+pub(super) struct Weights<'a> {
+    pub(super) scores: *const f32,
+    pub(super) n_pos: usize,
+    pub(super) first_len: usize,
+    pub(super) n_rows: usize,
+    pub(super) inv: &'a [[f32; 8]; MAX_ROWS],
 }
 
 impl Weights<'_> {
@@ -511,7 +537,7 @@ impl Weights<'_> {
 unsafe fn columns<T: Widen, const NQ: usize, const Z: usize>(
     cache: &Cache<'_, T>,
     weights: &Weights<'_>,
-    out: &mut [&mut [f32]],
+    out: &[*mut f32],
     c0: usize,
 ) {
     let head_dim = cache.head_dim;
@@ -540,8 +566,7 @@ unsafe fn columns<T: Widen, const NQ: usize, const Z: usize>(
             *part = acc;
         }
     }
-    for (r, o) in out.iter_mut().enumerate() {
-        let o = o.as_mut_ptr();
+    for (r, &o) in out.iter().enumerate() {
         for (h, acc_h) in partial[r].iter().enumerate() {
             let inv = _mm256_set1_ps(weights.inv[r][h]);
             for (j, a) in acc_h.iter().enumerate() {
@@ -561,18 +586,18 @@ unsafe fn columns<T: Widen, const NQ: usize, const Z: usize>(
 unsafe fn weighted_sums_wide<T: Widen, const NQ: usize>(
     cache: &Cache<'_, T>,
     weights: &Weights<'_>,
-    out: &mut [&mut [f32]],
+    out: &[*mut f32],
+    cols: Range<usize>,
 ) {
-    let head_dim = cache.head_dim;
-    let mut d = 0;
-    while d < head_dim {
+    let (mut d, end) = (cols.start, cols.end);
+    while d < end {
         // A pass over the positions per 64 columns where the sums fit in registers (four
         // heads or fewer), so a row of 64 values is read once as one stream, not in
         // halves by two passes.
-        if NQ <= 4 && head_dim - d >= 64 {
+        if NQ <= 4 && end - d >= 64 {
             columns_wide::<T, NQ, 4>(cache, weights, out, d);
             d += 64;
-        } else if head_dim - d >= 32 {
+        } else if end - d >= 32 {
             columns_wide::<T, NQ, 2>(cache, weights, out, d);
             d += 32;
         } else {
@@ -588,7 +613,7 @@ unsafe fn weighted_sums_wide<T: Widen, const NQ: usize>(
 unsafe fn columns_wide<T: Widen, const NQ: usize, const Z: usize>(
     cache: &Cache<'_, T>,
     weights: &Weights<'_>,
-    out: &mut [&mut [f32]],
+    out: &[*mut f32],
     d0: usize,
 ) {
     let head_dim = cache.head_dim;
@@ -614,8 +639,7 @@ unsafe fn columns_wide<T: Widen, const NQ: usize, const Z: usize>(
             *part = acc;
         }
     }
-    for (r, o) in out.iter_mut().enumerate() {
-        let o = o.as_mut_ptr();
+    for (r, &o) in out.iter().enumerate() {
         for (h, acc_h) in partial[r].iter().enumerate() {
             let inv = _mm512_set1_ps(weights.inv[r][h]);
             for (j, a) in acc_h.iter().enumerate() {
