@@ -4,7 +4,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pyramid_kernels::attention::{
-    attend_group, attend_row_shared, attend_rows, meeting_len, KvRows, MAX_ROWS,
+    attend_group, attend_rows, attend_rows_shared, meeting_len, KvRows, MAX_ROWS,
 };
 use pyramid_kernels::int4::{gemm_i4, PackedI4};
 use pyramid_kernels::int8::{gemm_i8, quantize_blocks_excluding, PackedI8, QuantizedRows, BLOCK_K};
@@ -209,7 +209,7 @@ fn decode_attention_team(c: &mut Criterion) {
     let caches: Vec<BenchCache> = (0..LAYERS * 3)
         .map(|_| BenchCache::new(n_pos, head_dim))
         .collect();
-    let mut meeting = vec![0.0; meeting_len(n_pos, 2)];
+    let mut meeting = vec![0.0; meeting_len(n_pos, 1, 2)];
     let meeting = SharedSlice::new(&mut meeting);
     let mut out = vec![0.0; 3 * n_q * head_dim];
     let out = SharedSlice::new(&mut out);
@@ -244,16 +244,17 @@ fn decode_attention_team(c: &mut Criterion) {
                             if share {
                                 // SAFETY: both threads share head 2; nobody else touches it.
                                 unsafe {
-                                    attend_row_shared(
+                                    attend_rows_shared(
                                         team,
                                         isa::active(),
-                                        &q,
+                                        &[&q],
                                         head_dim,
                                         kv(2),
+                                        n_pos,
                                         0.125,
                                         &meeting,
                                         &out,
-                                        span(2).start,
+                                        &[span(2).start],
                                     )
                                 };
                             }

@@ -14,7 +14,7 @@
 use std::sync::Mutex;
 
 use pyramid_kernels::attention::{
-    attend_row_shared, attend_rows, can_share, meeting_len, scratch_len, worth_sharing, MAX_GROUP,
+    attend_rows, attend_rows_shared, can_share, meeting_len, scratch_len, worth_sharing, MAX_GROUP,
     MAX_ROWS,
 };
 use pyramid_kernels::isa;
@@ -182,7 +182,7 @@ impl Scratch {
                 .map(|_| Mutex::new(Vec::with_capacity(scratch_len(window, n_tokens))))
                 .collect(),
             meeting: with(if n_threads > 1 {
-                meeting_len(window, n_threads)
+                meeting_len(window, n_tokens.min(MAX_ROWS), n_threads)
             } else {
                 0
             }),
@@ -401,7 +401,8 @@ impl Model {
             1 => 0,
             n_threads => {
                 let longest = scratch.places.iter().map(|p| p.pos + 1).max();
-                meeting_len(longest.unwrap_or(0), n_threads)
+                let rows = scratch.blocks.iter().map(|b| b.1).max();
+                meeting_len(longest.unwrap_or(0), rows.unwrap_or(0), n_threads)
             }
         };
         let s = scratch;
@@ -894,11 +895,11 @@ impl Model {
         // round-robin rather than in contiguous runs: a causal row's work grows with its
         // position, so contiguous runs would leave the last rows' thread with most of it.
         // A block's rows and a KV head's query heads go together so its cache is read
-        // once for all of them. Items left over after the last whole round that are one
-        // long row each (a decoding sequence whose heads do not divide among the threads)
-        // are shared by the whole team instead, each thread reading part of the cache;
-        // otherwise heads split into more runs where there would be fewer items than
-        // threads.
+        // once for all of them. Items left over after the last whole round over a long
+        // cache (a decoding sequence or verified draft whose heads do not divide among
+        // the threads) are shared by the whole team instead, each thread reading part of
+        // the cache; otherwise heads split into more runs where there would be fewer
+        // items than threads.
         let n_threads = team.n_threads();
         let n_kv = cfg.n_head_kv;
         // The positions block `b` attends to: causal, back to the layer's window (a
@@ -910,9 +911,8 @@ impl Model {
         };
         let shareable = n_threads > 1 && can_share(isa::active(), head_dim);
         let shared = |b: usize| {
-            let (t0, n_rows) = blocks[b];
-            let place = pass.places[t0];
-            shareable && n_rows == 1 && !place.padding && {
+            let place = pass.places[blocks[b].0];
+            shareable && !place.padding && {
                 let positions = span(b);
                 let kv: &KvCache = pass.segments.get(place.segment).kv;
                 let rows = kv.head(layer_idx, 0, positions.end);
@@ -978,25 +978,31 @@ impl Model {
             if !shared(b) {
                 continue;
             }
-            let t = blocks[b].0;
-            let at = t * qd + heads.start * head_dim;
-            let kv: &KvCache = pass.segments.get(pass.places[t].segment).kv;
+            let (t0, n_rows) = blocks[b];
+            let place = pass.places[t0];
+            let mut out_at = [0; MAX_ROWS];
+            for (r, at) in out_at.iter_mut().enumerate().take(n_rows) {
+                *at = (t0 + r) * qd + heads.start * head_dim;
+                q_rows[r] = &q[*at..*at + heads.len() * head_dim];
+            }
+            let kv: &KvCache = pass.segments.get(place.segment).kv;
             let positions = span(b);
             let rows = kv
                 .head(layer_idx, kv_head, positions.end)
                 .skip(positions.start, head_dim);
             // Every thread takes every shared item, in the same order; the call returns
-            // at a barrier, with its output complete.
-            attend_row_shared(
+            // at a barrier, with its outputs complete.
+            attend_rows_shared(
                 team,
                 isa::active(),
-                &q[at..at + heads.len() * head_dim],
+                &q_rows[..n_rows],
                 head_dim,
                 rows,
+                place.pos + 1 - positions.start,
                 scale,
                 &pass.bufs.meeting,
                 &pass.bufs.attn,
-                at,
+                &out_at[..n_rows],
             );
         }
     }

@@ -32,7 +32,7 @@ use crate::ops::{
     attention_scores, attention_scores_f16, attention_scores_i8, softmax_in_place, weighted_sum,
     weighted_sum_f16, weighted_sum_i8,
 };
-pub use shared::{attend_row_shared, can_share, meeting_len, worth_sharing, SHARE_MIN_BYTES};
+pub use shared::{attend_rows_shared, can_share, meeting_len, worth_sharing, SHARE_MIN_BYTES};
 
 /// Query heads one call takes at most: the lanes of one AVX2 register of scores.
 pub const MAX_GROUP: usize = 8;

@@ -1,32 +1,32 @@
-//! One decoding row's attention shared by every thread of a team.
+//! One block of rows' attention shared by every thread of a team.
 //!
-//! A decoding sequence's attention is one item per KV head, so a team of two takes
-//! SmolLM2's three heads 2:1 and Gemma 3's one head 1:0, and at a long context the whole
-//! step waits for the thread with the most cache to read. [`attend_row_shared`] splits
-//! one item instead: each thread scores its own run of positions, the team agrees on the
-//! maximum, each exponentiates its run, and each then forms its own value columns over
-//! every position. Every element is the single-thread kernel's chain in the same order:
-//! a position's score and exponential depend on nothing but the position and the
-//! maximum (a maximum on nothing but the set), the sum of exponentials is one chain in
-//! position order (the first thread starts it over its run, each thread carries it over
-//! the rest), and an output column is the same fused sum over the positions. So a shared
-//! row equals the row [`super::attend_rows`] gives, bit for bit, whatever the team's
-//! size.
+//! A sequence's decoding row (or verified draft) attends as one item per KV head, so a
+//! team of two takes SmolLM2's three heads 2:1 and Gemma 3's one head 1:0, and at a long
+//! context the whole step waits for the thread with the most cache to read.
+//! [`attend_rows_shared`] splits one item instead: each thread scores its own run of
+//! positions, the team agrees on each row's maximum, each exponentiates its run, and
+//! each then forms its own value columns over every position. Every element is the
+//! single-thread kernel's chain in the same order: a position's score and exponential
+//! depend on nothing but the position and the maximum (a maximum on nothing but the set),
+//! the sum of exponentials is one chain in position order (the first thread starts it
+//! over its run, each thread carries it over the rest), and an output column is the same
+//! fused sum over the positions. So a shared block equals what [`super::attend_rows`]
+//! gives, bit for bit, whatever the team's size.
 
 use crate::isa::Isa;
 use crate::threadpool::{SharedSlice, Team};
 
-use super::{KvRows, MAX_GROUP};
+use super::{KvRows, MAX_GROUP, MAX_ROWS};
 
-/// Bytes of keys and values from which a row's attention is worth sharing. Measured on
+/// Bytes of keys and values from which a block's attention is worth sharing. Measured on
 /// Sapphire Rapids, two threads, 90 caches of SmolLM2's heads (`cargo bench -p
-/// pyramid-kernels -- decode_attention_team`), shared against one thread per head: f32
-/// at 512 positions (256 KiB a head) 7 % faster, at 2,048 22 %, at 4,096 27 %; INT8 at
-/// 512 (64 KiB) 50 % slower (three barriers against a short read), at 2,048 (256 KiB)
-/// 4 % faster, at 4,096 10 %.
+/// pyramid-kernels -- decode_attention_team`), one row shared against one thread per
+/// head: f32 at 512 positions (256 KiB a head) 7 % faster, at 2,048 22 %, at 4,096 27 %;
+/// INT8 at 512 (64 KiB) 50 % slower (three barriers against a short read), at 2,048
+/// (256 KiB) 4 % faster, at 4,096 10 %.
 pub const SHARE_MIN_BYTES: usize = 256 << 10;
 
-/// Whether a row over `kv` reads enough cache to be worth [`attend_row_shared`].
+/// Whether a block over `kv` reads enough cache to be worth [`attend_rows_shared`].
 pub fn worth_sharing(kv: KvRows<'_>) -> bool {
     use std::mem::size_of_val;
     let bytes = match kv {
@@ -47,14 +47,14 @@ pub fn worth_sharing(kv: KvRows<'_>) -> bool {
     bytes >= SHARE_MIN_BYTES
 }
 
-/// Floats of the buffer the threads sharing a row of up to `n_pos` positions meet in:
-/// weights and exponentials per position (eight lanes each), a maximum per thread and
-/// a partial sum.
-pub fn meeting_len(n_pos: usize, n_threads: usize) -> usize {
-    (2 * n_pos + n_threads + 1) * MAX_GROUP
+/// Floats of the buffer the threads sharing a block of up to `n_rows` rows over up to
+/// `n_pos` positions meet in: per row, weights and exponentials per position (eight lanes
+/// each), a maximum per thread and a partial sum.
+pub fn meeting_len(n_pos: usize, n_rows: usize, n_threads: usize) -> usize {
+    (2 * n_pos + n_threads + 1) * n_rows * MAX_GROUP
 }
 
-/// Whether [`attend_row_shared`] takes rows of `head_dim` on `isa`: the vector kernels,
+/// Whether [`attend_rows_shared`] takes rows of `head_dim` on `isa`: the vector kernels,
 /// whose arithmetic per position and per column it shares.
 pub fn can_share(isa: Isa, head_dim: usize) -> bool {
     cfg!(target_arch = "x86_64")
@@ -62,72 +62,89 @@ pub fn can_share(isa: Isa, head_dim: usize) -> bool {
         && head_dim.is_multiple_of(8)
 }
 
-/// `out[h] = softmax(scale · q[h] · Kᵀ) · V` over every position of `kv`, for the query
-/// heads of one KV head (`q` and the output `[n_q, head_dim]`, the output at
-/// `out[out_at..]`), the work split between the threads of `team`. Every thread calls it
-/// with the same arguments; it meets them at barriers, in `meeting`, and returns at one:
-/// then the whole output is written and `meeting` is free again.
+/// [`super::attend_rows`] of a block of consecutive rows (row `r` sees the first
+/// `first_len + r` positions of `kv`, which holds exactly the last row's), the work split
+/// between the threads of `team`; row `r`'s output `[n_q, head_dim]` goes to
+/// `out[out_at[r]..]`. Every thread calls it with the same arguments; it meets them at
+/// barriers, in `meeting`, and returns at one: then every output is written and
+/// `meeting` is free again.
 ///
 /// # Panics
-/// If the shapes disagree, `kv` is empty, `meeting` is shorter than [`meeting_len`] or
-/// `can_share(isa, head_dim)` is false.
+/// If the shapes disagree, `first_len` is 0, `meeting` is shorter than [`meeting_len`]
+/// or `can_share(isa, head_dim)` is false.
 ///
 /// # Safety
-/// No thread outside this call reads or writes `meeting` or the output span while it
-/// runs.
+/// The output spans do not overlap, and no thread outside this call reads or writes
+/// `meeting` or them while it runs.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_row_shared(
+pub unsafe fn attend_rows_shared(
     team: &Team,
     isa: Isa,
-    q: &[f32],
+    q: &[&[f32]],
     head_dim: usize,
     kv: KvRows<'_>,
+    first_len: usize,
     scale: f32,
     meeting: &SharedSlice<'_, f32>,
     out: &SharedSlice<'_, f32>,
-    out_at: usize,
+    out_at: &[usize],
 ) {
     assert!(
         can_share(isa, head_dim),
         "{isa} cannot share rows of head_dim {head_dim}"
     );
     isa.assert_supported();
-    let n_q = q.len() / head_dim;
+    let n_rows = q.len();
+    let width = q.first().map_or(0, |r| r.len());
+    let n_q = width / head_dim;
     assert!(
-        q.len() == n_q * head_dim && (1..=MAX_GROUP).contains(&n_q),
-        "the query must be [n_q <= {MAX_GROUP}, head_dim]"
+        (1..=MAX_ROWS).contains(&n_rows)
+            && out_at.len() == n_rows
+            && width == n_q * head_dim
+            && (1..=MAX_GROUP).contains(&n_q)
+            && q.iter().all(|r| r.len() == width),
+        "1..={MAX_ROWS} query rows of [n_q <= {MAX_GROUP}, head_dim], an output for each"
     );
     assert!(
-        kv.is_consistent(head_dim) && kv.len() >= head_dim,
-        "keys and values must be [n_pos >= 1, head_dim] (with a scale per row)"
+        kv.is_consistent(head_dim) && first_len >= 1,
+        "keys and values must be [n_pos, head_dim] (with a scale per row), every row seeing one"
     );
-    let n_pos = kv.len() / head_dim;
+    let n_pos = first_len + n_rows - 1;
     assert!(
-        meeting.len() >= meeting_len(n_pos, team.n_threads()),
+        kv.len() == n_pos * head_dim,
+        "the cache must hold exactly the last row's {n_pos} positions"
+    );
+    assert!(
+        meeting.len() >= meeting_len(n_pos, n_rows, team.n_threads()),
         "the meeting buffer holds {} floats, {} needed",
         meeting.len(),
-        meeting_len(n_pos, team.n_threads())
+        meeting_len(n_pos, n_rows, team.n_threads())
     );
     assert!(
         out_at
-            .checked_add(q.len())
-            .is_some_and(|end| end <= out.len()),
-        "the output span is outside `out`"
+            .iter()
+            .all(|&at| at.checked_add(width).is_some_and(|end| end <= out.len())),
+        "an output span is outside `out`"
     );
     #[cfg(target_arch = "x86_64")]
     {
         let wide = isa >= Isa::Avx512 && head_dim.is_multiple_of(16);
+        let mut out_rows = [std::ptr::null_mut(); MAX_ROWS];
+        for (row, &at) in out_rows.iter_mut().zip(out_at) {
+            *row = out.as_mut_ptr().add(at);
+        }
         // SAFETY: `can_share` held, so the CPU has AVX2, FMA and F16C (and AVX-512 F, BW
         // and VL for `wide`); the shapes were checked above; the caller keeps `meeting`
-        // and the output span to this call's threads, which write disjoint parts of them.
-        x86::attend_row_shared(
+        // and the output spans to this call's threads, which write disjoint parts of them.
+        x86::attend_rows_shared(
             team,
             q,
             head_dim,
             kv,
+            first_len,
             scale,
             meeting.as_mut_ptr(),
-            out.as_mut_ptr().add(out_at),
+            &out_rows[..n_rows],
             wide,
         );
     }
@@ -147,22 +164,64 @@ mod x86 {
     use crate::ops::exp_avx512 as exp512;
     use crate::threadpool::{split_range, Team};
 
+    /// What every phase of a shared block reads: the rows, the cache, the meeting buffer.
+    struct Block<'a, 'q, T> {
+        q: &'a [&'q [f32]],
+        cache: &'a Cache<'a, T>,
+        first_len: usize,
+        n_pos: usize,
+        meeting: *mut f32,
+    }
+
+    impl<T> Block<'_, '_, T> {
+        /// Row `r`'s scores, then weights in place: `[n_pos][8]`.
+        unsafe fn weights(&self, r: usize) -> *mut f32 {
+            self.meeting.add(r * self.n_pos * 8)
+        }
+
+        /// Row `r`'s exponentials before the value rows' scales, where the cache has
+        /// them (else its weights are those).
+        unsafe fn unscaled(&self, r: usize) -> *mut f32 {
+            match self.cache.value_scales {
+                Some(_) => self.meeting.add((self.q.len() + r) * self.n_pos * 8),
+                None => self.weights(r),
+            }
+        }
+
+        /// Thread `t`'s maximum of row `r`'s scores.
+        unsafe fn maximum(&self, t: usize, r: usize) -> *mut f32 {
+            let rows = self.q.len();
+            self.meeting.add((2 * rows * self.n_pos + t * rows + r) * 8)
+        }
+
+        /// Row `r`'s sum of exponentials over the first thread's run.
+        unsafe fn first_sum(&self, n_threads: usize, r: usize) -> *mut f32 {
+            self.maximum(n_threads, r)
+        }
+
+        /// The positions row `r` sees.
+        fn len(&self, r: usize) -> usize {
+            self.first_len + r
+        }
+    }
+
     /// # Safety
-    /// As [`super::attend_row_shared`] after its checks: `meeting` holds
-    /// [`super::meeting_len`] floats, `out` the `[n_q, head_dim]` output.
+    /// As [`super::attend_rows_shared`] after its checks: `meeting` holds
+    /// [`super::meeting_len`] floats, `out` a row pointer per query row.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn attend_row_shared(
+    pub(super) unsafe fn attend_rows_shared(
         team: &Team,
-        q: &[f32],
+        q: &[&[f32]],
         head_dim: usize,
         kv: KvRows<'_>,
+        first_len: usize,
         scale: f32,
         meeting: *mut f32,
-        out: *mut f32,
+        out: &[*mut f32],
         wide: bool,
     ) {
-        let q_heads = q.len() / head_dim;
+        let q_heads = q[0].len() / head_dim;
         macro_rules! by_group {
             ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {{
                 let cache = Cache {
@@ -172,17 +231,23 @@ mod x86 {
                     value_scales: $vs,
                     head_dim,
                 };
-                let q = q.as_ptr();
+                let block = Block {
+                    q,
+                    cache: &cache,
+                    first_len,
+                    n_pos: cache.keys.len() / head_dim,
+                    meeting,
+                };
                 // The (positions, columns) per step of `super::super::x86::attend_rows`.
                 match q_heads {
-                    1 => share::<_, 1, 8, 8>(team, q, &cache, scale, meeting, out, wide),
-                    2 => share::<_, 2, 4, 4>(team, q, &cache, scale, meeting, out, wide),
-                    3 => share::<_, 3, 3, 2>(team, q, &cache, scale, meeting, out, wide),
-                    4 => share::<_, 4, 2, 2>(team, q, &cache, scale, meeting, out, wide),
-                    5 => share::<_, 5, 2, 1>(team, q, &cache, scale, meeting, out, wide),
-                    6 => share::<_, 6, 2, 1>(team, q, &cache, scale, meeting, out, wide),
-                    7 => share::<_, 7, 1, 1>(team, q, &cache, scale, meeting, out, wide),
-                    8 => share::<_, 8, 1, 1>(team, q, &cache, scale, meeting, out, wide),
+                    1 => share::<_, 1, 8, 8>(team, &block, scale, out, wide),
+                    2 => share::<_, 2, 4, 4>(team, &block, scale, out, wide),
+                    3 => share::<_, 3, 3, 2>(team, &block, scale, out, wide),
+                    4 => share::<_, 4, 2, 2>(team, &block, scale, out, wide),
+                    5 => share::<_, 5, 2, 1>(team, &block, scale, out, wide),
+                    6 => share::<_, 6, 2, 1>(team, &block, scale, out, wide),
+                    7 => share::<_, 7, 1, 1>(team, &block, scale, out, wide),
+                    8 => share::<_, 8, 1, 1>(team, &block, scale, out, wide),
                     n_q => unreachable!("{n_q} query heads: the caller checks 1..=8"),
                 }
             }};
@@ -249,39 +314,26 @@ mod x86 {
     }
 
     /// The three phases, each ending at a barrier.
-    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn share<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
         team: &Team,
-        q: *const f32,
-        cache: &Cache<'_, T>,
+        block: &Block<'_, '_, T>,
         scale: f32,
-        meeting: *mut f32,
-        out: *mut f32,
+        out: &[*mut f32],
         wide: bool,
     ) {
+        let (cache, n_pos, n_rows) = (block.cache, block.n_pos, block.q.len());
         let head_dim = cache.head_dim;
-        let n_pos = cache.keys.len() / head_dim;
         let (me, n_threads) = (team.idx(), team.n_threads());
-        // `[n_pos][8]` scores, then weights in place (exponentials times the value rows'
-        // scales, where the cache has them); `[n_pos][8]` the exponentials themselves,
-        // for a cache with scales; `[n_threads][8]` maxima; the first run's sum.
-        let weights = meeting;
-        let unscaled = match cache.value_scales {
-            Some(_) => meeting.add(n_pos * 8),
-            None => weights,
-        };
-        let maxima = meeting.add(2 * n_pos * 8);
-        let first_sum = maxima.add(n_threads * 8);
 
-        // 1. This thread's positions' scores, and their maximum.
+        // 1. Every row's scores of this thread's positions, and their maxima.
         let step = if wide { 2 * wide_pairs(NQ) } else { P };
         let run = |thread: usize| split_range(n_pos, n_threads, thread, step);
         let mine = run(me);
         let my_keys = &cache.keys[..mine.end * head_dim];
         let align = if wide { 16 } else { 8 };
         let my_cols = split_range(head_dim, n_threads, me, align);
-        let mut max = _mm256_set1_ps(f32::NEG_INFINITY);
+        let mut max = [_mm256_set1_ps(f32::NEG_INFINITY); MAX_ROWS];
         for p0 in mine.clone().step_by(step) {
             prefetch_positions::<T, _MM_HINT_T0>(my_keys, head_dim, p0 + KEYS_AHEAD, step);
             // The value columns this thread sums in step 3, of every position: as many
@@ -292,50 +344,61 @@ mod x86 {
                 let to = (from + step).min(theirs.end);
                 prefetch_columns(cache.values, head_dim, from..to, &my_cols);
             }
-            let seen = (mine.end - p0).min(step);
-            if seen == step && wide {
-                score_pairs_wide::<T, NQ>(q, cache, p0, scale, weights, &mut max);
-            } else if seen == step {
-                score_positions::<T, NQ, P>(q, cache, p0, scale, weights, &mut max);
-            } else {
-                for p in p0..p0 + seen {
-                    score_positions::<T, NQ, 1>(q, cache, p, scale, weights, &mut max);
+            // Rows from the first whose causal window holds position p0.
+            let first_row = (p0 + 1).saturating_sub(block.first_len);
+            for (r, max_r) in max.iter_mut().enumerate().take(n_rows).skip(first_row) {
+                let (q_r, dst) = (block.q.get_unchecked(r).as_ptr(), block.weights(r));
+                let seen = (block.len(r).min(mine.end) - p0).min(step);
+                if seen == step && wide {
+                    score_pairs_wide::<T, NQ>(q_r, cache, p0, scale, dst, max_r);
+                } else if seen == step {
+                    score_positions::<T, NQ, P>(q_r, cache, p0, scale, dst, max_r);
+                } else {
+                    for p in p0..p0 + seen {
+                        score_positions::<T, NQ, 1>(q_r, cache, p, scale, dst, max_r);
+                    }
                 }
             }
         }
-        _mm256_storeu_ps(maxima.add(me * 8), max);
+        for (r, max_r) in max.iter().enumerate().take(n_rows) {
+            _mm256_storeu_ps(block.maximum(me, r), *max_r);
+        }
         team.sync();
 
-        // 2. The maximum of all positions, and this thread's positions' exponentials. The
-        // sum of exponentials is one chain in position order: the first thread starts it
-        // over its run, as the single-thread kernel does.
-        let mut max = _mm256_loadu_ps(maxima);
-        for other in 1..n_threads {
-            max = _mm256_max_ps(max, _mm256_loadu_ps(maxima.add(other * 8)));
-        }
-        if me == 0 {
-            let sum = if wide {
-                exponentiate_wide(weights, mine.end, max, cache.value_scales)
-            } else {
-                exponentiate(
-                    weights,
-                    0,
-                    mine.end,
-                    max,
-                    cache.value_scales,
-                    _mm256_setzero_ps(),
-                )
-            };
-            _mm256_storeu_ps(first_sum, sum);
-        } else {
+        // 2. Each row's maximum over all positions, and the exponentials of this thread's
+        // positions. A row's sum of exponentials is one chain in position order: the
+        // first thread starts it over its run, as the single-thread kernel does.
+        for r in 0..n_rows {
+            let mut max = _mm256_loadu_ps(block.maximum(0, r));
+            for other in 1..n_threads {
+                max = _mm256_max_ps(max, _mm256_loadu_ps(block.maximum(other, r)));
+            }
+            let (weights, unscaled) = (block.weights(r), block.unscaled(r));
+            let end = block.len(r).min(mine.end);
+            if me == 0 {
+                let sum = if wide {
+                    exponentiate_wide(weights, end, max, cache.value_scales)
+                } else {
+                    exponentiate(
+                        weights,
+                        0,
+                        end,
+                        max,
+                        cache.value_scales,
+                        _mm256_setzero_ps(),
+                    )
+                };
+                _mm256_storeu_ps(block.first_sum(n_threads, r), sum);
+                continue;
+            }
             let mut p = mine.start;
             if wide {
-                while p + 2 <= mine.end {
+                while p + 2 <= end {
                     exponentiate_pair(weights, unscaled, p, max, cache.value_scales);
                     p += 2;
                 }
             }
-            for p in p..mine.end {
+            for p in p..end {
                 let at = weights.add(p * 8);
                 let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(at), max));
                 _mm256_storeu_ps(unscaled.add(p * 8), e);
@@ -346,22 +409,24 @@ mod x86 {
         }
         team.sync();
 
-        // 3. The chain carried on over the other runs, then this thread's columns of
-        // every head over all positions.
-        let mut sum = _mm256_loadu_ps(first_sum);
-        for p in run(0).end..n_pos {
-            sum = _mm256_add_ps(sum, _mm256_loadu_ps(unscaled.add(p * 8)));
-        }
+        // 3. Each row's chain carried on over the other runs, then this thread's columns
+        // of every head and row over all positions.
         let mut inv = [[0.0f32; 8]; MAX_ROWS];
-        _mm256_storeu_ps(inv[0].as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
+        for (r, inv_r) in inv.iter_mut().enumerate().take(n_rows) {
+            let mut sum = _mm256_loadu_ps(block.first_sum(n_threads, r));
+            for p in run(0).end..block.len(r) {
+                sum = _mm256_add_ps(sum, _mm256_loadu_ps(block.unscaled(r).add(p * 8)));
+            }
+            _mm256_storeu_ps(inv_r.as_mut_ptr(), _mm256_div_ps(_mm256_set1_ps(1.0), sum));
+        }
         let weights = Weights {
-            scores: weights,
+            scores: block.meeting,
             n_pos,
-            first_len: n_pos,
-            n_rows: 1,
+            first_len: block.first_len,
+            n_rows,
             inv: &inv,
         };
-        weighted_sums::<T, NQ, Z>(cache, &weights, &[out], my_cols, wide);
+        weighted_sums::<T, NQ, Z>(cache, &weights, out, my_cols, wide);
         team.sync();
     }
 }
@@ -374,25 +439,31 @@ mod tests {
     use crate::test_support::random;
     use crate::threadpool::ThreadPool;
 
-    /// A row shared by teams of two and three equals the row alone, bit for bit, on
-    /// every ISA that shares: every cache type, group size and head width, with runs of
-    /// positions and columns that do not divide evenly.
+    /// A block shared by teams of two and three equals the block on one thread, bit for
+    /// bit, on every ISA that shares: every cache type, group size and head width, one
+    /// row to a whole block (which alone would take the tiles), with runs of positions
+    /// and columns that do not divide evenly and rows that end inside the first run.
     #[test]
-    fn a_shared_row_equals_the_row_alone_bit_for_bit() {
+    fn a_shared_block_equals_the_block_on_one_thread_bit_for_bit() {
         let pools = [ThreadPool::new(2).unwrap(), ThreadPool::new(3).unwrap()];
-        for (head_dim, n_q, n_pos) in [
-            (64, 3, 1),
-            (64, 3, 1000),
-            (64, 7, 301),
-            (64, 1, 37),
-            (256, 4, 530),
-            (48, 5, 99),
-            (8, 8, 70),
-            (128, 2, 513),
-            (40, 6, 45),
+        for (head_dim, n_q, first_len, n_rows) in [
+            (64, 3, 1, 1),
+            (64, 3, 1000, 1),
+            (64, 3, 700, 9),
+            (64, 7, 301, 1),
+            (64, 7, 1, 5),
+            (64, 1, 37, 16),
+            (256, 4, 530, 1),
+            (48, 5, 99, 3),
+            (8, 8, 70, 2),
+            (128, 2, 513, 12),
+            (40, 6, 45, 7),
         ] {
-            let seed = (head_dim * 7 + n_pos) as u64;
-            let q = random(n_q * head_dim, seed);
+            let seed = (head_dim * 7 + first_len + n_rows) as u64;
+            let width = n_q * head_dim;
+            let q = random(n_rows * width, seed);
+            let q_rows: Vec<&[f32]> = q.chunks_exact(width).collect();
+            let n_pos = first_len + n_rows - 1;
             let caches = Caches::random(n_pos, head_dim, seed + 1);
             for isa in Isa::available() {
                 if !can_share(isa, head_dim) {
@@ -400,46 +471,52 @@ mod tests {
                 }
                 for kv in caches.all() {
                     let mut alone = vec![f32::NAN; q.len()];
+                    let mut outs: Vec<&mut [f32]> = alone.chunks_exact_mut(width).collect();
                     attend_rows_with(
                         isa,
-                        &[&q],
+                        &q_rows,
                         head_dim,
                         kv,
-                        n_pos,
+                        first_len,
                         0.3,
                         &mut Vec::new(),
-                        &mut [&mut alone],
+                        &mut outs,
                     );
+                    // Row r's output at (2 r + 1) widths: room around each, which no thread
+                    // may touch.
+                    let out_at: Vec<usize> = (0..n_rows).map(|r| (2 * r + 1) * width).collect();
                     for pool in &pools {
-                        let mut meeting = vec![f32::NAN; meeting_len(n_pos, pool.n_threads())];
-                        // Room on both sides, which no thread may touch.
-                        let mut out = vec![f32::NAN; q.len() + 2 * head_dim];
+                        let n_threads = pool.n_threads();
+                        let mut meeting = vec![f32::NAN; meeting_len(n_pos, n_rows, n_threads)];
+                        let mut out = vec![f32::NAN; (2 * n_rows + 1) * width];
                         let (meet, shared_out) =
                             (SharedSlice::new(&mut meeting), SharedSlice::new(&mut out));
                         pool.run_team(&|team| unsafe {
-                            attend_row_shared(
+                            attend_rows_shared(
                                 team,
                                 isa,
-                                &q,
+                                &q_rows,
                                 head_dim,
                                 kv,
+                                first_len,
                                 0.3,
                                 &meet,
                                 &shared_out,
-                                head_dim,
+                                &out_at,
                             )
                         });
                         let what = format!(
-                            "{isa}, {} threads, hd={head_dim} n_q={n_q} n_pos={n_pos} {:?}",
-                            pool.n_threads(),
+                            "{isa}, {n_threads} threads, hd={head_dim} n_q={n_q} \
+                             first_len={first_len} rows={n_rows} {:?}",
                             std::mem::discriminant(&kv)
                         );
-                        assert_eq!(&out[head_dim..head_dim + q.len()], &alone[..], "{what}");
-                        assert!(out[..head_dim].iter().all(|v| v.is_nan()), "{what}");
-                        assert!(
-                            out[head_dim + q.len()..].iter().all(|v| v.is_nan()),
-                            "{what}"
-                        );
+                        for (r, chunk) in out.chunks_exact(width).enumerate() {
+                            if r % 2 == 1 {
+                                assert_eq!(chunk, &alone[r / 2 * width..][..width], "{what}");
+                            } else {
+                                assert!(chunk.iter().all(|v| v.is_nan()), "{what}: gap {r}");
+                            }
+                        }
                     }
                 }
             }
