@@ -127,7 +127,7 @@ pub struct Scratch {
     /// One attention-score buffer per pool thread: `[rows of a block, window, MAX_GROUP]`
     /// each (a block is at most `MAX_ROWS` rows of one segment).
     scores: Vec<Mutex<Vec<f32>>>,
-    /// Where a team sharing one row's attention meets (`meeting_len` floats).
+    /// Where a team sharing a block's attention meets (`meeting_len` floats).
     meeting: Vec<f32>,
     x: Vec<f32>,    // [n_tokens, n_embd] residual stream
     h: Vec<f32>,    // [n_tokens, n_embd] normed input of a block
@@ -1039,7 +1039,7 @@ struct Buffers<'s> {
     normed: SharedSlice<'s, f32>, // [n_rows, n_embd]
     logits: SharedSlice<'s, f32>, // [n_rows, n_vocab]
     prepared: PreparedInput<'s>,
-    meeting: SharedSlice<'s, f32>, // where a team sharing a row's attention meets
+    meeting: SharedSlice<'s, f32>, // where a team sharing a block's attention meets
 }
 
 /// Everything a region reads besides the weights.

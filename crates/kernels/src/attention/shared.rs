@@ -173,6 +173,8 @@ mod x86 {
         meeting: *mut f32,
     }
 
+    /// The parts of the meeting buffer, laid out as [`super::meeting_len`] counts them.
+    /// Safety of each: `r` is below the block's rows, `t` at most the team's size.
     impl<T> Block<'_, '_, T> {
         /// Row `r`'s scores, then weights in place: `[n_pos][8]`.
         unsafe fn weights(&self, r: usize) -> *mut f32 {
