@@ -74,8 +74,9 @@ pub fn can_share(isa: Isa, head_dim: usize) -> bool {
 /// or `can_share(isa, head_dim)` is false.
 ///
 /// # Safety
-/// The output spans do not overlap, and no thread outside this call reads or writes
-/// `meeting` or them while it runs.
+/// Every thread of the team makes this call with the same arguments; the output spans do
+/// not overlap, and no thread outside this call reads or writes `meeting` or them while
+/// it runs.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn attend_rows_shared(
     team: &Team,
