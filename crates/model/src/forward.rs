@@ -902,22 +902,20 @@ impl Model {
         // items than threads.
         let n_threads = team.n_threads();
         let n_kv = cfg.n_head_kv;
-        // The positions block `b` attends to: causal, back to the layer's window (a
-        // windowed block is one row).
-        let span = |b: usize| {
+        // The cached rows of `kv_head` block `b` attends to, and how many of them its first
+        // row sees: causal, back to the layer's window (a windowed block is one row).
+        let cached = |b: usize, kv_head: usize| {
             let (t0, n_rows) = blocks[b];
-            let last_pos = pass.places[t0].pos + n_rows;
-            window.map_or(0, |w| last_pos.saturating_sub(w))..last_pos
+            let place = pass.places[t0];
+            let last_pos = place.pos + n_rows;
+            let start = window.map_or(0, |w| last_pos.saturating_sub(w));
+            let kv: &KvCache = pass.segments.get(place.segment).kv;
+            let rows = kv.head(layer_idx, kv_head, last_pos).skip(start, head_dim);
+            (rows, place.pos + 1 - start)
         };
         let shareable = n_threads > 1 && can_share(isa::active(), head_dim);
         let shared = |b: usize| {
-            let place = pass.places[blocks[b].0];
-            shareable && !place.padding && {
-                let positions = span(b);
-                let kv: &KvCache = pass.segments.get(place.segment).kv;
-                let rows = kv.head(layer_idx, 0, positions.end);
-                worth_sharing(rows.skip(positions.start, head_dim))
-            }
+            shareable && !pass.places[blocks[b].0].padding && worth_sharing(cached(b, 0).0)
         };
         let min_runs = group.div_ceil(MAX_GROUP);
         let wanted = if (0..blocks.len()).all(shared) {
@@ -958,16 +956,12 @@ impl Model {
                 outs.iter_mut().for_each(|o| o.fill(0.0));
                 continue;
             }
-            let kv: &KvCache = pass.segments.get(place.segment).kv;
-            let positions = span(b);
-            let rows = kv
-                .head(layer_idx, kv_head, positions.end)
-                .skip(positions.start, head_dim);
+            let (rows, first_len) = cached(b, kv_head);
             attend_rows(
                 &q_rows[..n_rows],
                 head_dim,
                 rows,
-                place.pos + 1 - positions.start,
+                first_len,
                 scale,
                 scores,
                 outs,
@@ -979,17 +973,12 @@ impl Model {
                 continue;
             }
             let (t0, n_rows) = blocks[b];
-            let place = pass.places[t0];
             let mut out_at = [0; MAX_ROWS];
             for (r, at) in out_at.iter_mut().enumerate().take(n_rows) {
                 *at = (t0 + r) * qd + heads.start * head_dim;
                 q_rows[r] = &q[*at..*at + heads.len() * head_dim];
             }
-            let kv: &KvCache = pass.segments.get(place.segment).kv;
-            let positions = span(b);
-            let rows = kv
-                .head(layer_idx, kv_head, positions.end)
-                .skip(positions.start, head_dim);
+            let (rows, first_len) = cached(b, kv_head);
             // Every thread takes every shared item, in the same order; the call returns
             // at a barrier, with its outputs complete.
             attend_rows_shared(
@@ -998,7 +987,7 @@ impl Model {
                 &q_rows[..n_rows],
                 head_dim,
                 rows,
-                place.pos + 1 - positions.start,
+                first_len,
                 scale,
                 &pass.bufs.meeting,
                 &pass.bufs.attn,

@@ -157,8 +157,8 @@ mod x86 {
     use std::ops::Range;
 
     use super::super::x86::{
-        exponentiate, exponentiate_wide, prefetch_positions, score_pairs_wide, score_positions,
-        weighted_sums, wide_pairs, Cache, Weights, Widen, KEYS_AHEAD,
+        by_group, exponentiate, exponentiate_wide, prefetch_positions, score_pairs_wide,
+        score_positions, weighted_sums, wide_pairs, Cache, Weights, Widen, KEYS_AHEAD,
     };
     use super::super::{KvRows, MAX_ROWS};
     use crate::ops::exp_avx2 as exp256;
@@ -224,47 +224,12 @@ mod x86 {
         out: &[*mut f32],
         wide: bool,
     ) {
-        let q_heads = q[0].len() / head_dim;
-        macro_rules! by_group {
-            ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {{
-                let cache = Cache {
-                    keys: $keys,
-                    key_scales: $ks,
-                    values: $values,
-                    value_scales: $vs,
-                    head_dim,
-                };
-                let block = Block {
-                    q,
-                    cache: &cache,
-                    first_len,
-                    n_pos: cache.keys.len() / head_dim,
-                    meeting,
-                };
-                // The (positions, columns) per step of `super::super::x86::attend_rows`.
-                match q_heads {
-                    1 => share::<_, 1, 8, 8>(team, &block, scale, out, wide),
-                    2 => share::<_, 2, 4, 4>(team, &block, scale, out, wide),
-                    3 => share::<_, 3, 3, 2>(team, &block, scale, out, wide),
-                    4 => share::<_, 4, 2, 2>(team, &block, scale, out, wide),
-                    5 => share::<_, 5, 2, 1>(team, &block, scale, out, wide),
-                    6 => share::<_, 6, 2, 1>(team, &block, scale, out, wide),
-                    7 => share::<_, 7, 1, 1>(team, &block, scale, out, wide),
-                    8 => share::<_, 8, 1, 1>(team, &block, scale, out, wide),
-                    n_q => unreachable!("{n_q} query heads: the caller checks 1..=8"),
-                }
-            }};
-        }
-        match kv {
-            KvRows::F32 { keys, values } => by_group!(keys, None, values, None),
-            KvRows::F16 { keys, values } => by_group!(keys, None, values, None),
-            KvRows::Int8 {
-                keys,
-                key_scales,
-                values,
-                value_scales,
-            } => by_group!(keys, Some(key_scales), values, Some(value_scales)),
-        }
+        by_group!(
+            kv,
+            head_dim,
+            q[0].len() / head_dim,
+            share(team, q, first_len, scale, meeting, out, wide)
+        )
     }
 
     /// Asks for columns `cols` of `rows`' positions `positions` (those that exist) in L2:
@@ -317,16 +282,27 @@ mod x86 {
     }
 
     /// The three phases, each ending at a barrier.
+    #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn share<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
+        cache: &Cache<'_, T>,
         team: &Team,
-        block: &Block<'_, '_, T>,
+        q: &[&[f32]],
+        first_len: usize,
         scale: f32,
+        meeting: *mut f32,
         out: &[*mut f32],
         wide: bool,
     ) {
-        let (cache, n_pos, n_rows) = (block.cache, block.n_pos, block.q.len());
         let head_dim = cache.head_dim;
+        let (n_pos, n_rows) = (cache.keys.len() / head_dim, q.len());
+        let block = Block {
+            q,
+            cache,
+            first_len,
+            n_pos,
+            meeting,
+        };
         let (me, n_threads) = (team.idx(), team.n_threads());
 
         // 1. Every row's scores of this thread's positions, and their maxima.

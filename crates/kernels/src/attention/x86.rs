@@ -78,6 +78,56 @@ impl Widen for i8 {
     }
 }
 
+/// `$run::<T, NQ, P, Z>(&cache, args..)` with `kv`'s rows as a [`Cache`] of their storage
+/// type and `$n_q` query heads: the positions (`P`) and value column chunks (`Z`) a step
+/// takes for each group size, chosen here for the block kernel and the shared one alike.
+macro_rules! by_group {
+    ($kv:expr, $head_dim:expr, $n_q:expr, $run:ident($($arg:expr),*)) => {
+        match $kv {
+            KvRows::F32 { keys, values } => {
+                by_group!(@heads keys, None, values, None, $head_dim, $n_q, $run($($arg),*))
+            }
+            KvRows::F16 { keys, values } => {
+                by_group!(@heads keys, None, values, None, $head_dim, $n_q, $run($($arg),*))
+            }
+            KvRows::Int8 {
+                keys,
+                key_scales,
+                values,
+                value_scales,
+            } => by_group!(
+                @heads keys, Some(key_scales), values, Some(value_scales), $head_dim, $n_q,
+                $run($($arg),*)
+            ),
+        }
+    };
+    (@heads $keys:expr, $ks:expr, $values:expr, $vs:expr, $head_dim:expr, $n_q:expr,
+     $run:ident($($arg:expr),*)) => {{
+        let cache = Cache {
+            keys: $keys,
+            key_scales: $ks,
+            values: $values,
+            value_scales: $vs,
+            head_dim: $head_dim,
+        };
+        match $n_q {
+            1 => $run::<_, 1, 8, 8>(&cache, $($arg),*),
+            2 => $run::<_, 2, 4, 4>(&cache, $($arg),*),
+            3 => $run::<_, 3, 3, 2>(&cache, $($arg),*),
+            4 => $run::<_, 4, 2, 2>(&cache, $($arg),*),
+            5 => $run::<_, 5, 2, 1>(&cache, $($arg),*),
+            6 => $run::<_, 6, 2, 1>(&cache, $($arg),*),
+            7 => $run::<_, 7, 1, 1>(&cache, $($arg),*),
+            8 => $run::<_, 8, 1, 1>(&cache, $($arg),*),
+            n_q => unreachable!(
+                "{n_q} query heads: the caller checks 1..={}",
+                $crate::attention::MAX_GROUP
+            ),
+        }
+    }};
+}
+pub(super) use by_group;
+
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `head_dim` is a multiple of 8; the shapes are as
 /// [`super::attend_rows_with`] checks, with at least one query head, `first_len >= 1`
@@ -95,38 +145,12 @@ pub(super) unsafe fn attend_rows(
     out: &mut [&mut [f32]],
     wide: bool,
 ) {
-    macro_rules! by_group {
-        ($keys:expr, $ks:expr, $values:expr, $vs:expr) => {{
-            let cache = Cache {
-                keys: $keys,
-                key_scales: $ks,
-                values: $values,
-                value_scales: $vs,
-                head_dim,
-            };
-            match q[0].len() / head_dim {
-                1 => rows::<_, 1, 8, 8>(q, &cache, first_len, scale, scratch, out, wide),
-                2 => rows::<_, 2, 4, 4>(q, &cache, first_len, scale, scratch, out, wide),
-                3 => rows::<_, 3, 3, 2>(q, &cache, first_len, scale, scratch, out, wide),
-                4 => rows::<_, 4, 2, 2>(q, &cache, first_len, scale, scratch, out, wide),
-                5 => rows::<_, 5, 2, 1>(q, &cache, first_len, scale, scratch, out, wide),
-                6 => rows::<_, 6, 2, 1>(q, &cache, first_len, scale, scratch, out, wide),
-                7 => rows::<_, 7, 1, 1>(q, &cache, first_len, scale, scratch, out, wide),
-                8 => rows::<_, 8, 1, 1>(q, &cache, first_len, scale, scratch, out, wide),
-                n_q => unreachable!("{n_q} query heads: the caller checks 1..={MAX_GROUP}"),
-            }
-        }};
-    }
-    match kv {
-        KvRows::F32 { keys, values } => by_group!(keys, None, values, None),
-        KvRows::F16 { keys, values } => by_group!(keys, None, values, None),
-        KvRows::Int8 {
-            keys,
-            key_scales,
-            values,
-            value_scales,
-        } => by_group!(keys, Some(key_scales), values, Some(value_scales)),
-    }
+    by_group!(
+        kv,
+        head_dim,
+        q[0].len() / head_dim,
+        rows(q, first_len, scale, scratch, out, wide)
+    )
 }
 
 /// One KV head's rows in their storage type.
@@ -154,8 +178,8 @@ pub(super) struct Cache<'a, T> {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn rows<T: Widen, const NQ: usize, const P: usize, const Z: usize>(
-    q: &[&[f32]],
     cache: &Cache<'_, T>,
+    q: &[&[f32]],
     first_len: usize,
     scale: f32,
     scratch: &mut Vec<f32>,
@@ -694,8 +718,8 @@ mod tests {
         // positions.
         unsafe {
             rows::<T, NQ, P, Z>(
-                &q_rows,
                 cache,
+                &q_rows,
                 first_len,
                 0.3,
                 &mut Vec::new(),
