@@ -261,15 +261,16 @@ unsafe fn unpack_i4(w: &PackedI4, blocks: Range<usize>, out: &mut Vec<i8>) {
 struct Tiles {
     /// Rows of the loaded configuration; 0 before the first.
     configured: usize,
-    /// One buffer for every pass: zeroing 4 KiB per pass cost 3-4 % of a prefill.
-    sums: BlockSums,
+    /// Two buffers for every pass, used in turn ([`pass`]): zeroing them per pass cost
+    /// 3-4 % of a prefill.
+    sums: [BlockSums; 2],
 }
 
 impl Tiles {
     fn new() -> Self {
         Self {
             configured: 0,
-            sums: BlockSums([[[0; ROWS_PER_BLOCK]; TILE_ROWS]; 4]),
+            sums: [const { BlockSums([[[0; ROWS_PER_BLOCK]; TILE_ROWS]; 4]) }; 2],
         }
     }
 
@@ -378,13 +379,19 @@ unsafe fn pass<const MT: usize, const NB: usize>(
     row0: usize,
     rows: usize,
     block0: usize,
-    sums: &mut BlockSums,
+    sums: &mut [BlockSums; 2],
 ) {
     let n_blocks = w.n_blocks();
     let tile_rows = [rows.min(TILE_ROWS), rows.saturating_sub(TILE_ROWS)];
     let mut acc = [[[_mm512_setzero_ps(); NB]; TILE_ROWS]; MT];
+    block_sums::<MT, NB>(a, w, row0, block0, 0, &mut sums[0]);
     for kb in 0..n_blocks {
-        block_sums::<MT, NB>(a, w, row0, block0, kb, sums);
+        // The next scale block's products go to the tiles before this one's sums are
+        // folded, so the tiles and the vector units work at once.
+        if kb + 1 < n_blocks {
+            block_sums::<MT, NB>(a, w, row0, block0, kb + 1, &mut sums[(kb + 1) % 2]);
+        }
+        let sums = &sums[kb % 2];
         for j in 0..NB {
             let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
             let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
