@@ -11,14 +11,38 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::KernelError;
 
-/// Spin iterations (a `pause` each, ~20 ns on current x86) before a waiting thread parks:
-/// long enough to bridge the serial work between two parallel regions of a forward pass,
-/// short enough that a thread whose partner was descheduled (a shared, oversubscribed
-/// machine) gives its core back quickly instead of spinning through its time slice.
+/// Spin iterations (a `pause` each, 9 ns on a Sapphire Rapids VM, more on others) before a
+/// thread waiting at a barrier starts yielding: short enough that a thread whose partner
+/// was descheduled (a shared, oversubscribed machine) gives its core back quickly instead
+/// of spinning through its time slice.
 const SPIN_ITERS: u32 = 2_000;
+
+/// How long a thread spins for the next region, or for the workers to finish one, before
+/// it parks. Longer than the serial work between two decode steps (sampling and
+/// scheduling: 50 µs a step at batch 1 and 180 µs at batch 8 on SmolLM2), so a decoding
+/// worker does not park between steps: parking every step cost each step a futex wake,
+/// and on a VM an idle virtual CPU's wake-up, which was sometimes hundreds of µs.
+const SPIN_BEFORE_PARKING: Duration = Duration::from_micros(500);
+
+/// Spins while `waiting()` holds, for at most [`SPIN_BEFORE_PARKING`]; true if it still
+/// holds, i.e. the caller should park.
+fn spin_while(waiting: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while waiting() {
+        spins = spins.wrapping_add(1);
+        // Reading the clock costs more than a pause: every 64th spin is enough.
+        if spins.is_multiple_of(64) && start.elapsed() >= SPIN_BEFORE_PARKING {
+            return true;
+        }
+        std::hint::spin_loop();
+    }
+    false
+}
 
 /// Type-erased pointer to the caller's closure; valid only while `run_team` waits.
 #[derive(Clone, Copy)]
@@ -253,11 +277,8 @@ impl ThreadPool {
 
     fn wait_for_workers(&self) {
         let shared = &*self.shared;
-        for _ in 0..SPIN_ITERS {
-            if shared.pending.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            std::hint::spin_loop();
+        if !spin_while(|| shared.pending.load(Ordering::Acquire) != 0) {
+            return;
         }
         let mut guard = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
         shared.caller_waiting.store(true, Ordering::SeqCst);
@@ -271,15 +292,11 @@ impl ThreadPool {
 fn worker_loop(shared: &Shared, idx: usize, n_threads: usize) {
     let mut seen = 0u64;
     loop {
-        let mut spins = 0u32;
-        while shared.generation.load(Ordering::Acquire) == seen
-            && !shared.shutdown.load(Ordering::Acquire)
-        {
-            spins += 1;
-            if spins < SPIN_ITERS {
-                std::hint::spin_loop();
-                continue;
-            }
+        let idle = || {
+            shared.generation.load(Ordering::Acquire) == seen
+                && !shared.shutdown.load(Ordering::Acquire)
+        };
+        if spin_while(idle) {
             let mut guard = shared.lock.lock().expect("pool lock poisoned");
             shared.sleepers.fetch_add(1, Ordering::SeqCst);
             while shared.generation.load(Ordering::SeqCst) == seen
