@@ -437,6 +437,34 @@ mod tests {
     }
 
     #[test]
+    fn parked_threads_wake_for_the_next_region_and_its_end() {
+        let pool = ThreadPool::new(3).unwrap();
+        let hits = AtomicU64::new(0);
+        let long = SPIN_BEFORE_PARKING * 4;
+        for round in 0..3 {
+            // Idle for longer than the spin: both workers park.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while pool.shared.sleepers.load(Ordering::SeqCst) < 2 {
+                assert!(
+                    Instant::now() < deadline,
+                    "round {round}: workers never parked"
+                );
+                std::thread::sleep(long);
+            }
+            pool.run_team(&|team| {
+                // A worker slower than the spin: the caller parks until it is done.
+                if team.idx() == 2 {
+                    std::thread::sleep(long);
+                }
+                hits.fetch_add(1 << (team.idx() * 16), Ordering::Relaxed);
+            });
+            // Every thread's work is complete when `run_team` returns.
+            let expected = (round + 1) * (1 + (1 << 16) + (1 << 32));
+            assert_eq!(hits.load(Ordering::Relaxed), expected);
+        }
+    }
+
+    #[test]
     fn sync_orders_every_write_before_every_later_read() {
         let pool = ThreadPool::new(3).unwrap();
         let mut buf = vec![0u64; 3 * 64];
