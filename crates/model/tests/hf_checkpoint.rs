@@ -9,32 +9,12 @@
 //! times; the generator checks that a wrong window, scale or layer layout moves them by
 //! more than 1).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{Checkpoint, LogitsFor, Model, ModelError, Precision, Scratch};
+use pyramid_testdata::{hf_fixture, hf_reference, ids, HF_FIXTURES};
 use serde_json::Value;
-
-const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"];
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/hf")
-        .join(name)
-}
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Logits at every position of `tokens`.
 fn all_logits(model: &Model, pool: &ThreadPool, tokens: &[u32]) -> Vec<f32> {
@@ -53,9 +33,9 @@ fn all_logits(model: &Model, pool: &ThreadPool, tokens: &[u32]) -> Vec<f32> {
 #[test]
 fn directories_give_transformers_logits() {
     let pool = ThreadPool::new(2).unwrap();
-    for name in FIXTURES {
-        let reference = reference(name);
-        let model = Model::load(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for name in HF_FIXTURES {
+        let reference = hf_reference(name);
+        let model = Model::load(hf_fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let n_vocab = model.config.n_vocab;
         assert_eq!(
             n_vocab as u64,
@@ -82,7 +62,7 @@ fn directories_give_transformers_logits() {
 
 #[test]
 fn configurations_read_as_transformers_means_them() {
-    let llama = Checkpoint::open(fixture("tiny-llama")).unwrap();
+    let llama = Checkpoint::open(hf_fixture("tiny-llama")).unwrap();
     let factors = llama
         .config()
         .rope_factors
@@ -91,14 +71,14 @@ fn configurations_read_as_transformers_means_them() {
     assert_eq!(factors.len(), 8);
     assert_eq!(factors[0], 1.0);
     assert_eq!(factors[7], 8.0);
-    let gemma = Checkpoint::open(fixture("tiny-gemma3")).unwrap();
+    let gemma = Checkpoint::open(hf_fixture("tiny-gemma3")).unwrap();
     let c = gemma.config();
     let window = c.sliding_window.expect("Gemma 3 has local layers");
     assert_eq!((window.size, window.global_every), (8, 6));
     assert_eq!((window.rope_base, c.rope_base), (10_000.0, 1_000_000.0));
     assert_eq!(c.attention_scale, 1.0 / 24f32.sqrt());
     assert_eq!(c.embedding_scale, 8.0);
-    let qwen = Checkpoint::open(fixture("tiny-qwen2")).unwrap();
+    let qwen = Checkpoint::open(hf_fixture("tiny-qwen2")).unwrap();
     assert!(!qwen.tensors().has_tensor("output.weight"), "tied head");
     assert!(qwen.tensors().has_tensor("blk.1.attn_q.bias"));
 }
@@ -110,9 +90,9 @@ fn configurations_read_as_transformers_means_them() {
 #[test]
 fn every_precision_loads_from_a_directory() {
     let pool = ThreadPool::new(2).unwrap();
-    for name in FIXTURES {
-        let checkpoint = Checkpoint::open(fixture(name)).unwrap();
-        let tokens = ids(&reference(name)["prompts"][1]["ids"]);
+    for name in HF_FIXTURES {
+        let checkpoint = Checkpoint::open(hf_fixture(name)).unwrap();
+        let tokens = ids(&hf_reference(name)["prompts"][1]["ids"]);
         let reference = all_logits(
             &Model::from_checkpoint(&checkpoint, Precision::F32, None).unwrap(),
             &pool,
@@ -144,7 +124,7 @@ fn every_precision_loads_from_a_directory() {
 /// Copies a fixture into a temporary directory to break it.
 fn broken_copy(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+    for entry in std::fs::read_dir(hf_fixture(name)).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }

@@ -43,6 +43,25 @@ pub fn refs(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The tiny Hugging Face model directories under `testdata/hf` (`make.py` there made
+/// them), each with transformers' outputs in `reference.json`.
+pub const HF_FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"];
+
+/// The path of a file or directory under `testdata/hf`.
+pub fn hf_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/hf")
+        .join(name)
+}
+
+/// `reference.json` of one of [`HF_FIXTURES`].
+pub fn hf_reference(name: &str) -> Value {
+    let path = hf_fixture(name).join("reference.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// A JSON array of token ids.
 pub fn ids(value: &Value) -> Vec<u32> {
     value

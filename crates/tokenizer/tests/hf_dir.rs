@@ -8,37 +8,15 @@
 //! BOS template (Llama 3 style), Qwen2's NFC + regex + byte-level pipeline with its
 //! merges written as strings, and Gemma's SentencePiece-style BPE with byte fallback.
 
-use std::path::PathBuf;
-
+use pyramid_testdata::{hf_fixture, hf_reference, ids, HF_FIXTURES};
 use pyramid_tokenizer::{ChatMessage, StreamDecoder, Tokenizer};
-use serde_json::Value;
-
-const FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"];
-
-fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/hf")
-        .join(name)
-}
-
-fn reference(name: &str) -> Value {
-    let text = std::fs::read_to_string(fixture(name).join("reference.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap() as u32)
-        .collect()
-}
 
 #[test]
 fn ids_and_texts_are_transformers_own() {
-    for name in FIXTURES {
-        let tok = Tokenizer::from_hf_dir(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for case in reference(name)["tokenizer_cases"].as_array().unwrap() {
+    for name in HF_FIXTURES {
+        let tok =
+            Tokenizer::from_hf_dir(&hf_fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for case in hf_reference(name)["tokenizer_cases"].as_array().unwrap() {
             let text = case["text"].as_str().unwrap();
             let want = ids(&case["ids"]);
             assert_eq!(tok.encode(text, true).unwrap(), want, "{name}: {text:?}");
@@ -67,9 +45,9 @@ fn ids_and_texts_are_transformers_own() {
 
 #[test]
 fn special_tokens_and_end_tokens_come_from_the_directory() {
-    for name in FIXTURES {
-        let tok = Tokenizer::from_hf_dir(&fixture(name)).unwrap();
-        let config = &reference(name)["config"];
+    for name in HF_FIXTURES {
+        let tok = Tokenizer::from_hf_dir(&hf_fixture(name)).unwrap();
+        let config = &hf_reference(name)["config"];
         let id = |key: &str| config[key].as_u64().map(|i| i as u32);
         assert_eq!(tok.bos_id(), id("bos_token_id"), "{name}");
         assert_eq!(tok.eos_id(), id("eos_token_id"), "{name}");
@@ -88,10 +66,10 @@ fn special_tokens_and_end_tokens_come_from_the_directory() {
         );
     }
     // Qwen2 adds nothing around a prompt; the others add BOS.
-    assert!(!Tokenizer::from_hf_dir(&fixture("tiny-qwen2"))
+    assert!(!Tokenizer::from_hf_dir(&hf_fixture("tiny-qwen2"))
         .unwrap()
         .add_bos());
-    assert!(Tokenizer::from_hf_dir(&fixture("tiny-gemma3"))
+    assert!(Tokenizer::from_hf_dir(&hf_fixture("tiny-gemma3"))
         .unwrap()
         .add_bos());
 }
@@ -100,7 +78,7 @@ fn special_tokens_and_end_tokens_come_from_the_directory() {
 /// embedding table) decode to nothing, as in transformers.
 #[test]
 fn padding_ids_of_the_model_vocabulary_decode_to_nothing() {
-    let tok = Tokenizer::from_hf_dir(&fixture("tiny-qwen2")).unwrap();
+    let tok = Tokenizer::from_hf_dir(&hf_fixture("tiny-qwen2")).unwrap();
     assert_eq!(tok.n_vocab(), 512);
     assert_eq!(tok.decode(&[511]).unwrap(), "");
     assert!(tok.decode(&[512]).is_err());
@@ -108,9 +86,9 @@ fn padding_ids_of_the_model_vocabulary_decode_to_nothing() {
 
 #[test]
 fn chat_templates_render_as_transformers_renders_them() {
-    for name in FIXTURES {
-        let tok = Tokenizer::from_hf_dir(&fixture(name)).unwrap();
-        let chat = &reference(name)["chat"];
+    for name in HF_FIXTURES {
+        let tok = Tokenizer::from_hf_dir(&hf_fixture(name)).unwrap();
+        let chat = &hf_reference(name)["chat"];
         let messages: Vec<ChatMessage> = chat["messages"]
             .as_array()
             .unwrap()
@@ -135,7 +113,7 @@ fn chat_templates_render_as_transformers_renders_them() {
 
 #[test]
 fn a_prompt_past_the_limit_is_refused() {
-    let tok = Tokenizer::from_hf_dir(&fixture("tiny-gemma3")).unwrap();
+    let tok = Tokenizer::from_hf_dir(&hf_fixture("tiny-gemma3")).unwrap();
     let text = "word ".repeat(10_000);
     assert!(tok.encode_prompt_within(&text, 100).is_err());
     let short = tok.encode_prompt_within("word word", 100).unwrap();
@@ -151,7 +129,7 @@ fn a_broken_directory_is_an_error_naming_the_file() {
     let err = Tokenizer::from_hf_dir(dir.path()).unwrap_err().to_string();
     assert!(err.contains("tokenizer.json: not valid JSON"), "{err}");
 
-    for entry in std::fs::read_dir(fixture("tiny-gemma3")).unwrap() {
+    for entry in std::fs::read_dir(hf_fixture("tiny-gemma3")).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }
@@ -169,7 +147,7 @@ fn a_broken_directory_is_an_error_naming_the_file() {
 #[test]
 fn older_directories_name_tokens_where_transformers_4_did() {
     let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(fixture("tiny-gemma3")).unwrap() {
+    for entry in std::fs::read_dir(hf_fixture("tiny-gemma3")).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
     }
