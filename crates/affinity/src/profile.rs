@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::check::Agreement;
 use crate::subject::{ModelRun, NativeBlock, NativeProjection, StageRun, Subject};
-use crate::timing::{reps_slope, reps_slope_alternating, Clock, FitPlan, SlopeFit};
+use crate::timing::{reps_slope_alternating_positive, Clock, FitPlan, SlopeFit};
 use crate::{AffinityError, Result};
 
 /// The granularity a cell measures.
@@ -396,9 +396,13 @@ struct Measurer<'p, 'c> {
     cells: &'c mut Vec<AffinityCell>,
 }
 
+/// Times a fit whose per-call time came out zero or negative (noise, not the call) is
+/// taken again before its cell is recorded.
+const NOISY_FIT_RETRIES: usize = 3;
+
 impl Measurer<'_, '_> {
     fn fit(&mut self, subject: &mut dyn Subject) -> Result<SlopeFit> {
-        reps_slope(self.plan.fit, self.clock, || subject.run())
+        Ok(self.fit_alternating(&mut [subject])?.remove(0))
     }
 
     fn fit_alternating(&mut self, subjects: &mut [&mut dyn Subject]) -> Result<Vec<SlopeFit>> {
@@ -407,7 +411,7 @@ impl Measurer<'_, '_> {
             .iter_mut()
             .map(|c| c as &mut dyn FnMut() -> Result<()>)
             .collect();
-        reps_slope_alternating(self.plan.fit, self.clock, &mut refs)
+        reps_slope_alternating_positive(self.plan.fit, self.clock, &mut refs, NOISY_FIT_RETRIES)
     }
 
     /// Fits `subject`, checks its output against `expected` and records the cell.

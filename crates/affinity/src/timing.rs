@@ -154,6 +154,26 @@ pub fn reps_slope_alternating<E>(
         .collect())
 }
 
+/// [`reps_slope_alternating`], taken again, up to `retries` more times, while any call's
+/// per-call time comes out zero or negative. Every call costs time, so such a slope
+/// measured the machine (a stall during a shorter batch on a shared host), not the call,
+/// and a prediction would have to drop it.
+pub fn reps_slope_alternating_positive<E>(
+    plan: FitPlan,
+    clock: &mut dyn Clock,
+    calls: &mut [&mut dyn FnMut() -> Result<(), E>],
+    retries: usize,
+) -> Result<Vec<SlopeFit>, E> {
+    let mut fits = reps_slope_alternating(plan, clock, calls)?;
+    for _ in 0..retries {
+        if fits.iter().all(|f| f.seconds > 0.0) {
+            break;
+        }
+        fits = reps_slope_alternating(plan, clock, calls)?;
+    }
+    Ok(fits)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,6 +289,44 @@ mod tests {
         assert_eq!(part.slopes, vec![0.5, 0.5, 0.55]);
         assert_eq!(part.seconds, 0.5);
         assert!((part.spread - 0.1).abs() < 1e-12, "{part:?}");
+    }
+
+    #[test]
+    fn a_slope_made_negative_by_a_stall_is_measured_again() {
+        let time = Cell::new(0.0);
+        let mut clock = Scripted {
+            time: &time,
+            per_reading: 0.0,
+        };
+        let plan = FitPlan {
+            k: 1,
+            trials: 1,
+            min_batch: 0.0,
+        };
+        // Untimed call, sizing call, then one short (1) and one long (2) batch: a stall of
+        // 4 in the short batch makes the first slope (2 - 5) / 1 = -3.
+        let costs = [1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+        let mut calls = 0;
+        let mut call = || -> Result<(), ()> {
+            time.set(time.get() + costs[calls]);
+            calls += 1;
+            Ok(())
+        };
+        let fits = reps_slope_alternating_positive(plan, &mut clock, &mut [&mut call], 3).unwrap();
+        assert_eq!(fits[0].seconds, 1.0);
+        assert_eq!(calls, 10, "one fit taken again, not more");
+
+        // A positive fit is kept as it is.
+        let mut calls = 0;
+        let mut steady = || -> Result<(), ()> {
+            time.set(time.get() + 1.0);
+            calls += 1;
+            Ok(())
+        };
+        let fits =
+            reps_slope_alternating_positive(plan, &mut clock, &mut [&mut steady], 3).unwrap();
+        assert_eq!(fits[0].seconds, 1.0);
+        assert_eq!(calls, 5);
     }
 
     #[test]
