@@ -96,16 +96,6 @@ impl SlopeFit {
     }
 }
 
-/// Fits `call`'s per-call time ([`reps_slope_alternating`] of one call).
-pub fn reps_slope<E>(
-    plan: FitPlan,
-    clock: &mut dyn Clock,
-    mut call: impl FnMut() -> Result<(), E>,
-) -> Result<SlopeFit, E> {
-    let mut fits = reps_slope_alternating(plan, clock, &mut [&mut call])?;
-    Ok(fits.remove(0))
-}
-
 /// Fits each call's per-call time: for each, one untimed call and one timed to size its
 /// batches; then `plan.trials` rounds in which every call runs one trial of `k` and `2k`
 /// calls, so the machine's drift over the fits reaches all of them alike. The first error
@@ -178,6 +168,16 @@ pub fn reps_slope_alternating_positive<E>(
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    /// One call's fit.
+    fn reps_slope<E>(
+        plan: FitPlan,
+        clock: &mut dyn Clock,
+        mut call: impl FnMut() -> Result<(), E>,
+    ) -> Result<SlopeFit, E> {
+        let mut fits = reps_slope_alternating(plan, clock, &mut [&mut call])?;
+        Ok(fits.remove(0))
+    }
 
     /// Time advances by what the calls cost, plus a fixed cost per reading.
     struct Scripted<'a> {

@@ -40,6 +40,10 @@ fn passes_within_the_prepared_shape_do_not_allocate() {
         .to_bytes();
     let f32_model = Model::from_gguf(&GgufFile::from_bytes(bytes).unwrap()).unwrap();
     let calibration = f32_model.calibrate(&pool, &[1, 2, 3, 4]).unwrap();
+    // Loading and quantising start rayon's global pool, whose threads each allocate as
+    // they start, whenever the OS runs them: wait until every one has, or a late one
+    // allocates inside a counted pass (one run in 50 did).
+    rayon::broadcast(|_| ());
     for precision in Precision::ALL {
         let model = f32_model
             .clone()
