@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pyramid_grammar::{Constraint, GrammarError};
+use pyramid_grammar::Constraint;
 use pyramid_kernels::ThreadPool;
 
 use crate::engine::Engine;
@@ -26,13 +26,18 @@ struct MaskJob<'a> {
     /// The logits before masking, kept when the request reports log-probabilities.
     unmasked: Option<Vec<f32>>,
     took: &'a mut Duration,
-    result: Result<(), GrammarError>,
+    result: Result<(), EngineError>,
 }
 
 impl MaskJob<'_> {
+    /// Masks this sequence's logits; a panic in the grammar engine fails this sequence
+    /// alone (the boundary module), never the pool's thread or the engine.
     fn run(&mut self) {
         let started = Instant::now();
-        self.result = self.constraint.mask_logits(self.logits);
+        let (constraint, logits) = (&mut *self.constraint, &mut *self.logits);
+        self.result =
+            crate::boundary::isolate("the grammar mask", || constraint.mask_logits(logits))
+                .and_then(|masked| masked.map_err(EngineError::Grammar));
         *self.took += started.elapsed();
     }
 }
@@ -78,7 +83,7 @@ impl Engine {
                 executed.unmasked.push((job.id, raw));
             }
             if let Err(error) = job.result {
-                executed.failed.push((job.id, EngineError::Grammar(error)));
+                executed.failed.push((job.id, error));
             }
         }
     }

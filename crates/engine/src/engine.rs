@@ -144,7 +144,7 @@ pub struct StepSummary {
 }
 
 /// The engine's state, for `/metrics` and reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct EngineStats {
     #[serde(flatten)]
     pub pyramid: PyramidStats,
@@ -394,69 +394,25 @@ impl Engine {
                 // More prompt to come: these logits are not sampled.
                 continue;
             }
-            // Row j follows the next input and the draft's first j tokens; each row is
-            // sampled as plain decoding would, and the draft is kept while it agrees.
             let draft = schedule.draft_of(id);
-            let before = seq.session.len() - (1 + draft.len());
-            let mut kept = 0;
-            let mut outcome = None;
-            for (j, row) in logits.chunks_exact_mut(n_vocab).enumerate() {
-                // Log-probabilities are of the model's distribution, before sampling (or
-                // a grammar, which never drafts) reshapes it.
-                let raw = seq.request.logprobs.map(|k| {
-                    let unmasked = unmasked.iter_mut().find(|(u, _)| *u == id);
-                    let raw = unmasked.map_or_else(|| row.to_vec(), |(_, raw)| std::mem::take(raw));
-                    (k, raw)
-                });
-                let seen = &seq.session.tokens()[..before + 1 + j];
-                let token = seq.sampler.sample(row, seen);
-                if let Some(constraint) = seq.request.constraint.as_mut() {
-                    if let Err(error) = constraint.accept(token) {
-                        outcome = Some(Err(EngineError::Grammar(error)));
-                        break;
-                    }
-                }
-                let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
-                let now = Instant::now();
-                seq.first_token.get_or_insert(now);
-                seq.last_token = Some(now);
-                seq.generated += 1;
-                kept = j;
-                self.events.push(Event::Token {
-                    id,
-                    token,
-                    logprobs,
-                });
-                let complete = seq
-                    .request
-                    .constraint
-                    .as_ref()
-                    .is_some_and(|c| c.is_finished());
-                if seq.request.stop_tokens.contains(&token) || complete {
-                    outcome = Some(Ok(Some(FinishReason::Stop)));
-                } else if seq.generated >= seq.request.max_tokens || seen.len() + 1 > largest {
-                    // The next decode would need a position beyond the largest window.
-                    outcome = Some(Ok(Some(FinishReason::Length)));
-                } else if draft.get(j) != Some(&token) {
-                    seq.next_input = Some(token);
-                    outcome = Some(Ok(None));
-                }
-                if outcome.is_some() {
-                    break;
-                }
-            }
-            let counted = seq.drafter.stats;
-            seq.drafter.record(draft.len(), kept.min(draft.len()));
-            self.speculative.add(&seq.drafter.stats.since(&counted));
-            // The rejected part of the draft leaves the cache.
-            seq.session.truncate(before + 1 + kept);
+            let rows = SampledRows {
+                logits: &mut *logits,
+                draft,
+                unmasked: &mut unmasked,
+                n_vocab,
+                largest,
+            };
+            let events = &mut self.events;
+            let speculative = &mut self.speculative;
+            let outcome =
+                crate::boundary::isolate("sampling", || rows.sample(seq, events, speculative));
             match outcome {
-                Some(Err(error)) => failed.push((id, error)),
-                Some(Ok(Some(reason))) => finished.push((id, reason)),
-                Some(Ok(None)) => {}
+                Ok(Some(Err(error))) | Err(error) => failed.push((id, error)),
+                Ok(Some(Ok(Some(reason)))) => finished.push((id, reason)),
+                Ok(Some(Ok(None))) => {}
                 // The last row's token never extends the draft, so only missing rows
                 // end here.
-                None => failed.push((
+                Ok(None) => failed.push((
                     id,
                     EngineError::Pass(format!("{} rows of logits", logits.len() / n_vocab)),
                 )),
@@ -677,6 +633,89 @@ impl Engine {
             });
             self.events.push(Event::Failed { id, error });
         }
+    }
+}
+
+/// One sequence's rows of logits this step, to sample.
+struct SampledRows<'a> {
+    /// `[1 + draft, n_vocab]`: row j follows the next input and the draft's first j tokens.
+    logits: &'a mut [f32],
+    draft: &'a [u32],
+    /// Unmasked logits of constrained sequences reporting log-probabilities.
+    unmasked: &'a mut Vec<(RequestId, Vec<f32>)>,
+    n_vocab: usize,
+    largest: usize,
+}
+
+impl SampledRows<'_> {
+    /// Samples each row as plain decoding would, keeping the draft while it agrees, and
+    /// truncates the rejected rest of the draft from the cache. `Some(Ok(Some(reason)))`
+    /// when the sequence ends, `Some(Ok(None))` when it goes on, `Some(Err)` when its
+    /// grammar refused a token; `None` when the rows ran out first.
+    fn sample(
+        self,
+        seq: &mut Sequence,
+        events: &mut Vec<Event>,
+        speculative: &mut DraftStats,
+    ) -> Option<Result<Option<FinishReason>>> {
+        let id = seq.request.id;
+        let draft = self.draft;
+        let before = seq.session.len() - (1 + draft.len());
+        let mut kept = 0;
+        let mut outcome = None;
+        for (j, row) in self.logits.chunks_exact_mut(self.n_vocab).enumerate() {
+            #[cfg(test)]
+            crate::boundary::inject::check_sampling(id);
+            // Log-probabilities are of the model's distribution, before sampling (or
+            // a grammar, which never drafts) reshapes it.
+            let raw = seq.request.logprobs.map(|k| {
+                let unmasked = self.unmasked.iter_mut().find(|(u, _)| *u == id);
+                let raw = unmasked.map_or_else(|| row.to_vec(), |(_, raw)| std::mem::take(raw));
+                (k, raw)
+            });
+            let seen = &seq.session.tokens()[..before + 1 + j];
+            let token = seq.sampler.sample(row, seen);
+            if let Some(constraint) = seq.request.constraint.as_mut() {
+                if let Err(error) = constraint.accept(token) {
+                    outcome = Some(Err(EngineError::Grammar(error)));
+                    break;
+                }
+            }
+            let logprobs = raw.map(|(k, raw)| TokenLogprobs::of(&raw, token, k));
+            let now = Instant::now();
+            seq.first_token.get_or_insert(now);
+            seq.last_token = Some(now);
+            seq.generated += 1;
+            kept = j;
+            events.push(Event::Token {
+                id,
+                token,
+                logprobs,
+            });
+            let complete = seq
+                .request
+                .constraint
+                .as_ref()
+                .is_some_and(|c| c.is_finished());
+            if seq.request.stop_tokens.contains(&token) || complete {
+                outcome = Some(Ok(Some(FinishReason::Stop)));
+            } else if seq.generated >= seq.request.max_tokens || seen.len() + 1 > self.largest {
+                // The next decode would need a position beyond the largest window.
+                outcome = Some(Ok(Some(FinishReason::Length)));
+            } else if draft.get(j) != Some(&token) {
+                seq.next_input = Some(token);
+                outcome = Some(Ok(None));
+            }
+            if outcome.is_some() {
+                break;
+            }
+        }
+        let counted = seq.drafter.stats;
+        seq.drafter.record(draft.len(), kept.min(draft.len()));
+        speculative.add(&seq.drafter.stats.since(&counted));
+        // The rejected part of the draft leaves the cache.
+        seq.session.truncate(before + 1 + kept);
+        outcome
     }
 }
 

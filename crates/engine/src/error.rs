@@ -24,6 +24,10 @@ pub enum EngineError {
     Grammar(#[from] pyramid_grammar::GrammarError),
     #[error("the pass failed: {0}")]
     Pass(String),
+    /// A defect in pyramid hit while serving one request (a panic caught at the request's
+    /// boundary): that request fails, the engine goes on.
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("the artifacts of window {window} are unavailable: {reason}")]
     Unavailable { window: usize, reason: String },
     #[error("trace line {line}: {reason}")]

@@ -17,6 +17,7 @@
 
 mod admission;
 mod audit;
+mod boundary;
 mod constrain;
 mod engine;
 mod error;
@@ -33,8 +34,16 @@ mod session_store;
 mod speculate;
 mod step_logits;
 
+// The scheduler tests' fake backend, shared with the unit tests that need an engine.
+#[cfg(test)]
+extern crate self as pyramid_engine;
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod test_harness;
+
 pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
+pub use boundary::panic_message;
 pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary, DEFAULT_AGING};
 pub use error::{EngineError, Result};
 pub use executor::Executed;

@@ -35,6 +35,12 @@ use pyramid_tokenizer::{TokenType, Tokenizer};
 use serde_json::{json, Value};
 use toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv};
 
+mod bounds;
+pub use bounds::{check_schema, MAX_SCHEMA_DEPTH, MAX_SCHEMA_PROPERTIES};
+
+/// The stack a grammar compiles on: address space, committed only as it is used.
+pub const COMPILE_STACK: usize = 64 << 20;
+
 #[derive(Debug, thiserror::Error)]
 pub enum GrammarError {
     #[error("the grammar cannot be used: {0}")]
@@ -132,6 +138,8 @@ impl GrammarVocab {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         factory.quiet();
+        // Errors name the problem, not the parser's internal state and the tokens so far.
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarVocab {
             factory: Arc::new(factory),
             eos,
@@ -141,7 +149,31 @@ impl GrammarVocab {
     }
 
     /// A fresh constraint for one reply; schema and grammar errors name the problem.
+    ///
+    /// The grammar engine compiles recursively, about 8 KiB of stack per level of a
+    /// schema's nesting (through `$ref`s) and per required property: a schema within
+    /// [`check_schema`]'s bounds needs far less than [`COMPILE_STACK`], the stack of the
+    /// thread it compiles on, so no schema can overflow the caller's stack and abort the
+    /// process. A grammar that allows nothing at its start (a `$ref` cycle, a lexer out
+    /// of fuel) is refused here, not at the first sampling step.
     pub fn compile(&self, grammar: &Grammar) -> Result<Constraint> {
+        if let Grammar::JsonSchema(schema) = grammar {
+            check_schema(schema)?;
+        }
+        std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("pyramid-grammar-compile".into())
+                .stack_size(COMPILE_STACK)
+                .spawn_scoped(scope, || self.compile_here(grammar))
+                .map_err(|e| GrammarError::Invalid(format!("cannot start compiling: {e}")))?
+                .join()
+                .map_err(|_| {
+                    GrammarError::Invalid("the grammar compiler failed on it".to_string())
+                })?
+        })
+    }
+
+    fn compile_here(&self, grammar: &Grammar) -> Result<Constraint> {
         let top = match grammar {
             Grammar::JsonSchema(schema) => {
                 let Value::Object(fields) = schema else {
@@ -159,13 +191,22 @@ impl GrammarVocab {
             .factory
             .create_parser(top)
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
-        Ok(Constraint {
+        let mut constraint = Constraint {
             matcher: Matcher::new(Ok(parser)),
             eos: self.eos,
             end_tokens: Arc::clone(&self.end_tokens),
             n_vocab: self.n_vocab,
             finished: false,
-        })
+        };
+        let first = constraint
+            .allowed()
+            .map_err(|e| GrammarError::Invalid(format!("nothing can satisfy it ({e})")))?;
+        if first.num_set() == 0 {
+            return Err(GrammarError::Invalid(
+                "nothing can satisfy it: no token may start the reply".to_string(),
+            ));
+        }
+        Ok(constraint)
     }
 }
 

@@ -225,3 +225,68 @@ fn unsupported_keywords_and_bad_grammars_are_named() {
         .unwrap_err();
     assert!(err.to_string().contains("undefined_rule"), "{err}");
 }
+
+/// The schemas a probe sent to a server: each compiled on a thread whose stack it once
+/// overflowed (the 2 MiB of a tokio blocking thread), ending the whole process. Each now
+/// compiles or is refused with a message naming the limit or the problem.
+#[test]
+fn deep_wide_and_unsatisfiable_schemas_never_overflow_the_callers_stack() {
+    let tok = tokenizer(MODELS[0]);
+    let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
+    let nested_any_of = (0..120).fold(json!({"type": "string"}), |inner, i| {
+        json!({"anyOf": [{"type": "integer", "minimum": i}, {"type": "boolean"}, inner]})
+    });
+    assert!(nested_any_of.to_string().len() > 6_000);
+    let ref_chain = |n: usize, nest: bool| {
+        let mut defs = serde_json::Map::new();
+        for i in 0..n {
+            let next = json!({"$ref": format!("#/$defs/d{}", i + 1)});
+            let def = if nest {
+                json!({"type": "object", "properties": {"x": next}, "required": ["x"]})
+            } else {
+                next
+            };
+            defs.insert(format!("d{i}"), def);
+        }
+        defs.insert(format!("d{n}"), json!({"type": "string"}));
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    };
+    let required = |n: usize| {
+        let names: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+        let props: serde_json::Map<String, Value> = names
+            .iter()
+            .map(|n| (n.clone(), json!({"type": "integer"})))
+            .collect();
+        json!({"type": "object", "properties": props, "required": names})
+    };
+    let compile = |schema: Value| {
+        let vocab = vocab.clone();
+        // The caller's stack is as small as the server's blocking threads'.
+        std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || vocab.compile(&Grammar::JsonSchema(schema)).map(|_| ()))
+            .unwrap()
+            .join()
+            .unwrap()
+    };
+    assert!(compile(nested_any_of).is_ok());
+    assert!(compile(ref_chain(250, false)).is_ok());
+    assert!(compile(ref_chain(60, true)).is_ok());
+    assert!(compile(required(5_000)).is_ok());
+    for (schema, named) in [
+        (ref_chain(250, true), "more than 256 levels"),
+        (required(20_000), "at most 10000"),
+        (
+            json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+            "nothing can satisfy",
+        ),
+        (
+            json!({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+            "nothing can satisfy",
+        ),
+    ] {
+        let err = compile(schema).unwrap_err().to_string();
+        assert!(err.contains(named), "{err}");
+        assert!(!err.contains("<state>"), "the parser's state leaks: {err}");
+    }
+}

@@ -18,6 +18,8 @@ use crate::tools::ToolSet;
 const MAX_STOPS: usize = 4;
 /// `top_logprobs` is capped here, as in OpenAI's API.
 pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Tools a chat request may define, by default: OpenAI's limit.
+pub const DEFAULT_MAX_TOOLS: usize = 128;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -125,7 +127,12 @@ pub struct GenerationRequest {
     pub prediction: Option<String>,
 }
 
-pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiError> {
+/// `max_tools`: the most tools a chat request may define.
+pub fn parse(
+    endpoint: Endpoint,
+    body: &[u8],
+    max_tools: usize,
+) -> Result<GenerationRequest, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
     let Value::Object(obj) = value else {
@@ -268,7 +275,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<GenerationRequest, ApiEr
         Endpoint::Completion => None,
     };
     let (tools, response_format) = match endpoint {
-        Endpoint::Chat => (ToolSet::parse(&obj)?, response_format(&obj)?),
+        Endpoint::Chat => (ToolSet::parse(&obj, max_tools)?, response_format(&obj)?),
         Endpoint::Completion => (None, None),
     };
     Ok(GenerationRequest {
@@ -716,7 +723,7 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
-        parse(Endpoint::Chat, body.as_bytes())
+        parse(Endpoint::Chat, body.as_bytes(), DEFAULT_MAX_TOOLS)
     }
 
     #[test]
@@ -823,6 +830,7 @@ mod tests {
         let ids = parse(
             Endpoint::Completion,
             br#"{"model": "m", "prompt": [1, 2, 3]}"#,
+            DEFAULT_MAX_TOOLS,
         )
         .unwrap();
         assert!(matches!(ids.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));

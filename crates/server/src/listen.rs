@@ -36,6 +36,8 @@ pub struct Limits {
     pub body_limit: usize,
     /// Prompts tokenised at once; others wait their turn (tokenising is CPU work).
     pub max_tokenizing: usize,
+    /// Tools a chat request may define; more is a 400.
+    pub max_tools: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +48,7 @@ impl Default for Limits {
             max_connections: 256,
             body_limit: 16 << 20,
             max_tokenizing: 2,
+            max_tools: crate::api::DEFAULT_MAX_TOOLS,
         }
     }
 }

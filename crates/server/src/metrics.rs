@@ -65,31 +65,76 @@ impl Histogram {
     }
 }
 
-/// One histogram per request priority.
+/// The priorities that get a label of their own in `/metrics`; every other priority a
+/// client chooses is counted under `other`, so that clients cannot grow the series
+/// without bound.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PriorityLabels(Vec<i32>);
+
+impl PriorityLabels {
+    /// The default priority (0) and `priorities` (the API keys' configured ones).
+    pub fn new(priorities: impl IntoIterator<Item = i32>) -> Self {
+        let mut labelled: Vec<i32> = std::iter::once(0).chain(priorities).collect();
+        labelled.sort_unstable();
+        labelled.dedup();
+        Self(labelled)
+    }
+
+    fn label(&self, priority: i32) -> Label {
+        if self.0.binary_search(&priority).is_ok() {
+            Label::Priority(priority)
+        } else {
+            Label::Other
+        }
+    }
+}
+
+impl Default for PriorityLabels {
+    fn default() -> Self {
+        Self::new([])
+    }
+}
+
+/// A priority series' label: a labelled priority, or every other one (sorted last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Label {
+    Priority(i32),
+    Other,
+}
+
+impl std::fmt::Display for Label {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Label::Priority(p) => write!(f, "{p}"),
+            Label::Other => f.write_str("other"),
+        }
+    }
+}
+
+/// One histogram per priority label.
 #[derive(Debug, Default)]
-struct ByPriority(Vec<(i32, Histogram)>);
+struct ByPriority(Vec<(Label, Histogram)>);
 
 impl ByPriority {
-    fn observe(&mut self, priority: i32, v: f64) {
-        let i = match self.0.binary_search_by_key(&priority, |(p, _)| *p) {
+    fn observe(&mut self, label: Label, v: f64) {
+        let i = match self.0.binary_search_by_key(&label, |(l, _)| *l) {
             Ok(i) => i,
             Err(i) => {
-                self.0
-                    .insert(i, (priority, Histogram::new(&SECONDS_BUCKETS)));
+                self.0.insert(i, (label, Histogram::new(&SECONDS_BUCKETS)));
                 i
             }
         };
         self.0[i].1.observe(v);
     }
 
-    /// Every priority seen, or priority 0 empty before any request.
+    /// Every label seen, or priority 0 empty before any request.
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         if self.0.is_empty() {
             Histogram::new(&SECONDS_BUCKETS).render_series(out, name, "priority=\"0\",");
         }
-        for (p, h) in &self.0 {
-            h.render_series(out, name, &format!("priority=\"{p}\","));
+        for (label, h) in &self.0 {
+            h.render_series(out, name, &format!("priority=\"{label}\","));
         }
     }
 }
@@ -110,6 +155,8 @@ pub struct Metrics {
     pyramid: OnceLock<Arc<WindowPyramid>>,
     /// The devices asked for: (prefill, decode).
     route: Mutex<(String, String)>,
+    /// Which priorities the latency and queue series label on their own.
+    labels: PriorityLabels,
     ttft: Mutex<ByPriority>,
     inter_token: Mutex<ByPriority>,
     batch: Mutex<Histogram>,
@@ -118,6 +165,13 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(PriorityLabels::default())
+    }
+}
+
+impl Metrics {
+    /// Metrics whose per-priority series label `labels` and count the rest as `other`.
+    pub fn new(labels: PriorityLabels) -> Self {
         Self {
             requests: Mutex::default(),
             prompt_tokens: AtomicU64::default(),
@@ -129,6 +183,7 @@ impl Default for Metrics {
             engine: Mutex::default(),
             pyramid: OnceLock::new(),
             route: Mutex::new(("cpu".to_string(), "cpu".to_string())),
+            labels,
             ttft: Mutex::default(),
             inter_token: Mutex::default(),
             batch: Mutex::new(Histogram::new(&BATCH_BUCKETS)),
@@ -201,11 +256,12 @@ impl Metrics {
     }
 
     pub fn observe_ttft(&self, priority: i32, d: Duration) {
-        lock(&self.ttft).observe(priority, d.as_secs_f64());
+        lock(&self.ttft).observe(self.labels.label(priority), d.as_secs_f64());
     }
 
     pub fn observe_inter_token(&self, priority: i32, d: Duration) {
-        lock(&self.inter_token).observe(priority, d.as_secs_f64());
+        let label = self.labels.label(priority);
+        lock(&self.inter_token).observe(label, d.as_secs_f64());
     }
 
     pub fn observe_batch(&self, n: usize) {
@@ -263,7 +319,7 @@ impl Metrics {
             self.queue_depth.load(Ordering::Relaxed)
         );
         if let Some(stats) = self.engine_now() {
-            render_engine(&mut out, &stats);
+            render_engine(&mut out, &stats, &self.labels);
         }
         let _ = writeln!(
             out,
@@ -311,7 +367,7 @@ impl Metrics {
 
 /// The engine's counters and gauges: the pyramid's compiles, stalls and migrations, the
 /// sessions and their KV memory, and the artifacts resident by window.
-fn render_engine(out: &mut String, stats: &EngineStats) {
+fn render_engine(out: &mut String, stats: &EngineStats, labels: &PriorityLabels) {
     let p = &stats.pyramid;
     let counters: [(&str, &str, f64); 12] = [
         (
@@ -486,8 +542,17 @@ fn render_engine(out: &mut String, stats: &EngineStats) {
     if stats.waiting_by_priority.is_empty() {
         let _ = writeln!(out, "{name}{{priority=\"0\"}} 0");
     }
-    for (p, n) in &stats.waiting_by_priority {
-        let _ = writeln!(out, "{name}{{priority=\"{p}\"}} {n}");
+    let mut by_label: Vec<(Label, usize)> = Vec::new();
+    for &(p, n) in &stats.waiting_by_priority {
+        let label = labels.label(p);
+        match by_label.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += n,
+            None => by_label.push((label, n)),
+        }
+    }
+    by_label.sort_unstable();
+    for (label, n) in by_label {
+        let _ = writeln!(out, "{name}{{priority=\"{label}\"}} {n}");
     }
     if let Some(gb_s) = p.migration_gb_per_s() {
         let name = "pyramid_kv_migration_copy_gigabytes_per_second";
@@ -581,6 +646,7 @@ mod tests {
         assert!(text.contains("pyramid_requests_total{status=\"429\"} 1"));
         // Latencies by priority: priority 0 is reported empty before any request.
         assert!(text.contains("pyramid_ttft_seconds_count{priority=\"0\"} 0"));
+        let m = Metrics::new(PriorityLabels::new([-1, 4]));
         m.observe_ttft(-1, Duration::from_millis(30));
         m.observe_ttft(4, Duration::from_millis(300));
         let text = m.render();
@@ -592,5 +658,34 @@ mod tests {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
         }
+    }
+
+    #[test]
+    fn priorities_nobody_configured_share_one_other_series() {
+        let m = Metrics::new(PriorityLabels::new([10]));
+        for p in 1000..3000 {
+            m.observe_ttft(p, Duration::from_millis(30));
+            m.observe_inter_token(-p, Duration::from_millis(3));
+        }
+        m.observe_ttft(10, Duration::from_millis(30));
+        m.observe_ttft(0, Duration::from_millis(30));
+        m.publish_engine(EngineStats {
+            waiting_by_priority: vec![(-7, 2), (0, 1), (10, 4), (99, 3)],
+            ..EngineStats::default()
+        });
+        let text = m.render();
+        assert!(text.contains("pyramid_ttft_seconds_count{priority=\"other\"} 2000"));
+        assert!(text.contains("pyramid_ttft_seconds_count{priority=\"10\"} 1"));
+        assert!(text.contains("pyramid_ttft_seconds_count{priority=\"0\"} 1"));
+        assert!(text.contains("pyramid_inter_token_seconds_count{priority=\"other\"} 2000"));
+        assert!(text.contains("pyramid_queue_depth_by_priority{priority=\"other\"} 5"));
+        assert!(text.contains("pyramid_queue_depth_by_priority{priority=\"10\"} 4"));
+        assert!(text.contains("pyramid_queue_depth_by_priority{priority=\"0\"} 1"));
+        // Three labels per latency series, whatever the clients chose.
+        let ttft_series = text
+            .lines()
+            .filter(|l| l.starts_with("pyramid_ttft_seconds_count"))
+            .count();
+        assert_eq!(ttft_series, 3, "{text}");
     }
 }

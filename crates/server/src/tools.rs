@@ -18,6 +18,8 @@
 
 use pyramid_grammar::{json_layout, Grammar};
 use pyramid_tokenizer::{python_json, ChatMessage, ToolCall};
+use std::collections::HashSet;
+
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -51,12 +53,23 @@ pub struct ToolSet {
 impl ToolSet {
     /// `tools`, `tool_choice` and `parallel_tool_calls` from a chat request; `None`
     /// without tools. The legacy `functions`/`function_call` are refused by name.
-    pub fn parse(obj: &Map<String, Value>) -> Result<Option<ToolSet>, ApiError> {
+    /// At most `max_tools` tools (OpenAI allows 128).
+    pub fn parse(obj: &Map<String, Value>, max_tools: usize) -> Result<Option<ToolSet>, ApiError> {
         let list = match obj.get("tools") {
             None | Some(Value::Null) => &Vec::new(),
             Some(Value::Array(list)) => list,
             Some(_) => return Err(ApiError::bad_param("tools", "'tools' must be an array")),
         };
+        if list.len() > max_tools {
+            return Err(ApiError::bad_param(
+                "tools",
+                format!(
+                    "'tools' has {} tools; this server takes at most {max_tools} (--max-tools)",
+                    list.len()
+                ),
+            ));
+        }
+        let mut seen = HashSet::with_capacity(list.len());
         let mut tools = ToolSet {
             definitions: Vec::new(),
             names: Vec::new(),
@@ -90,7 +103,7 @@ impl ToolSet {
                     ))
                 }
             };
-            if tools.names.contains(&name) {
+            if !seen.insert(name.clone()) {
                 return Err(ApiError::bad_param(
                     format!("{at}.function.name"),
                     format!("the function name '{name}' is given twice"),
@@ -106,6 +119,13 @@ impl ToolSet {
                     ))
                 }
             };
+            // Bounded before it is compiled into the calls' grammar (see the grammar crate).
+            pyramid_grammar::check_schema(&parameters).map_err(|e| {
+                ApiError::bad_param(
+                    format!("{at}.function.parameters"),
+                    format!("{at}.function.parameters: {e}"),
+                )
+            })?;
             tools.definitions.push(tool.clone());
             tools.names.push(name);
             tools.parameters.push(parameters);

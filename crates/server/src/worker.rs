@@ -9,6 +9,7 @@
 //! closed) is aborted on the next step.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::Arc;
@@ -234,7 +235,13 @@ impl Worker {
             // after its reply sees its request gone from the running ones.
             self.metrics.publish_engine(self.core.stats());
             for event in events {
-                self.handle(event);
+                let id = event.id();
+                // Text work is per request (detokenising, stop strings, log-probabilities):
+                // a defect hit there fails that request, not the engine thread.
+                let handled = catch_unwind(AssertUnwindSafe(|| self.handle(event)));
+                if let Err(payload) = handled {
+                    self.fail_after_panic(id, &*payload);
+                }
             }
         }
     }
@@ -303,6 +310,17 @@ impl Worker {
                     self.metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        }
+    }
+
+    /// Ends request `id`, whose text work panicked: a 500 naming an internal error.
+    fn fail_after_panic(&mut self, id: RequestId, payload: &(dyn std::any::Any + Send)) {
+        let message = pyramid_engine::panic_message(payload);
+        tracing::error!("request {id} failed on an internal error: {message}");
+        self.core.abort(id);
+        if let Some(live) = self.remove(id) {
+            let error = ApiError::internal(format!("internal error: {message}"));
+            let _ = live.job.events.send(Event::Failed(error));
         }
     }
 

@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_engine::{Arm, EngineConfig, PyramidConfig, Speculation};
 use pyramid_runtime::WindowLadder;
-use pyramid_server::metrics::Metrics;
+use pyramid_server::metrics::{Metrics, PriorityLabels};
 use pyramid_server::{ApiKey, AppState, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
@@ -32,9 +32,11 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on every request (repeat for several keys).
     #[arg(long)]
     pub api_key: Vec<String>,
-    /// Accept the API key KEY, whose requests take priority N when they name none (the
-    /// body's `priority` and the X-Priority header win): e.g. `background-agents=10` for
-    /// clients that cannot add either. Repeatable.
+    /// Accept the API key KEY, whose requests take priority N when they name none and
+    /// never run more urgent than N: a request's `priority` (or X-Priority header) may
+    /// make it less urgent, a higher number, but not more. E.g. `background-agents=10`.
+    /// Repeatable. /metrics labels latencies by these priorities (and 0); the rest
+    /// count as `other`.
     #[arg(long, value_name = "KEY=N", value_parser = parse_key_priority)]
     pub api_key_priority: Vec<ApiKey>,
     /// Seconds a connection may take to send a request's headers, counted from when it
@@ -51,6 +53,9 @@ pub struct ServeArgs {
     /// Prompts tokenised at once (CPU work beside the engine); the rest wait their turn.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_tokenizing: u64,
+    /// Tools a chat request may define (OpenAI's limit is 128); more is a 400.
+    #[arg(long, default_value_t = pyramid_server::api::DEFAULT_MAX_TOOLS)]
+    pub max_tools: usize,
     /// Conversations held at once, running and cached for reuse.
     #[arg(long, default_value_t = 64)]
     pub max_sessions: usize,
@@ -224,7 +229,9 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     }
     let model_id = model_id(&loaded.name);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let metrics = Arc::new(Metrics::default());
+    // Latency series get a label per configured key priority; any other is `other`.
+    let labels = PriorityLabels::new(args.api_key_priority.iter().filter_map(|k| k.priority));
+    let metrics = Arc::new(Metrics::new(labels));
     metrics.set_route(&route.prefill, &route.decode);
     let engine = EngineThread::start(
         core,
@@ -252,6 +259,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             body_timeout: Duration::from_secs_f64(args.body_timeout),
             max_connections: args.max_connections as usize,
             max_tokenizing: args.max_tokenizing as usize,
+            max_tools: args.max_tools,
             ..Limits::default()
         },
         metrics,

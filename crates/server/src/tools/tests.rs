@@ -8,7 +8,7 @@ fn weather_tools(extra: &str) -> ToolSet {
         ]{extra}}}"#
     );
     let obj: Map<String, Value> = serde_json::from_str(&body).unwrap();
-    ToolSet::parse(&obj).unwrap().unwrap()
+    ToolSet::parse(&obj, 128).unwrap().unwrap()
 }
 
 /// Every way of cutting `text` in two gives the same pieces as feeding it whole.
@@ -125,17 +125,20 @@ fn tool_choice_is_validated() {
             "parallel_tool_calls",
         ),
     ] {
-        let err = ToolSet::parse(&obj(&body)).unwrap_err();
+        let err = ToolSet::parse(&obj(&body), 128).unwrap_err();
         assert_eq!(err.param.as_deref(), Some(param), "{body}");
     }
-    let named = ToolSet::parse(&obj(&format!(
-        r#"{{{tools}, "tool_choice": {{"type": "function", "function": {{"name": "f"}}}}}}"#
-    )))
+    let named = ToolSet::parse(
+        &obj(&format!(
+            r#"{{{tools}, "tool_choice": {{"type": "function", "function": {{"name": "f"}}}}}}"#
+        )),
+        128,
+    )
     .unwrap()
     .unwrap();
     assert_eq!(named.choice, ToolChoice::Function("f".into()));
     assert!(named.forces_calls());
-    let none = ToolSet::parse(&obj(&format!(r#"{{{tools}, "tool_choice": "none"}}"#)))
+    let none = ToolSet::parse(&obj(&format!(r#"{{{tools}, "tool_choice": "none"}}"#)), 128)
         .unwrap()
         .unwrap();
     assert!(none.prompt_tools().is_empty() && !none.parses_calls());
@@ -261,4 +264,27 @@ fn definitions_move_to_the_root_of_the_combined_schema_renamed_apart() {
         "#/$defs/f0_Point"
     );
     assert_eq!(defs["f1_Point"], json!({"type": "integer"}));
+}
+
+#[test]
+fn many_tools_are_checked_in_linear_time_and_capped() {
+    let many = |n: usize| -> Map<String, Value> {
+        let tools: Vec<Value> = (0..n)
+            .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+            .collect();
+        json!({ "tools": tools }).as_object().unwrap().clone()
+    };
+    // 300,000 names: a pairwise duplicate check would compare 4.5e10 pairs.
+    let big = many(300_000);
+    let tools = ToolSet::parse(&big, 300_000).unwrap().unwrap();
+    assert_eq!(tools.prompt_tools().len(), 300_000);
+    let err = ToolSet::parse(&big, 128).unwrap_err();
+    assert_eq!(err.param.as_deref(), Some("tools"));
+    assert!(err.message.contains("at most 128"), "{}", err.message);
+    assert!(ToolSet::parse(&many(128), 128).is_ok());
+    // A duplicate far into the list is still found.
+    let mut dup = many(300_000);
+    dup["tools"].as_array_mut().unwrap()[299_999]["function"]["name"] = json!("f7");
+    let err = ToolSet::parse(&dup, 300_000).unwrap_err();
+    assert_eq!(err.param.as_deref(), Some("tools[299999].function.name"));
 }

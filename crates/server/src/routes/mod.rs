@@ -1,0 +1,230 @@
+//! The HTTP surface: routing and the request handlers.
+//!
+//! - [`state`]: what every handler shares ([`AppState`]).
+//! - [`auth`]: API keys and the priority they give.
+//! - [`prepare`]: the body read, the prompt tokenised and the grammar compiled.
+//! - [`render`]: engine events as one JSON response or as server-sent events.
+
+mod auth;
+mod prepare;
+mod render;
+mod state;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::unbounded_channel;
+
+use self::auth::{authenticate, KeyPriority};
+use self::prepare::{prepare, read_body, Prepared};
+use self::render::{collect_response, stream_response, Reply};
+use crate::api::{self, Endpoint};
+use crate::error::ApiError;
+use crate::tools;
+use crate::worker::Job;
+
+pub use auth::ApiKey;
+pub use state::AppState;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authenticate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            finish_response,
+        ))
+        .with_state(state)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Gives axum's own bodiless errors (405) OpenAI's error body, and counts every response.
+async fn finish_response(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let response = next.run(req).await;
+    let response = if response.status() == StatusCode::METHOD_NOT_ALLOWED {
+        ApiError::method_not_allowed().into_response()
+    } else {
+        response
+    };
+    state.metrics.record_request(response.status().as_u16());
+    response
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state.engine.is_alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        let body = json!({"status": "error", "message": "the engine thread has stopped"});
+        (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+/// The one model served, as `/v1/models` lists it and `/v1/models/{id}` returns it.
+fn model_card(state: &AppState) -> Value {
+    json!({
+        "id": state.model_id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "pyramid",
+        "max_model_len": state.max_context,
+        "route": state.metrics.route_audit(),
+    })
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_card(&state)]}))
+}
+
+async fn model(
+    State(state): State<Arc<AppState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id != state.model_id {
+        return Err(ApiError::model_not_found(&id, &state.model_id));
+    }
+    Ok(Json(model_card(&state)))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyPriority>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(state, Endpoint::Chat, key, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyPriority>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    generate(state, Endpoint::Completion, key, &headers, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The header that sets a request's priority for clients that cannot add a body field:
+/// the body's `priority` wins over it; either may make a request less urgent than its
+/// API key's priority, never more.
+pub const PRIORITY_HEADER: &str = "x-priority";
+
+async fn generate(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    key: KeyPriority,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let header_priority = match headers.get(PRIORITY_HEADER) {
+        None => None,
+        Some(v) => {
+            let text = v.to_str().unwrap_or("not text");
+            api::opt_priority(Some(&Value::String(text.to_string())), "X-Priority")?
+        }
+    };
+    let body = read_body(&state.limits, body).await?;
+    // Parsing, rendering, tokenising and compiling a grammar are CPU work that grows with
+    // the body: kept off the async workers, a few at a time. The blocking task holds its
+    // permit to the end, so a client that leaves frees its slot only once its work stops.
+    let permit = Arc::clone(&state.tokenizing)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::shutting_down())?;
+    let task_state = Arc::clone(&state);
+    let Prepared {
+        request,
+        prompt,
+        prompt_param,
+        constraint,
+        prediction,
+        priority,
+        speculation,
+    } = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        prepare(&task_state, endpoint, &body, key, header_priority)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
+    let (events, rx) = unbounded_channel();
+    let n_prompt = prompt.len();
+    let single_call = request
+        .tools
+        .as_ref()
+        .is_some_and(|t| t.parses_calls() && !t.parallel);
+    state.engine.submit(Job {
+        prompt,
+        max_tokens: request.max_tokens,
+        sampler: request.sampler.clone(),
+        stop: request.stop.clone(),
+        end_after: if single_call {
+            vec![tools::CLOSE.to_string()]
+        } else {
+            Vec::new()
+        },
+        logprobs: request.logprobs,
+        constraint,
+        prompt_param,
+        events,
+        submitted: Instant::now(),
+        priority,
+        speculation,
+        prediction,
+    })?;
+    let id = format!(
+        "{}-{:x}",
+        match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        },
+        state.next_id.fetch_add(1, Ordering::Relaxed)
+    );
+    let reply = Reply {
+        id,
+        created: unix_now(),
+        model: state.model_id.clone(),
+        request,
+    };
+    if reply.request.stream {
+        Ok(stream_response(reply, rx))
+    } else {
+        collect_response(reply, rx, n_prompt).await
+    }
+}

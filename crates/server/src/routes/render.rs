@@ -1,0 +1,308 @@
+//! Engine events as OpenAI responses: one JSON body, or server-sent event chunks.
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream;
+use pyramid_engine::{FinishReason, Usage};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::api::{self, Endpoint, GenerationRequest};
+use crate::error::ApiError;
+use crate::tools::{ParsedCall, Piece, ToolCallParser};
+use crate::worker::{Event, TokenLogprob};
+
+/// The fixed parts of one response.
+pub(super) struct Reply {
+    pub(super) id: String,
+    pub(super) created: u64,
+    pub(super) model: String,
+    pub(super) request: GenerationRequest,
+}
+
+impl Reply {
+    fn is_chat(&self) -> bool {
+        self.request.endpoint == Endpoint::Chat
+    }
+
+    /// A parser for the reply's tool calls, when it is read for them.
+    fn call_parser(&self) -> Option<ToolCallParser> {
+        self.request
+            .tools
+            .as_ref()
+            .filter(|t| t.parses_calls())
+            .map(ToolCallParser::new)
+    }
+
+    /// One streamed chunk around `choice` (or `usage` with no choice).
+    fn chunk(&self, choice: Option<Value>, usage: Option<&Usage>) -> Value {
+        let mut chunk = json!({
+            "id": self.id,
+            "object": if self.is_chat() { "chat.completion.chunk" } else { "text_completion" },
+            "created": self.created,
+            "model": self.model,
+            "choices": choice.into_iter().collect::<Vec<_>>(),
+        });
+        if self.request.include_usage {
+            chunk["usage"] = usage.map_or(Value::Null, usage_json);
+        }
+        chunk
+    }
+
+    fn delta_choice(&self, delta: Value, logprobs: &[TokenLogprob], finish: Option<&str>) -> Value {
+        if self.is_chat() {
+            json!({
+                "index": 0,
+                "delta": delta,
+                "logprobs": self.logprobs_json(logprobs),
+                "finish_reason": finish,
+            })
+        } else {
+            let text = delta.get("content").cloned().unwrap_or(json!(""));
+            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+        }
+    }
+
+    fn logprobs_json(&self, logprobs: &[TokenLogprob]) -> Value {
+        match self.request.logprobs {
+            Some(_) if !logprobs.is_empty() => json!({"content": logprobs}),
+            _ => Value::Null,
+        }
+    }
+}
+
+/// OpenAI's finish reason: `tool_calls` when the reply ended after calling tools.
+fn finish_name(reason: FinishReason, n_calls: usize) -> &'static str {
+    match reason {
+        FinishReason::Stop if n_calls > 0 => "tool_calls",
+        other => other.as_str(),
+    }
+}
+
+/// A call as `message.tool_calls` (and, with `index`, a streamed delta) carries it.
+fn call_json(call: &ParsedCall, index: Option<usize>) -> Value {
+    let mut value = json!({
+        "id": format!("call_{:016x}", api::random_seed()),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(index) = index {
+        value["index"] = json!(index);
+    }
+    value
+}
+
+/// OpenAI's usage; speculation's drafts are reported under OpenAI's names for predicted
+/// tokens (`completion_tokens_details`), with pyramid's own counts in `speculative`.
+fn usage_json(u: &Usage) -> Value {
+    let s = &u.speculative;
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": s.accepted_tokens,
+            "rejected_prediction_tokens": s.drafted_tokens - s.accepted_tokens,
+        },
+        "speculative": {
+            "drafted_tokens": s.drafted_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate(),
+            "decode_passes": s.decode_passes,
+            "tokens_per_pass": s.tokens_per_pass(),
+        },
+    })
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// Server-sent events: a chunk per event, `data: [DONE]` at the end. Dropping the body
+/// (the client went away) drops the receiver, which the engine sees as a cancellation.
+/// A tool call is sent as one `tool_calls` delta once its closing tag is in.
+pub(super) fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
+    let first = reply.is_chat().then(|| {
+        let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        sse(&reply.chunk(Some(role), None))
+    });
+    struct StreamState {
+        parser: Option<ToolCallParser>,
+        reply: Reply,
+        rx: UnboundedReceiver<Event>,
+        pending: Vec<Bytes>,
+        /// Tool calls sent so far: the next one's `index`.
+        calls_sent: usize,
+        done: bool,
+    }
+    impl StreamState {
+        /// Chunks for `pieces`; `logprobs` go with the first (or alone, if none).
+        fn send(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+            let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
+            for piece in pieces {
+                let delta = match piece {
+                    Piece::Text(text) => json!({"content": text}),
+                    Piece::Call(call) => {
+                        self.calls_sent += 1;
+                        json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
+                    }
+                };
+                let choice = self
+                    .reply
+                    .delta_choice(delta, logprobs.take().unwrap_or(&[]), None);
+                self.pending
+                    .push(sse(&self.reply.chunk(Some(choice), None)));
+            }
+            if let Some(logprobs) = logprobs {
+                let choice = self
+                    .reply
+                    .delta_choice(json!({"content": ""}), logprobs, None);
+                self.pending
+                    .push(sse(&self.reply.chunk(Some(choice), None)));
+            }
+        }
+    }
+    let state = StreamState {
+        parser: reply.call_parser(),
+        reply,
+        rx,
+        pending: first.into_iter().collect(),
+        calls_sent: 0,
+        done: false,
+    };
+    let body = stream::unfold(state, |mut s| async move {
+        loop {
+            if !s.pending.is_empty() {
+                let next = s.pending.remove(0);
+                return Some((Ok::<_, std::convert::Infallible>(next), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(Event::Delta { text, logprobs }) => {
+                    let pieces = match s.parser.as_mut() {
+                        Some(parser) => parser.push(&text),
+                        None if text.is_empty() => Vec::new(),
+                        None => vec![Piece::Text(text)],
+                    };
+                    s.send(pieces, &logprobs);
+                }
+                Some(Event::Done {
+                    finish_reason,
+                    usage,
+                }) => {
+                    let rest = s
+                        .parser
+                        .as_mut()
+                        .map(ToolCallParser::finish)
+                        .unwrap_or_default();
+                    s.send(rest, &[]);
+                    let n_calls = s.parser.as_ref().map_or(0, ToolCallParser::n_calls);
+                    let finish = finish_name(finish_reason, n_calls);
+                    let choice = s.reply.delta_choice(json!({}), &[], Some(finish));
+                    s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
+                    if s.reply.request.include_usage {
+                        s.pending.push(sse(&s.reply.chunk(None, Some(&usage))));
+                    }
+                    s.pending.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    s.done = true;
+                }
+                Some(Event::Failed(err)) => {
+                    s.pending.push(sse(&err.body()));
+                    s.done = true;
+                }
+                None => {
+                    let err =
+                        ApiError::internal("the engine stopped before finishing this request");
+                    s.pending.push(sse(&err.body()));
+                    s.done = true;
+                }
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+pub(super) async fn collect_response(
+    reply: Reply,
+    mut rx: UnboundedReceiver<Event>,
+    n_prompt: usize,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    let (finish_reason, usage) = loop {
+        match rx.recv().await {
+            Some(Event::Delta {
+                text: t,
+                logprobs: l,
+            }) => {
+                text.push_str(&t);
+                logprobs.extend(l);
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+            }) => break (finish_reason, usage),
+            Some(Event::Failed(err)) => return Err(err),
+            None => {
+                return Err(ApiError::internal(format!(
+                    "the engine stopped before finishing this request ({n_prompt} prompt tokens)"
+                )))
+            }
+        }
+    };
+    let choice = if reply.is_chat() {
+        let mut message = json!({"role": "assistant", "content": text});
+        let mut n_calls = 0;
+        if let Some(mut parser) = reply.call_parser() {
+            let mut pieces = parser.push(&text);
+            pieces.extend(parser.finish());
+            let mut content = String::new();
+            let mut calls = Vec::new();
+            for piece in pieces {
+                match piece {
+                    Piece::Text(t) => content.push_str(&t),
+                    Piece::Call(call) => calls.push(call_json(&call, None)),
+                }
+            }
+            n_calls = calls.len();
+            if !calls.is_empty() {
+                // Only whitespace around the calls is no answer.
+                message["content"] = if content.trim().is_empty() {
+                    Value::Null
+                } else {
+                    json!(content.trim())
+                };
+                message["tool_calls"] = json!(calls);
+            }
+        }
+        json!({
+            "index": 0,
+            "message": message,
+            "logprobs": reply.logprobs_json(&logprobs),
+            "finish_reason": finish_name(finish_reason, n_calls),
+        })
+    } else {
+        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
+    };
+    Ok(Json(json!({
+        "id": reply.id,
+        "object": if reply.is_chat() { "chat.completion" } else { "text_completion" },
+        "created": reply.created,
+        "model": reply.model,
+        "choices": [choice],
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
