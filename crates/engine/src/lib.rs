@@ -1,27 +1,35 @@
 //! The engine: one core that every entry point drives, on the window pyramid.
 //!
-//! - [`Engine`]: requests in, token events out. Each [`Engine::step`] is
-//!   [`Engine::schedule`] → [`Engine::execute`] → [`Engine::update`] with plain data
-//!   between them ([`Schedule`], [`Executed`], [`Event`]): continuous batching, chunked
-//!   prefill interleaved with decode, prefix reuse, KV and session budgets, window
-//!   migration, predictive compiles, on any backend route.
+//! - [`Engine`]: requests in, token events out. It composes three parts, each with its
+//!   own state, and each [`Engine::step`] passes plain data between them, as in vLLM v1:
+//!   - [`Scheduler`]: the queued, running and paused sequences (each with its
+//!     [`SequenceStatus`]), the prefix cache, the KV and session budgets, admission by
+//!     priority with aging. `schedule() -> Schedule`, then `update(Executed)` samples
+//!     and returns [`Event`]s. It runs no pass and touches no file: artifacts are a
+//!     question to [`Artifacts`], stored conversations come through [`StoredPrefixes`].
+//!   - [`Executor`]: the backend and the window pyramid's artifacts, placements and
+//!     migrations, mixed passes and static runs. `execute(&Schedule, Batch) -> Executed`,
+//!     on the sessions the scheduler lends it for the step ([`Batch`]).
+//!   - the session writer: conversations evicted from memory go to disk, and stored
+//!     ones come back for a request that resumes them.
 //! - [`WindowPyramid`]: the artifact side of the ladder of static-shape windows (the
 //!   artifact cache and background compiles; [`Arm`] names the window policies).
 //! - [`GrowthPredictor`]: when a session will outgrow its window, from its own growth.
 //! - [`replay`]: agent traces (JSONL or synthetic) run through the engine under every
 //!   arm, with the figures `pyramid replay` reports.
 //!
-//! Invariant: a request's tokens depend only on its prompt and sampling settings: not
+//! Invariants: a request's tokens depend only on its prompt and sampling settings: not
 //! on the batch around it, the arm, the window it runs on, or whether its prefix came
-//! from the cache.
+//! from the cache. A panic in one request's work fails that request alone. No module
+//! here imports in a circle (`tests/architecture.rs`).
 
-mod admission;
 mod audit;
 mod boundary;
-mod constrain;
+mod config;
 mod engine;
 mod error;
 mod executor;
+mod kv;
 mod persist;
 mod predictor;
 mod prefix_cache;
@@ -29,9 +37,11 @@ mod pyramid;
 pub mod replay;
 mod request;
 mod scheduler;
+mod sequence;
 mod session;
 mod session_store;
 mod speculate;
+mod step;
 mod step_logits;
 
 // The scheduler tests' fake backend, shared with the unit tests that need an engine.
@@ -41,22 +51,24 @@ extern crate self as pyramid_engine;
 #[path = "../tests/common/mod.rs"]
 mod test_harness;
 
-pub use admission::PreemptionStats;
 pub use audit::{RouteAudit, StageAudit};
 pub use boundary::panic_message;
-pub use engine::{Completion, Engine, EngineConfig, EngineStats, StepSummary, DEFAULT_AGING};
+pub use config::{EngineConfig, DEFAULT_AGING};
+pub use engine::{Completion, Engine, EngineStats};
 pub use error::{EngineError, Result};
-pub use executor::Executed;
+pub use executor::Executor;
 pub use persist::PersistStats;
 pub use predictor::GrowthPredictor;
 pub use prefix_cache::common_prefix;
 pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid};
 pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
-pub use scheduler::{decode_batches, DecodeRun, Move, Schedule};
+pub use scheduler::{Artifacts, NoStore, PreemptionStats, Scheduler, StoredPrefixes};
+pub use sequence::SequenceStatus;
 pub use session::Session;
 pub use session_store::{
     load_session, read_header, save_session, SaveReport, SessionHeader, SessionIdentity,
     SessionStore, StoreError, StoredSession, SESSION_EXT, SESSION_VERSION,
 };
 pub use speculate::{DraftStats, Speculation, SpeculativeConfig, MAX_COOL_DOWN};
+pub use step::{decode_batches, Batch, DecodeRun, Executed, Move, Schedule, Slot, StepSummary};
 pub use step_logits::StepLogits;

@@ -17,7 +17,8 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::engine::{Engine, EngineConfig};
+use crate::config::EngineConfig;
+use crate::engine::Engine;
 use crate::pyramid::{Arm, PyramidConfig, PyramidStats};
 use crate::request::Request;
 use crate::{EngineError, Result};

@@ -1,102 +1,39 @@
-//! Deciding a step: admission, token budget, windows, compiles.
+//! Deciding a step: tokens, windows, drafts, compiles.
 //!
-//! - **Admission** by priority, with pausing and swapping out when the batch or the KV
-//!   budget is full, and prefix reuse: the admission module.
 //! - **Tokens**: every decoding sequence feeds one token; prompts share at most
 //!   `prefill_chunk` tokens per step, most urgent first and in arrival order within a
 //!   priority, so a long prompt is prefilled over several steps while the others keep
 //!   decoding.
 //! - **Windows**: a sequence that this step would overflow moves to the next rung first
-//!   (a migration, or a re-prefill under [`Arm::Reprefill`]); on a static backend only
+//!   (a migration, or a re-prefill under [`Arm::Reprefill`]); on a static route only
 //!   once that window's artifacts are compiled. Until then it stalls (counted) and the
 //!   rest of the batch runs.
 //! - **Compiles**: missing windows and decode batch sizes compile in the background; under
 //!   [`Arm::Predictive`], the next window compiles when the predictor expects the crossing
 //!   sooner than the compile would take.
 
+use std::time::Instant;
+
 use pyramid_runtime::ArtifactShape;
 
-use crate::engine::{Engine, Sequence};
+use super::{Scheduler, StoredPrefixes};
 use crate::pyramid::Arm;
 use crate::request::{Event, RequestId};
+use crate::sequence::Sequence;
 use crate::session::Session;
 use crate::speculate::{Speculation, Tokens};
+use crate::step::{decode_batches, DecodeRun, Move, Schedule};
 use crate::EngineError;
 
-/// How a sequence gets the window it runs on this step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Move {
-    /// Its first window.
-    First,
-    /// The live cache copied into a larger window.
-    Migrate,
-    /// A larger window, every cached token prefilled again ([`Arm::Reprefill`]).
-    Reprefill,
-}
-
-/// One run of a decode artifact: sequences on one window, at most `batch` of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DecodeRun {
-    pub window: usize,
-    /// The compiled batch size used (static backends); the sequence count otherwise.
-    pub batch: usize,
-    pub ids: Vec<RequestId>,
-}
-
-/// What one step runs, decided before anything runs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Schedule {
-    /// Sequences placed on a window before they run: `(id, window, how)`.
-    pub moves: Vec<(RequestId, usize, Move)>,
-    /// Prompt chunks: `(id, tokens fed this step)`.
-    pub prefills: Vec<(RequestId, usize)>,
-    /// Decode runs, grouped by window.
-    pub decodes: Vec<DecodeRun>,
-    /// Drafts that decoding sequences verify beside their next token: `(id, draft)`.
-    pub drafts: Vec<(RequestId, Vec<u32>)>,
-    /// Sequences waiting for the artifacts (or the memory) of a window: `(id, window)`.
-    pub stalled: Vec<(RequestId, usize)>,
-    /// Artifacts to start compiling in the background.
-    pub compiles: Vec<ArtifactShape>,
-}
-
-impl Schedule {
-    /// Whether nothing runs this step.
-    pub fn is_idle(&self) -> bool {
-        self.prefills.is_empty() && self.decodes.is_empty()
-    }
-
-    /// Sequences that feed tokens this step.
-    pub fn n_scheduled(&self) -> usize {
-        self.prefills.len() + self.decodes.iter().map(|d| d.ids.len()).sum::<usize>()
-    }
-
-    /// The draft sequence `id` verifies this step (empty if none).
-    pub fn draft_of(&self, id: RequestId) -> &[u32] {
-        self.drafts
-            .iter()
-            .find(|d| d.0 == id)
-            .map_or(&[], |d| d.1.as_slice())
-    }
-}
-
-/// Decode batch sizes compiled for static backends: powers of two up to `max_batch`,
-/// and `max_batch` itself.
-pub fn decode_batches(max_batch: usize) -> Vec<usize> {
-    let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2))
-        .take_while(|&b| b < max_batch)
-        .collect();
-    sizes.push(max_batch.max(1));
-    sizes
-}
-
-impl Engine {
-    /// Decides the next step. Admission happens here; nothing runs.
-    pub fn schedule(&mut self) -> Schedule {
-        self.admit();
+impl Scheduler {
+    /// Decides the next step. Admission happens here (a stored conversation a candidate
+    /// resumes from comes from `stored`); nothing runs.
+    pub fn schedule(&mut self, stored: &mut dyn StoredPrefixes) -> Schedule {
+        self.admit(stored);
         // The most urgent get the prefill chunk first; arrival order within a priority.
         self.running
             .sort_by_key(|s| (s.request.priority, s.arrival));
+        let now = Instant::now();
         let mut schedule = Schedule::default();
         let mut budget = self.config.pyramid.prefill_chunk;
         let mut decoding: Vec<(RequestId, usize)> = Vec::new();
@@ -119,6 +56,7 @@ impl Engine {
             let needed = seq.session.len() + n;
             let current = seq.session.window();
             let held = seq.session.kv_bytes().0;
+            let priority = seq.request.priority;
             let (window, how) = match current {
                 Some(w) if needed <= w => (w, None),
                 _ => {
@@ -135,25 +73,32 @@ impl Engine {
                 }
             };
             if let Some(how) = how {
-                let ready = self.mixed.is_some() || self.pyramid.window_ready(window).is_some();
+                let ready = self.mixed || self.artifacts.window_ready(window);
                 // `running_bytes` already counts an unplaced sequence at its target.
                 let counted = match current {
                     Some(_) => held,
-                    None => self.kv_bytes_for(window),
+                    None => self.kv.bytes(window),
                 };
-                let extra = self.kv_bytes_for(window).saturating_sub(counted);
-                let fits = self.evict_for(planned_bytes + extra, seq.request.priority);
+                let extra = self.kv.bytes(window).saturating_sub(counted);
+                let fits = self.evict_for(planned_bytes + extra, priority);
                 if !ready || !fits {
-                    if !ready && !self.pyramid.is_prepared(window) {
+                    if !ready && !self.artifacts.is_prepared(window) {
                         schedule
                             .compiles
-                            .extend(self.pyramid.shapes(window).iter().copied());
+                            .extend(self.artifacts.shapes(window).iter().copied());
                     }
                     schedule.stalled.push((id, window));
                     continue;
                 }
                 planned_bytes += extra;
                 schedule.moves.push((id, window, how));
+                if let Some(since) = self.running[i].stalled_since.take() {
+                    if how != Move::First {
+                        schedule
+                            .stalls
+                            .push((id, now.saturating_duration_since(since)));
+                    }
+                }
             }
             if prefilling {
                 budget -= n;
@@ -221,7 +166,7 @@ impl Engine {
     }
 
     /// The window a new request with a prompt of `prompt_len` tokens starts on (what
-    /// [`Engine::target_window`] gives its sequence before it runs); `None` beyond the
+    /// [`Scheduler::target_window`] gives its sequence before it runs); `None` beyond the
     /// largest window.
     pub(crate) fn first_window(&self, prompt_len: usize, max_tokens: usize) -> Option<usize> {
         let largest = self.config.pyramid.ladder.largest();
@@ -251,7 +196,7 @@ impl Engine {
     /// constraint.
     fn draft_for(&mut self, i: usize, window: usize, pass_room: usize) -> Vec<u32> {
         let config = self.config.speculative;
-        let mixed = self.mixed.is_some();
+        let mixed = self.mixed;
         let seq = &mut self.running[i];
         let Some(next) = seq.next_input else {
             return Vec::new();
@@ -280,7 +225,7 @@ impl Engine {
         if decoding.is_empty() {
             return;
         }
-        if self.mixed.is_some() {
+        if self.mixed {
             // One pass for everyone: the window is only a grouping label here.
             schedule.decodes.push(DecodeRun {
                 window: self.config.pyramid.ladder.largest(),
@@ -299,13 +244,7 @@ impl Engine {
                 .filter(|d| d.1 == window)
                 .map(|d| d.0)
                 .collect();
-            let ready = |b: usize| {
-                b == 1
-                    || self
-                        .pyramid
-                        .get_ready(ArtifactShape::Decode { batch: b, window })
-                        .is_some()
-            };
+            let ready = |b: usize| b == 1 || self.artifacts.decode_ready(b, window);
             while !ids.is_empty() {
                 let fitting = *sizes.iter().find(|&&b| b >= ids.len()).unwrap_or(&1);
                 let batch = if ready(fitting) {
@@ -344,10 +283,10 @@ impl Engine {
             let Some(next) = self.predicted_next_window(&seq.session, window, len) else {
                 continue;
             };
-            if !self.pyramid.is_prepared(next) {
+            if !self.artifacts.is_prepared(next) {
                 schedule
                     .compiles
-                    .extend(self.pyramid.shapes(next).iter().copied());
+                    .extend(self.artifacts.shapes(next).iter().copied());
             }
         }
     }
@@ -361,11 +300,11 @@ impl Engine {
         len: usize,
     ) -> Option<usize> {
         let cfg = &self.config.pyramid;
-        if cfg.arm != Arm::Predictive || self.mixed.is_some() {
+        if cfg.arm != Arm::Predictive || self.mixed {
             return None;
         }
         let next = *cfg.ladder.windows().iter().find(|&&w| w > window)?;
-        let expected = self.pyramid.expected_compile(next);
+        let expected = self.artifacts.expected_compile(next);
         session
             .should_prepare_after(window, len, expected, cfg.margin)
             .then_some(next)
@@ -375,12 +314,7 @@ impl Engine {
     /// for a sequence of priority `priority` to grow, evicting pooled caches, cached
     /// sessions and then paused sequences less urgent than it, as needed.
     fn evict_for(&mut self, running_bytes: usize, priority: i32) -> bool {
-        self.make_room(
-            running_bytes,
-            i64::from(priority),
-            std::time::Instant::now(),
-            false,
-        )
+        self.make_room(running_bytes, i64::from(priority), Instant::now(), false)
     }
 }
 
@@ -449,12 +383,5 @@ mod tests {
         assert_eq!(asked, [(2, 5), (3, 1)]);
         assert!(fit(0).1.is_empty());
         assert_eq!(fit(100).0.len(), 3);
-    }
-
-    #[test]
-    fn decode_batch_sizes_are_powers_of_two_and_the_maximum() {
-        assert_eq!(decode_batches(1), [1]);
-        assert_eq!(decode_batches(8), [1, 2, 4, 8]);
-        assert_eq!(decode_batches(12), [1, 2, 4, 8, 12]);
     }
 }

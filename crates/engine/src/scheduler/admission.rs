@@ -21,25 +21,15 @@
 //!   resume prefills it again, counted in `recomputed_tokens`). A request whose first
 //!   window alone exceeds the budget fails when it is added, never waiting.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use pyramid_runtime::{RuntimeError, Sampler};
+use pyramid_runtime::RuntimeError;
 
-use crate::engine::{Engine, Queued, Sequence};
+use super::{Scheduler, StoredPrefixes};
 use crate::request::{Event, Request};
+use crate::sequence::{Sequence, SequenceStatus};
 use crate::session::Session;
-use crate::speculate::Drafter;
 use crate::EngineError;
-
-/// A request's level after waiting `waited`: lower runs first.
-pub(crate) fn level(priority: i32, waited: Duration, aging: Duration) -> i64 {
-    let aged = if aging.is_zero() {
-        0
-    } else {
-        i64::try_from(waited.as_nanos() / aging.as_nanos()).unwrap_or(i64::MAX)
-    };
-    i64::from(priority).saturating_sub(aged)
-}
 
 /// How a sequence about to run came by its session.
 #[derive(Clone, Copy, Default)]
@@ -70,7 +60,7 @@ pub struct PreemptionStats {
     pub recomputed_tokens: usize,
 }
 
-impl Engine {
+impl Scheduler {
     /// Why `request` can never run, if it cannot: checked once, when it is added.
     pub(crate) fn refusal(&self, request: &Request) -> Option<EngineError> {
         let largest = self.config.pyramid.ladder.largest();
@@ -88,7 +78,7 @@ impl Engine {
             }))
         } else {
             let window = self.first_window(request.prompt.len(), request.max_tokens)?;
-            let bytes = self.kv_bytes_for(window);
+            let bytes = self.kv.bytes(window);
             (bytes > self.config.kv_budget).then_some(EngineError::OverBudget {
                 bytes,
                 budget: self.config.kv_budget,
@@ -97,18 +87,11 @@ impl Engine {
     }
 
     fn candidate_level(&self, c: Candidate, now: Instant) -> (i64, u64) {
-        let aging = self.config.aging;
-        match c {
-            Candidate::Queued(i) => {
-                let q = &self.waiting[i];
-                let waited = now.saturating_duration_since(q.submitted);
-                (level(q.request.priority, waited, aging), q.arrival)
-            }
-            Candidate::Paused(i) => {
-                let s = &self.paused[i];
-                (s.level(now, aging), s.arrival)
-            }
-        }
+        let s = match c {
+            Candidate::Queued(i) => &self.waiting[i],
+            Candidate::Paused(i) => &self.paused[i],
+        };
+        (s.level(now, self.config.aging), s.arrival)
     }
 
     /// The most urgent queued request or paused sequence.
@@ -135,7 +118,7 @@ impl Engine {
     /// Moves queued requests and paused sequences into the batch, most urgent first,
     /// while the batch has room (or holds something less urgent to pause) and the KV
     /// budget holds them.
-    pub(crate) fn admit(&mut self) {
+    pub(crate) fn admit(&mut self, stored: &mut dyn StoredPrefixes) {
         loop {
             let now = Instant::now();
             let Some(candidate) = self.next_candidate(now) else {
@@ -146,18 +129,9 @@ impl Engine {
             {
                 break;
             }
-            let (seq, reuse) = match candidate {
-                Candidate::Queued(i) => match self.prepare(i, now) {
-                    Some((seq, forked)) => (
-                        seq,
-                        Reuse {
-                            forked,
-                            reattached: false,
-                        },
-                    ),
-                    None => continue,
-                },
-                Candidate::Paused(i) => self.unpause(i),
+            let (mut seq, reuse) = match candidate {
+                Candidate::Queued(i) => self.take_queued(i, now, stored),
+                Candidate::Paused(i) => self.unpause(i, stored),
             };
             // What it adds to the reserved bytes: its window, or the cache it holds.
             let held = seq.session.kv_bytes().0;
@@ -165,7 +139,7 @@ impl Engine {
                 held
             } else {
                 self.target_window(&seq)
-                    .map_or(0, |w| self.kv_bytes_for(w))
+                    .map_or(0, |w| self.kv.bytes(w))
                     .max(held)
             };
             let total = self.running_bytes().saturating_add(needed);
@@ -180,8 +154,9 @@ impl Engine {
                             budget: self.config.kv_budget,
                         },
                     });
+                    seq.finish();
                     if !reuse.forked {
-                        self.cache.insert(seq.session);
+                        self.cache.insert(std::mem::take(&mut seq.session));
                     }
                     continue;
                 }
@@ -268,7 +243,7 @@ impl Engine {
     /// Pauses running sequence `i`, keeping its KV.
     fn pause(&mut self, i: usize, now: Instant) {
         let mut seq = self.running.remove(i);
-        seq.paused_since = Some(now);
+        seq.pause(now);
         self.preemption.n_paused += 1;
         self.paused.push(seq);
     }
@@ -277,31 +252,19 @@ impl Engine {
     /// from there to the session store or nowhere), and the sequence will prefill what
     /// it held again unless its resume finds it cached.
     fn swap_out(&mut self, i: usize) {
-        let seq = &mut self.paused[i];
-        let session = std::mem::take(&mut seq.session);
-        let held = session.len();
-        let mut input = session.tokens().to_vec();
-        match seq.next_input.take() {
-            Some(t) => input.push(t),
-            None => input.extend_from_slice(&seq.input[seq.fed..]),
-        }
-        seq.input = input;
-        seq.fed = 0;
-        seq.swapped_len = held;
+        let session = self.paused[i].swap_out();
         self.preemption.n_swapped_out += 1;
         self.cache.insert(session);
     }
 
-    /// Takes paused sequence `i` out of the paused list to run it; a swapped-out one
-    /// gets the longest cached prefix of what it held.
-    fn unpause(&mut self, i: usize) -> (Sequence, Reuse) {
+    /// Takes paused sequence `i` out of the paused list to run it; one without a
+    /// session (swapped out) gets the longest cached prefix of what it held.
+    fn unpause(&mut self, i: usize, stored: &mut dyn StoredPrefixes) -> (Sequence, Reuse) {
         let mut seq = self.paused.swap_remove(i);
         let mut reuse = Reuse::default();
         if seq.session.window().is_none() {
-            let (session, reused, forked) = self.reuse_for(&seq.input);
-            seq.session = session;
-            seq.session.truncate(reused);
-            seq.fed = reused;
+            let (session, reused, forked) = self.reuse_for(&seq.input, stored);
+            seq.reattach(session, reused);
             reuse = Reuse {
                 forked,
                 reattached: true,
@@ -314,110 +277,73 @@ impl Engine {
     /// took from the cache to the cache (a fork is dropped: what it copied is still
     /// cached).
     fn put_back(&mut self, mut seq: Sequence, reuse: Reuse) {
-        let took = reuse.reattached || seq.paused_since.is_none();
-        if took {
-            let session = std::mem::take(&mut seq.session);
+        if seq.status() == SequenceStatus::Queued {
+            let session = seq.requeue();
+            if !reuse.forked {
+                self.cache.insert(session);
+            }
+            self.waiting.push_back(seq);
+            return;
+        }
+        if reuse.reattached {
+            let session = seq.detach();
             if !reuse.forked {
                 self.cache.insert(session);
             }
         }
-        if seq.paused_since.is_some() {
-            if reuse.reattached {
-                seq.fed = 0;
-            }
-            self.paused.push(seq);
-            return;
-        }
-        let mut request = seq.request;
-        request.prompt = seq.input;
-        self.waiting.push_back(Queued {
-            request,
-            submitted: seq.submitted,
-            arrival: seq.arrival,
-        });
+        self.paused.push(seq);
     }
 
     /// Puts a sequence in the batch at `level`: a new one (`Started`), or a paused one
     /// resuming.
     fn run(&mut self, mut seq: Sequence, level: i64, now: Instant) {
-        seq.running_since = now;
-        seq.entry_level = level;
-        match seq.paused_since.take() {
-            Some(since) => {
-                seq.paused_for += now.saturating_duration_since(since);
-                self.preemption.n_resumed += 1;
-                if seq.swapped_len > 0 {
-                    self.preemption.recomputed_tokens += seq.swapped_len.saturating_sub(seq.fed);
-                    seq.swapped_len = 0;
-                }
+        if seq.is_paused() {
+            self.preemption.n_resumed += 1;
+            if seq.swapped_len > 0 {
+                self.preemption.recomputed_tokens += seq.swapped_len.saturating_sub(seq.fed);
+                seq.swapped_len = 0;
             }
-            None => self.events.push(Event::Started {
+        } else {
+            self.events.push(Event::Started {
                 id: seq.request.id,
                 cached_tokens: seq.cached_tokens,
-            }),
+            });
         }
+        seq.start_running(level, now);
         self.running.push(seq);
     }
 
-    /// Takes queued request `i` out of the queue as a sequence on the cached session
-    /// sharing its longest prefix (whether that is a fork is the second value); `None`
-    /// if its sampling settings are refused (it failed). [`Engine::refusal`] passed it
-    /// when it was added.
-    fn prepare(&mut self, i: usize, now: Instant) -> Option<(Sequence, bool)> {
-        let Queued {
-            mut request,
-            submitted,
-            arrival,
-        } = self.waiting.remove(i)?;
-        let id = request.id;
-        let request_priority = request.priority;
-        let sampler = match Sampler::new(request.sampler.clone()) {
-            Ok(s) => s,
-            Err(error) => {
-                self.events.push(Event::Failed {
-                    id,
-                    error: error.into(),
-                });
-                return None;
-            }
-        };
+    /// Takes queued request `i` out of the queue, admitted on the cached session sharing
+    /// its longest prefix (whether that is a fork is in the [`Reuse`]).
+    /// [`Scheduler::refusal`] passed it when it was added.
+    fn take_queued(
+        &mut self,
+        i: usize,
+        now: Instant,
+        stored: &mut dyn StoredPrefixes,
+    ) -> (Sequence, Reuse) {
+        let mut seq = self
+            .waiting
+            .remove(i)
+            .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
-        let (session, reused, forked) = self.reuse_for(&request.prompt);
-        let input = std::mem::take(&mut request.prompt);
-        let mut seq = Sequence {
-            prompt_len: input.len(),
-            input,
-            request,
-            session,
-            fed: reused,
-            cached_tokens: reused,
-            next_input: None,
-            sampler,
-            generated: 0,
-            submitted,
-            arrival,
-            admitted: now,
-            running_since: now,
-            entry_level: i64::from(request_priority),
-            paused_since: None,
-            paused_for: Duration::ZERO,
-            swapped_len: 0,
-            first_token: None,
-            last_token: None,
-            stalled_since: None,
-            mask_time: Duration::ZERO,
-            drafter: Drafter::default(),
-        };
-        seq.session.truncate(reused);
-        if seq.session.is_empty() {
+        let (mut session, reused, forked) = self.reuse_for(&seq.input, stored);
+        session.truncate(reused);
+        if session.is_empty() {
             let reply = seq
                 .request
                 .max_tokens
                 .min(self.config.pyramid.generation_reserve);
-            seq.session
-                .assume_turn(seq.prompt_len.saturating_add(reply));
+            session.assume_turn(seq.prompt_len.saturating_add(reply));
         }
-        Some((seq, forked))
+        seq.admit(session, reused, now);
+        (
+            seq,
+            Reuse {
+                forked,
+                reattached: false,
+            },
+        )
     }
 
     /// The cached session a prompt reuses, the prompt tokens it covers (never the last
@@ -426,9 +352,17 @@ impl Engine {
     /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
     /// be made the conversation is taken and cut, as the last resort before a full prefill.
     /// A conversation that cannot go on from the shared prefix (its sliding-window layers
-    /// gave back rows that far back) is not reused.
-    pub(crate) fn reuse_for(&mut self, prompt: &[u32]) -> (Session, usize, bool) {
-        self.load_stored_prefix(prompt);
+    /// gave back rows that far back) is not reused. A stored conversation sharing a
+    /// longer prefix than any cached one is read into the cache first.
+    pub(crate) fn reuse_for(
+        &mut self,
+        prompt: &[u32],
+        stored: &mut dyn StoredPrefixes,
+    ) -> (Session, usize, bool) {
+        let cached = self.cache.longest(prompt).map_or(0, |(_, n)| n);
+        if let Some(session) = stored.longer_prefix(prompt, cached) {
+            self.cache.insert(session);
+        }
         let Some((i, shared)) = self.cache.longest(prompt) else {
             return (Session::default(), 0, false);
         };
@@ -440,13 +374,10 @@ impl Engine {
         }
         if reused < cached.len() {
             if let Some(window) = cached.window() {
-                let kv = self.new_cache(window);
+                let kv = self.kv.new_cache(window);
                 if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
                     self.cache.touch(i);
-                    self.pyramid.record(|s| {
-                        s.n_forks += 1;
-                        s.fork_bytes += copied;
-                    });
+                    self.artifacts.record_fork(copied);
                     return (fork, reused, true);
                 }
             }
@@ -457,7 +388,9 @@ impl Engine {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
+    use crate::sequence::level;
 
     #[test]
     fn waiting_lowers_the_level_one_step_per_aging_interval() {

@@ -1,4 +1,4 @@
-//! Grammar masks for the sequences about to sample, between `execute` and `update`.
+//! Grammar masks for the sequences about to sample, before they sample.
 //!
 //! A mask over a 150k-token vocabulary costs from tens of microseconds to a millisecond
 //! (inside a length-bounded string every token must be checked). Computed one after
@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use pyramid_grammar::Constraint;
 use pyramid_kernels::ThreadPool;
 
-use crate::engine::Engine;
-use crate::executor::Executed;
+use super::Scheduler;
 use crate::request::RequestId;
+use crate::step::Executed;
 use crate::EngineError;
 
 /// One sequence's mask to compute.
@@ -42,7 +42,7 @@ impl MaskJob<'_> {
     }
 }
 
-impl Engine {
+impl Scheduler {
     /// Masks the logits of every constrained sequence that samples this step. A mask that
     /// fails ends its sequence (`executed.failed`); the logits of the others stand.
     pub(crate) fn mask(&mut self, pool: &ThreadPool, executed: &mut Executed) {
