@@ -24,10 +24,10 @@ use serde::Serialize;
 use crate::config::EngineConfig;
 use crate::executor::Executor;
 use crate::kv::KvAllocator;
-use crate::persist::{PersistStats, SessionWriter};
+use crate::persist::{Found, PersistStats, SessionWriter};
 use crate::pyramid::{ArtifactPair, PyramidStats, WindowPyramid};
 use crate::request::{Event, FinishReason, Request, RequestId, Timings, Usage};
-use crate::scheduler::{Artifacts, PreemptionStats, Scheduler, StoredPrefixes};
+use crate::scheduler::{Artifacts, PreemptionStats, Scheduler, Stored, StoredPrefixes};
 use crate::session::{Placement, Session};
 use crate::session_store::{load_session, read_header, save_session, SessionIdentity, StoreError};
 use crate::speculate::DraftStats;
@@ -186,7 +186,13 @@ impl Engine {
     /// failed in the background is retried once in the foreground before the sequences
     /// needing it fail.
     pub fn step(&mut self, pool: &ThreadPool) -> Vec<Event> {
+        self.take_loaded(false);
         let mut schedule = self.schedule();
+        if schedule.is_idle() && schedule.stalled.is_empty() && self.sessions.is_loading() {
+            // Everything runnable waits for a file: wait for the session thread.
+            self.take_loaded(true);
+            schedule = self.schedule();
+        }
         self.scheduler.mark_stalled(&schedule);
         let pyramid = self.executor.pyramid();
         let mut wait_for: Vec<usize> = schedule
@@ -336,9 +342,15 @@ impl Engine {
     pub fn save_cached(&mut self) -> usize {
         let before = self.sessions.stats().n_saved;
         for session in self.scheduler.cache_mut().drain() {
-            self.sessions.save(&session);
+            self.sessions.save(session);
         }
+        self.sessions.flush();
         self.sessions.stats().n_saved - before
+    }
+
+    /// Waits until every conversation handed to the session writer is on disk.
+    pub fn flush_sessions(&mut self) {
+        self.sessions.flush();
     }
 
     /// Puts the conversation in the session file at `path` (`pyramid chat --session`)
@@ -360,7 +372,7 @@ impl Engine {
         let mut stored = load_session(path, &self.session_identity(), kv)?;
         let tokens = stored.tokens.clone();
         let note = std::mem::take(&mut stored.note);
-        self.sessions.record_loaded(&stored);
+        self.sessions.record_loaded(tokens.len());
         let placement = Placement {
             window,
             kv: stored.kv,
@@ -403,7 +415,16 @@ impl Engine {
     /// Hands conversations the scheduler evicted to the session writer.
     fn write_evicted(&mut self) {
         for session in self.scheduler.take_evicted() {
-            self.sessions.save(&session);
+            self.sessions.save(session);
+        }
+    }
+
+    /// Takes in what the session thread did (waiting for it with `wait`), and gives the
+    /// conversations it read back to the requests waiting for them.
+    fn take_loaded(&mut self, wait: bool) {
+        self.sessions.poll(wait);
+        for (id, session) in self.sessions.take_loaded() {
+            self.scheduler.loaded(id, session);
         }
     }
 }
@@ -458,23 +479,21 @@ struct Restorer<'a> {
 }
 
 impl StoredPrefixes for Restorer<'_> {
-    fn longer_prefix(&mut self, prompt: &[u32], cached: usize) -> Option<Session> {
-        let (i, n_tokens) = self.sessions.wanted_for(prompt, cached)?;
-        let (window, artifacts, kv) = match restore_target(self.executor, self.ladder, n_tokens) {
-            Ok(target) => target,
-            Err(reason) => {
-                self.sessions
-                    .warn(format!("cannot resume a stored conversation: {reason}"));
-                return None;
-            }
-        };
-        let stored = self.sessions.load(i, kv)?;
-        let placement = Placement {
-            window,
-            kv: stored.kv,
-            artifacts,
-        };
-        Some(Session::restored(stored.tokens, placement))
+    fn longer_prefix(&mut self, id: RequestId, prompt: &[u32], cached: usize) -> Stored {
+        let executor = self.executor;
+        let ladder = self.ladder;
+        let found = self.sessions.longer_prefix(
+            id,
+            prompt,
+            cached,
+            |n_tokens| restore_target(executor, ladder, n_tokens),
+            |window| executor.new_cache(window),
+        );
+        match found {
+            Found::Nothing => Stored::Nothing,
+            Found::InMemory(session) => Stored::Ready(session),
+            Found::Loading => Stored::Loading,
+        }
     }
 }
 

@@ -62,7 +62,7 @@ pub use predictor::GrowthPredictor;
 pub use prefix_cache::common_prefix;
 pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid};
 pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
-pub use scheduler::{Artifacts, NoStore, PreemptionStats, Scheduler, StoredPrefixes};
+pub use scheduler::{Artifacts, NoStore, PreemptionStats, Scheduler, Stored, StoredPrefixes};
 pub use sequence::SequenceStatus;
 pub use session::Session;
 pub use session_store::{

@@ -15,6 +15,9 @@ use crate::speculate::Drafter;
 pub enum SequenceStatus {
     /// Waiting in the queue; no session yet.
     Queued,
+    /// Waiting (queued, or swapped out) for the conversation it resumes to be read
+    /// from disk; the others keep stepping.
+    Loading,
     /// In the batch, its prompt (or what it held before a swap) still going in.
     Prefilling,
     /// In the batch, sampling a token per step.
@@ -75,6 +78,10 @@ pub(crate) struct Sequence {
     /// Time spent on the constraint's masks.
     pub mask_time: Duration,
     pub drafter: Drafter,
+    /// A stored conversation read back for it, taken in when it is admitted.
+    pub restored: Option<Session>,
+    /// What it was before it started waiting for a file (queued or swapped).
+    before_loading: Option<SequenceStatus>,
 }
 
 impl Sequence {
@@ -106,6 +113,8 @@ impl Sequence {
             stalled_since: None,
             mask_time: Duration::ZERO,
             drafter: Drafter::default(),
+            restored: None,
+            before_loading: None,
         }
     }
 
@@ -175,6 +184,24 @@ impl Sequence {
         };
     }
 
+    /// Waits for the conversation it resumes to be read from disk.
+    pub fn start_loading(&mut self) {
+        debug_assert!(matches!(
+            self.status,
+            SequenceStatus::Queued | SequenceStatus::Paused | SequenceStatus::Swapped
+        ));
+        self.before_loading = Some(self.status);
+        self.status = SequenceStatus::Loading;
+    }
+
+    /// The read is over: `restored` is what it brought (`None`: it failed, prefill).
+    pub fn loaded(&mut self, restored: Option<Session>) {
+        if let Some(before) = self.before_loading.take() {
+            self.status = before;
+        }
+        self.restored = restored;
+    }
+
     /// Leaves the batch keeping its KV.
     pub fn pause(&mut self, now: Instant) {
         self.paused_since = Some(now);
@@ -230,10 +257,19 @@ impl Sequence {
                 now.saturating_duration_since(self.submitted),
                 aging,
             ),
-            SequenceStatus::Paused | SequenceStatus::Swapped => level(
+            SequenceStatus::Paused | SequenceStatus::Swapped | SequenceStatus::Loading
+                if self.paused_since.is_some() =>
+            {
+                level(
+                    self.request.priority,
+                    self.paused_since
+                        .map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
+                    aging,
+                )
+            }
+            SequenceStatus::Loading => level(
                 self.request.priority,
-                self.paused_since
-                    .map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
+                now.saturating_duration_since(self.submitted),
                 aging,
             ),
             _ if now.saturating_duration_since(self.running_since) < aging => {

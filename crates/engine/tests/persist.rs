@@ -166,9 +166,13 @@ fn a_swapped_out_sequence_goes_to_disk_and_resumes_from_it_without_recomputing()
     urgent.priority = 0;
     engine.add_request(urgent.clone());
     record(engine.step(&pool));
+    // The write runs on the session thread; waiting for it makes the resume read the
+    // file (until it is written, the conversation resumes from memory).
+    engine.flush_sessions();
     let stats = engine.stats();
     assert_eq!(stats.preemption.n_swapped_out, 1);
     assert_eq!(stats.persisted.n_saved, 1, "{stats:?}");
+    assert_eq!(stats.persisted.pending_writes, 0);
     while engine.has_work() {
         record(engine.step(&pool));
     }

@@ -25,8 +25,8 @@ use std::time::Instant;
 
 use pyramid_runtime::RuntimeError;
 
-use super::{Scheduler, StoredPrefixes};
-use crate::request::{Event, Request};
+use super::{Scheduler, Stored, StoredPrefixes};
+use crate::request::{Event, Request, RequestId};
 use crate::sequence::{Sequence, SequenceStatus};
 use crate::session::Session;
 use crate::EngineError;
@@ -86,12 +86,62 @@ impl Scheduler {
         }
     }
 
-    fn candidate_level(&self, c: Candidate, now: Instant) -> (i64, u64) {
-        let s = match c {
+    fn candidate(&self, c: Candidate) -> &Sequence {
+        match c {
             Candidate::Queued(i) => &self.waiting[i],
             Candidate::Paused(i) => &self.paused[i],
-        };
+        }
+    }
+
+    fn candidate_mut(&mut self, c: Candidate) -> &mut Sequence {
+        match c {
+            Candidate::Queued(i) => &mut self.waiting[i],
+            Candidate::Paused(i) => &mut self.paused[i],
+        }
+    }
+
+    fn candidate_level(&self, c: Candidate, now: Instant) -> (i64, u64) {
+        let s = self.candidate(c);
         (s.level(now, self.config.aging), s.arrival)
+    }
+
+    /// Asks `stored` for a conversation outside memory that `c` would resume from,
+    /// sharing more than the prefix cache holds: one in memory is attached to it at once;
+    /// for one being read from disk it waits (`Loading`, and `true`).
+    fn waits_for_stored(&mut self, c: Candidate, stored: &mut dyn StoredPrefixes) -> bool {
+        let seq = self.candidate(c);
+        let kept = seq.session.window().is_some();
+        if kept || seq.restored.is_some() {
+            return false;
+        }
+        let cached = self.cache.longest(&seq.input).map_or(0, |(_, n)| n);
+        match stored.longer_prefix(seq.id(), &seq.input, cached) {
+            Stored::Nothing => false,
+            Stored::Ready(session) => {
+                self.candidate_mut(c).restored = Some(*session);
+                false
+            }
+            Stored::Loading => {
+                self.candidate_mut(c).start_loading();
+                true
+            }
+        }
+    }
+
+    /// A conversation read back for request `id` (`None`: the read failed): attached to
+    /// it, which competes for admission again; kept in the prefix cache if the request
+    /// is gone.
+    pub fn loaded(&mut self, id: RequestId, restored: Option<Session>) {
+        let seq = self
+            .waiting
+            .iter_mut()
+            .chain(self.paused.iter_mut())
+            .find(|s| s.id() == id);
+        match (seq, restored) {
+            (Some(seq), restored) => seq.loaded(restored),
+            (None, Some(session)) => self.retire(session),
+            (None, None) => {}
+        }
     }
 
     /// The most urgent queued request or paused sequence.
@@ -100,6 +150,7 @@ impl Scheduler {
         let paused = (0..self.paused.len()).map(Candidate::Paused);
         queued
             .chain(paused)
+            .filter(|&c| self.candidate(c).status() != SequenceStatus::Loading)
             .min_by_key(|&c| self.candidate_level(c, now))
     }
 
@@ -129,9 +180,12 @@ impl Scheduler {
             {
                 break;
             }
+            if self.waits_for_stored(candidate, stored) {
+                continue;
+            }
             let (mut seq, reuse) = match candidate {
-                Candidate::Queued(i) => self.take_queued(i, now, stored),
-                Candidate::Paused(i) => self.unpause(i, stored),
+                Candidate::Queued(i) => self.take_queued(i, now),
+                Candidate::Paused(i) => self.unpause(i),
             };
             // What it adds to the reserved bytes: its window, or the cache it holds.
             let held = seq.session.kv_bytes().0;
@@ -259,11 +313,12 @@ impl Scheduler {
 
     /// Takes paused sequence `i` out of the paused list to run it; one without a
     /// session (swapped out) gets the longest cached prefix of what it held.
-    fn unpause(&mut self, i: usize, stored: &mut dyn StoredPrefixes) -> (Sequence, Reuse) {
+    fn unpause(&mut self, i: usize) -> (Sequence, Reuse) {
         let mut seq = self.paused.swap_remove(i);
         let mut reuse = Reuse::default();
         if seq.session.window().is_none() {
-            let (session, reused, forked) = self.reuse_for(&seq.input, stored);
+            let restored = seq.restored.take();
+            let (session, reused, forked) = self.reuse_for(&seq.input, restored);
             seq.reattach(session, reused);
             reuse = Reuse {
                 forked,
@@ -316,18 +371,14 @@ impl Scheduler {
     /// Takes queued request `i` out of the queue, admitted on the cached session sharing
     /// its longest prefix (whether that is a fork is in the [`Reuse`]).
     /// [`Scheduler::refusal`] passed it when it was added.
-    fn take_queued(
-        &mut self,
-        i: usize,
-        now: Instant,
-        stored: &mut dyn StoredPrefixes,
-    ) -> (Sequence, Reuse) {
+    fn take_queued(&mut self, i: usize, now: Instant) -> (Sequence, Reuse) {
         let mut seq = self
             .waiting
             .remove(i)
             .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
-        let (mut session, reused, forked) = self.reuse_for(&seq.input, stored);
+        let restored = seq.restored.take();
+        let (mut session, reused, forked) = self.reuse_for(&seq.input, restored);
         session.truncate(reused);
         if session.is_empty() {
             let reply = seq
@@ -352,15 +403,14 @@ impl Scheduler {
     /// of the shared prefix, and the conversation stays cached whole. If the copy cannot
     /// be made the conversation is taken and cut, as the last resort before a full prefill.
     /// A conversation that cannot go on from the shared prefix (its sliding-window layers
-    /// gave back rows that far back) is not reused. A stored conversation sharing a
-    /// longer prefix than any cached one is read into the cache first.
+    /// gave back rows that far back) is not reused. A conversation `restored` for the
+    /// sequence from outside memory joins the cache first.
     pub(crate) fn reuse_for(
         &mut self,
         prompt: &[u32],
-        stored: &mut dyn StoredPrefixes,
+        restored: Option<Session>,
     ) -> (Session, usize, bool) {
-        let cached = self.cache.longest(prompt).map_or(0, |(_, n)| n);
-        if let Some(session) = stored.longer_prefix(prompt, cached) {
+        if let Some(session) = restored {
             self.cache.insert(session);
         }
         let Some((i, shared)) = self.cache.longest(prompt) else {

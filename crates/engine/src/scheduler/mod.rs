@@ -59,21 +59,31 @@ pub trait Artifacts: Send + Sync {
     fn record_fork(&self, bytes: usize);
 }
 
+/// A conversation kept outside memory that a request could resume from.
+pub enum Stored {
+    /// None longer than the prefix cache holds.
+    Nothing,
+    /// One at hand (copied from memory): the request takes it when admitted.
+    Ready(Box<Session>),
+    /// One being read from disk: the request waits for it (`Loading`), and
+    /// [`Scheduler::loaded`] brings it.
+    Loading,
+}
+
 /// Where conversations kept outside memory come back from: the session writer on a
-/// real engine (reading a file), nothing in a test.
+/// real engine, nothing in a test. Asked only for a sequence about to be admitted.
 pub trait StoredPrefixes {
-    /// A stored conversation sharing a longer prefix with `prompt` than the `cached`
-    /// tokens the prefix cache covers, read back with its KV; `None` when there is none
-    /// or it cannot be read (a warning, and a prefill).
-    fn longer_prefix(&mut self, prompt: &[u32], cached: usize) -> Option<Session>;
+    /// A conversation sharing a longer prefix with `prompt` (request `id`'s) than the
+    /// `cached` tokens the prefix cache covers.
+    fn longer_prefix(&mut self, id: RequestId, prompt: &[u32], cached: usize) -> Stored;
 }
 
 /// No conversations kept outside memory.
 pub struct NoStore;
 
 impl StoredPrefixes for NoStore {
-    fn longer_prefix(&mut self, _prompt: &[u32], _cached: usize) -> Option<Session> {
-        None
+    fn longer_prefix(&mut self, _id: RequestId, _prompt: &[u32], _cached: usize) -> Stored {
+        Stored::Nothing
     }
 }
 

@@ -154,3 +154,35 @@ fn a_failed_pass_ends_its_sequence_and_keeps_the_others() {
         }
     )));
 }
+
+/// Answers `Loading` for one request's stored conversation.
+struct LoadingFor(RequestId);
+
+impl StoredPrefixes for LoadingFor {
+    fn longer_prefix(&mut self, id: RequestId, _prompt: &[u32], _cached: usize) -> Stored {
+        if id == self.0 {
+            Stored::Loading
+        } else {
+            Stored::Nothing
+        }
+    }
+}
+
+#[test]
+fn a_request_waiting_for_its_file_lets_the_others_run_and_joins_when_it_arrives() {
+    let mut s = scheduler(true, Arc::default(), |_| {});
+    s.add_request(request(1, 6, -5));
+    s.add_request(request(2, 6, 0));
+    let plan = s.schedule(&mut LoadingFor(1));
+    assert_eq!(plan.prefills, [(2, 6)], "the urgent one waits for its file");
+    assert_eq!(s.waiting[0].status(), crate::SequenceStatus::Loading);
+    // Still reading: it is not a candidate, whatever its priority.
+    let plan = s.schedule(&mut LoadingFor(1));
+    assert!(!plan.prefills.iter().any(|p| p.0 == 1));
+    assert_eq!(s.waiting.len(), 1);
+    // The read failed: it prefills instead.
+    s.loaded(1, None);
+    assert_eq!(s.waiting[0].status(), crate::SequenceStatus::Queued);
+    let plan = s.schedule(&mut NoStore);
+    assert_eq!(plan.prefills[0], (1, 6), "the most urgent prefills first");
+}

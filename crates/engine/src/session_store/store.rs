@@ -260,6 +260,17 @@ impl SessionStore {
         })
     }
 
+    /// Every stored conversation's tokens, in index order (a snapshot for a reader on
+    /// another thread).
+    pub fn index(&self) -> Vec<Vec<u32>> {
+        self.entries.iter().map(|e| e.tokens.clone()).collect()
+    }
+
+    /// The entry holding exactly `tokens`.
+    pub fn find(&self, tokens: &[u32]) -> Option<usize> {
+        self.entries.iter().position(|e| e.tokens == tokens)
+    }
+
     /// Forgets entry `i` and deletes its file.
     pub fn remove(&mut self, i: usize) {
         let e = self.entries.remove(i);
