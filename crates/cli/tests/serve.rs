@@ -421,6 +421,61 @@ fn sigterm_lets_a_stream_in_flight_finish() {
     assert!(exit.success(), "the server exits cleanly: {exit:?}");
 }
 
+/// A client that stops reading holds neither the shutdown nor its conversation: after
+/// the grace its request ends with a shutting-down event, the server exits 0 within the
+/// grace and a few seconds, and every conversation, the finished reply's included, is
+/// on disk.
+#[test]
+fn sigterm_with_a_stalled_reader_ends_within_the_grace_and_saves_every_conversation() {
+    let home = std::env::temp_dir().join(format!("pyramid-shutdown-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let dir = home.join("sessions");
+    let log = home.join("server.log");
+    std::fs::create_dir_all(&home).unwrap();
+    let args = [
+        "--session-dir",
+        dir.to_str().unwrap(),
+        "--shutdown-grace",
+        "2",
+        "--speculative",
+        "off",
+    ];
+    let server = Server::start_logged(&args, &log);
+    // A reply that finished just before the signal.
+    let (status, _) = server.post(
+        "/v1/completions",
+        &serde_json::json!({"model": MODEL, "prompt": "The old lighthouse keeper", "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(status, 200);
+    // A long stream whose client never reads past its first bytes.
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let body = format!(
+        r#"{{"model": "{MODEL}", "prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0, "stream": true}}"#
+    );
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    write!(
+        stalled,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 16];
+    let _ = stalled.read(&mut first).unwrap();
+    let signalled = std::time::Instant::now();
+    let status = server.terminate();
+    let took = signalled.elapsed();
+    assert!(status.success(), "the server exits cleanly: {status:?}");
+    assert!(
+        took < Duration::from_secs(2 + 5),
+        "exit {took:?} after the signal, beyond the grace and 5 s"
+    );
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(stderr.contains("kept 2 conversations"), "{stderr}");
+    assert_eq!(session_files(&dir).len(), 2, "{stderr}");
+    drop(stalled);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 #[test]
 fn chat_client_streams_replies_and_the_server_reuses_the_conversation() {
     let server = Server::start(&[]);

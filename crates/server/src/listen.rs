@@ -16,9 +16,14 @@ use std::time::Duration;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::AsyncWriteExt;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 
 use crate::routes::{router, AppState};
 
@@ -38,6 +43,12 @@ pub struct Limits {
     pub max_tokenizing: usize,
     /// Tools a chat request may define; more is a 400.
     pub max_tools: usize,
+    /// How long a write to a client may wait for it to read: beyond it the connection
+    /// is dropped, and a request it was streaming is aborted.
+    pub write_timeout: Duration,
+    /// At shutdown, how long running requests may take to finish before they end with
+    /// a shutting-down error.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Limits {
@@ -49,19 +60,26 @@ impl Default for Limits {
             body_limit: 16 << 20,
             max_tokenizing: 2,
             max_tools: crate::api::DEFAULT_MAX_TOOLS,
+            write_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves, then lets in-flight responses
-/// finish (idle connections close at once) and returns.
+/// Serves `state` on `listener` until `shutdown` resolves. Then new requests are refused
+/// (503) and in-flight ones get [`Limits::shutdown_grace`] to finish (idle connections
+/// close at once); `again` resolving (a second signal) cuts the grace short. Requests
+/// still running then end with a shutting-down error event, which their connections get
+/// a moment to write, and it returns. The engine thread keeps the conversations: the
+/// caller shuts it down ([`crate::EngineThread::shutdown`]) to save them.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    again: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = state.limits.clone();
-    let app = router(state);
+    let app = router(Arc::clone(&state));
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -85,8 +103,8 @@ pub async fn serve(
         let mut http = hyper::server::conn::http1::Builder::new();
         http.timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout);
-        let conn =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let io = TokioIo::new(WriteDeadline::new(stream, limits.write_timeout));
+        let conn = http.serve_connection(io, TowerToHyperService::new(app.clone()));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
@@ -94,8 +112,98 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    state.engine.stop_admitting();
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    tokio::pin!(again);
+    let finished = tokio::select! {
+        () = &mut drained => true,
+        () = tokio::time::sleep(limits.shutdown_grace) => false,
+        () = &mut again => false,
+    };
+    if !finished {
+        state.engine.end_all();
+        // The final events go out to readers that read; a stalled one is not waited for.
+        let _ = tokio::time::timeout(FINAL_WRITES, drained).await;
+    }
     Ok(())
+}
+
+/// How long connections get to write their final events once the grace is over.
+const FINAL_WRITES: Duration = Duration::from_secs(2);
+
+/// A connection's socket whose writes fail once one has waited `limit` for the client
+/// to read: hyper then drops the connection, the handler's event channel closes, and the
+/// engine aborts the request. hyper sets no write timeout of its own, so without this a
+/// client that stops reading holds its request (and a shutdown) for ever.
+struct WriteDeadline<S> {
+    stream: S,
+    limit: Duration,
+    /// Running while a write waits.
+    waiting: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteDeadline<S> {
+    fn new(stream: S, limit: Duration) -> Self {
+        Self {
+            stream,
+            limit,
+            waiting: None,
+        }
+    }
+
+    /// `poll` of a write: ready ends the wait; pending past the limit is an error.
+    fn deadline<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.waiting = None;
+            return poll;
+        }
+        let limit = self.limit;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("the client read nothing for {} s", limit.as_secs_f64()),
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteDeadline<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteDeadline<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.deadline(cx, poll)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.deadline(cx, poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 /// The answer to a connection beyond the limit: 503 with a JSON error, then close.
@@ -111,4 +219,32 @@ async fn refuse(mut stream: TcpStream) {
         stream.shutdown().await
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncReadExt;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_client_does_not_read_fails_after_the_limit() {
+        let (near, mut far) = tokio::io::duplex(64);
+        let mut io = WriteDeadline::new(near, Duration::from_secs(30));
+        // Read, writes go through whatever their size.
+        let reader = tokio::spawn(async move {
+            let mut got = vec![0u8; 4096];
+            far.read_exact(&mut got).await.unwrap();
+            far
+        });
+        io.write_all(&[7u8; 4096]).await.unwrap();
+        let mut far = reader.await.unwrap();
+        // Unread, a write waits until the limit, then fails; the time is tokio's paused clock.
+        let started = tokio::time::Instant::now();
+        let err = io.write_all(&[7u8; 4096]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+        let mut some = [0u8; 8];
+        far.read_exact(&mut some).await.unwrap();
+    }
 }

@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -86,12 +86,15 @@ pub struct TokenLogprob {
 
 /// The handle request handlers submit jobs through.
 pub struct EngineThread {
-    jobs: Option<Sender<Job>>,
+    /// Taken at shutdown: new jobs are refused from then on.
+    jobs: Mutex<Option<Sender<Job>>>,
     /// Whether the engine drafts for requests that ask (`--speculative`).
     speculates: bool,
     queued: Arc<AtomicUsize>,
     max_queue: usize,
-    thread: Option<JoinHandle<()>>,
+    /// Set when the shutdown grace is over: every request still running ends.
+    ending: Arc<AtomicBool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl EngineThread {
@@ -105,6 +108,7 @@ impl EngineThread {
     ) -> std::io::Result<Self> {
         let (jobs, rx) = std::sync::mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
+        let ending = Arc::new(AtomicBool::new(false));
         metrics.watch_pyramid(Arc::clone(core.pyramid()));
         metrics.publish_engine(core.stats());
         let speculates = core.speculates();
@@ -115,6 +119,7 @@ impl EngineThread {
             pool,
             metrics,
             queued: Arc::clone(&queued),
+            ending: Arc::clone(&ending),
             live: HashMap::new(),
             next_id: 0,
         };
@@ -122,11 +127,12 @@ impl EngineThread {
             .name("pyramid-engine".into())
             .spawn(move || worker.run(rx))?;
         Ok(Self {
-            jobs: Some(jobs),
+            jobs: Mutex::new(Some(jobs)),
             speculates,
             queued,
             max_queue,
-            thread: Some(thread),
+            ending,
+            thread: Mutex::new(Some(thread)),
         })
     }
 
@@ -140,11 +146,14 @@ impl EngineThread {
     /// Whether the engine thread is still running (it ends only at shutdown or if it
     /// panicked).
     pub fn is_alive(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        lock(&self.thread)
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
     }
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let Some(jobs) = &self.jobs else {
+        let jobs = lock(&self.jobs);
+        let Some(jobs) = jobs.as_ref() else {
             return Err(ApiError::shutting_down());
         };
         if self
@@ -162,10 +171,24 @@ impl EngineThread {
         })
     }
 
-    /// Stops taking jobs and waits for the running ones to finish.
-    pub fn shutdown(&mut self) {
-        self.jobs = None;
-        if let Some(thread) = self.thread.take() {
+    /// Refuses new jobs (503) from now on; the running ones go on.
+    pub fn stop_admitting(&self) {
+        lock(&self.jobs).take();
+    }
+
+    /// Ends every request still running or queued, each with a final error event saying
+    /// the server is shutting down (the grace for them to finish is over).
+    pub fn end_all(&self) {
+        self.stop_admitting();
+        self.ending.store(true, Ordering::Release);
+    }
+
+    /// Refuses new jobs and waits for the engine thread to finish the running ones and
+    /// write every conversation it holds to the session directory, if there is one.
+    pub fn shutdown(&self) {
+        self.stop_admitting();
+        let thread = lock(&self.thread).take();
+        if let Some(thread) = thread {
             let _ = thread.join();
         }
     }
@@ -175,6 +198,10 @@ impl Drop for EngineThread {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A request's text side.
@@ -200,6 +227,7 @@ struct Worker {
     pool: ThreadPool,
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
+    ending: Arc<AtomicBool>,
     live: HashMap<RequestId, Live>,
     next_id: RequestId,
 }
@@ -229,6 +257,9 @@ impl Worker {
                 }
             }
             self.abort_cancelled();
+            if self.ending.load(Ordering::Acquire) {
+                self.end_all();
+            }
             let events = self.core.step(&self.pool);
             self.record_step();
             // Published before the events go out, so a client that reads /metrics right
@@ -321,6 +352,21 @@ impl Worker {
         if let Some(live) = self.remove(id) {
             let error = ApiError::internal(format!("internal error: {message}"));
             let _ = live.job.events.send(Event::Failed(error));
+        }
+    }
+
+    /// Ends every request with the shutting-down error; their sessions stay cached, so
+    /// they are saved with the others.
+    fn end_all(&mut self) {
+        let ids: Vec<RequestId> = self.live.keys().copied().collect();
+        for id in ids {
+            self.core.abort(id);
+            if let Some(live) = self.remove(id) {
+                let _ = live
+                    .job
+                    .events
+                    .send(Event::Failed(ApiError::shutting_down()));
+            }
         }
     }
 

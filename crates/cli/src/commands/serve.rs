@@ -53,6 +53,15 @@ pub struct ServeArgs {
     /// Prompts tokenised at once (CPU work beside the engine); the rest wait their turn.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_tokenizing: u64,
+    /// Seconds a response write may wait for the client to read; beyond it the client is
+    /// dropped and its request aborted.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_seconds)]
+    pub write_timeout: f64,
+    /// On SIGTERM or Ctrl-C, seconds running requests get to finish before they end with
+    /// a shutting-down error (a second signal ends them at once); conversations are saved
+    /// either way.
+    #[arg(long, default_value_t = 30.0, value_parser = parse_aging)]
+    pub shutdown_grace: f64,
     /// Tools a chat request may define (OpenAI's limit is 128); more is a 400.
     #[arg(long, default_value_t = pyramid_server::api::DEFAULT_MAX_TOOLS)]
     pub max_tools: usize,
@@ -260,12 +269,15 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             max_connections: args.max_connections as usize,
             max_tokenizing: args.max_tokenizing as usize,
             max_tools: args.max_tools,
+            write_timeout: Duration::from_secs_f64(args.write_timeout),
+            shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
             ..Limits::default()
         },
         metrics,
     ));
     state.prepare_grammars();
     let route_name = route.name();
+    let grace = Duration::from_secs_f64(args.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -280,7 +292,24 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             "pyramid serve: listening on http://{local} (model '{model_id}', route {route_name})"
         );
         std::io::stdout().flush()?;
-        pyramid_server::serve(listener, state, pyramid_server::shutdown_signal()).await?;
+        let seen = Arc::new(tokio::sync::Notify::new());
+        let first_seen = Arc::clone(&seen);
+        let first = async move {
+            pyramid_server::shutdown_signal().await;
+            eprintln!(
+                "pyramid serve: shutting down: running requests have {} s to finish (a second signal ends them now)",
+                grace.as_secs_f64()
+            );
+            first_seen.notify_one();
+        };
+        // A second signal, after the first, cuts the grace short.
+        let second = async move {
+            seen.notified().await;
+            pyramid_server::shutdown_signal().await;
+        };
+        pyramid_server::serve(listener, Arc::clone(&state), first, second).await?;
+        // The engine thread finishes and saves every conversation it holds.
+        state.engine.shutdown();
         eprintln!("pyramid serve: shut down");
         anyhow::Ok(())
     })

@@ -43,7 +43,16 @@ pub enum StoreError {
     /// file's.
     #[error("{}: {reason}", path.display())]
     BadCache { path: PathBuf, reason: String },
+    /// Another process keeps its conversations in this directory.
+    #[error("{}: the session directory is in use by another process", path.display())]
+    Locked { path: PathBuf },
 }
+
+/// Tokens a session file may hold: far beyond any model's context, and a bound on what
+/// indexing a crafted (sparse) file can make it read.
+pub const MAX_SESSION_TOKENS: u32 = 1 << 22;
+/// Bytes of a session file's note (`pyramid chat` keeps its messages there).
+pub const MAX_NOTE_BYTES: u32 = 64 << 20;
 
 pub(super) fn io_error(path: &Path) -> impl Fn(io::Error) -> StoreError + '_ {
     move |source| StoreError::Io {
@@ -98,7 +107,12 @@ impl SessionIdentity {
 
     /// As [`Self::file_bytes`] with a precision name of `precision_len` bytes and a note
     /// of `note_len`.
-    fn file_bytes_with(&self, precision_len: u64, note_len: u64, n_tokens: u64) -> Option<u64> {
+    pub(super) fn file_bytes_with(
+        &self,
+        precision_len: u64,
+        note_len: u64,
+        n_tokens: u64,
+    ) -> Option<u64> {
         (FIXED_HEADER_BYTES + precision_len)
             .checked_add(note_len)?
             .checked_add(n_tokens.checked_mul(4)?)?
@@ -287,6 +301,12 @@ fn parse_header<R: Read>(
             "{n_tokens} tokens on a window of {window}"
         )));
     }
+    if n_tokens > MAX_SESSION_TOKENS || note_len > MAX_NOTE_BYTES {
+        return Err(corrupt(format!(
+            "{n_tokens} tokens and a note of {note_len} bytes, beyond the bounds of \
+             {MAX_SESSION_TOKENS} and {MAX_NOTE_BYTES}"
+        )));
+    }
     let mut identity = SessionIdentity {
         model_id,
         precision: String::new(), // read below, once its length is known to fit
@@ -332,10 +352,24 @@ fn parse_header<R: Read>(
 }
 
 /// Opens `path` with its size.
+/// Opens a session file for reading: without blocking (a FIFO named like a session file
+/// must not hang the caller), and only if it is a regular file.
 fn open_sized(path: &Path) -> Result<(File, u64), StoreError> {
-    let file = File::open(path).map_err(io_error(path))?;
-    let bytes = file.metadata().map_err(io_error(path))?.len();
-    Ok((file, bytes))
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(io_error(path))?;
+    let metadata = file.metadata().map_err(io_error(path))?;
+    if !metadata.is_file() {
+        return Err(StoreError::NotASessionFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok((file, metadata.len()))
 }
 
 /// Reads a session file's header (identity, window, tokens, size) without its KV: what
@@ -455,7 +489,11 @@ fn write_file(
     for t in tokens {
         head.extend_from_slice(&t.to_le_bytes());
     }
-    let file = File::create(tmp)?;
+    // A new file, never one already there (nor where a link there points).
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)?;
     let mut w = CrcWriter {
         inner: BufWriter::with_capacity(IO_BUFFER_BYTES, file),
         crc: crc32fast::Hasher::new(),

@@ -43,6 +43,8 @@ pub struct SessionStore {
     disk_budget: Option<u64>,
     pub(super) entries: Vec<Entry>,
     clock: u64,
+    /// Held open with an exclusive `flock` while the store is: one process per directory.
+    _lock: fs::File,
 }
 
 impl SessionStore {
@@ -58,6 +60,7 @@ impl SessionStore {
         disk_budget: Option<u64>,
     ) -> Result<(Self, Vec<String>), StoreError> {
         fs::create_dir_all(dir).map_err(io_error(dir))?;
+        let lock = lock_dir(dir)?;
         let mut warnings = Vec::new();
         let mut found = Vec::new();
         for item in fs::read_dir(dir).map_err(io_error(dir))? {
@@ -118,6 +121,7 @@ impl SessionStore {
             disk_budget,
             clock: entries.len() as u64,
             entries,
+            _lock: lock,
         };
         let evicted = store.enforce_budget(None);
         if evicted > 0 {
@@ -193,7 +197,7 @@ impl SessionStore {
                     e.window = stored.window;
                 }
             }
-            Err(StoreError::BadCache { .. }) => {}
+            Err(StoreError::BadCache { .. } | StoreError::Locked { .. }) => {}
             Err(
                 StoreError::Io { .. } | StoreError::OtherModel { .. } | StoreError::Version { .. },
             ) => {
@@ -298,4 +302,37 @@ impl SessionStore {
         }
         evicted
     }
+}
+
+/// Takes the directory's lock file (`.lock`) with an exclusive, non-blocking `flock`: a
+/// second server on the same directory is refused instead of overwriting the first's
+/// files. The lock goes with the process, even a killed one.
+fn lock_dir(dir: &Path) -> Result<fs::File, StoreError> {
+    let path = dir.join(".lock");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io_error(&path))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: `flock` on a descriptor this function owns; it touches no memory.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(if error.kind() == std::io::ErrorKind::WouldBlock {
+                StoreError::Locked {
+                    path: dir.to_path_buf(),
+                }
+            } else {
+                StoreError::Io {
+                    path,
+                    source: error,
+                }
+            });
+        }
+    }
+    Ok(file)
 }

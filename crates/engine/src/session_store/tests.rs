@@ -241,6 +241,7 @@ fn session_store_rejects_truncated_and_flipped_files_and_drops_them() {
         .expect("open");
     file.set_len(200).expect("truncate");
     drop(file);
+    drop(store);
     let (store, warnings) = SessionStore::open(dir.path(), identity(kind), None).expect("open");
     assert_eq!(store.len(), 0);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
@@ -256,6 +257,7 @@ fn session_store_removes_leftover_temp_files() {
         .path()
         .join(format!("0123456789abcdef.{SESSION_EXT}.tmp-999-3"));
     fs::write(&leftover, b"half a file").expect("write");
+    drop(store);
     let (store, warnings) =
         SessionStore::open(dir.path(), identity(KvType::F32), None).expect("open");
     assert!(!leftover.exists());
@@ -265,6 +267,7 @@ fn session_store_removes_leftover_temp_files() {
     let names: Vec<_> = fs::read_dir(dir.path())
         .expect("list")
         .map(|e| e.expect("entry").file_name())
+        .filter(|name| name != ".lock")
         .collect();
     assert_eq!(names.len(), 1, "{names:?}");
 }
@@ -319,9 +322,11 @@ fn session_store_grown_conversation_supersedes_its_prefix() {
     // Saving the same conversation again replaces its file, not adds one.
     save(&mut store, &turn2);
     assert_eq!(store.len(), 2);
+    let bytes = store.bytes();
+    drop(store);
     let reopened = open(dir.path(), KvType::Int8, None);
     assert_eq!(reopened.len(), 2);
-    assert_eq!(reopened.bytes(), store.bytes());
+    assert_eq!(reopened.bytes(), bytes);
 }
 
 #[test]
@@ -361,11 +366,16 @@ fn session_store_disk_budget_evicts_least_recently_used_first() {
     );
     assert_eq!(store.len(), 3);
     // A smaller budget at the next start evicts the oldest down to it.
+    drop(store);
     let (smaller, warnings) =
         SessionStore::open(dir.path(), identity(KvType::F32), Some(per_file)).expect("open");
     assert_eq!(smaller.len(), 1);
     assert_eq!(warnings.len(), 1, "{warnings:?}");
-    assert_eq!(fs::read_dir(dir.path()).expect("list").count(), 1);
+    let files = fs::read_dir(dir.path())
+        .expect("list")
+        .filter(|e| e.as_ref().expect("entry").file_name() != ".lock")
+        .count();
+    assert_eq!(files, 1);
 }
 
 #[test]
@@ -459,4 +469,51 @@ fn session_store_file_keeps_the_writers_note() {
     assert_eq!(read_header(&path).expect("header").note, note);
     let stored = load_session(&path, &id, KvCache::new(&c, 8, KvType::F16)).expect("load");
     assert_eq!((stored.note.as_slice(), stored.tokens), (&note[..], tokens));
+}
+
+#[test]
+fn session_store_is_one_process_directory_and_skips_what_is_not_a_regular_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut store = open(dir.path(), KvType::F32, None);
+    save(&mut store, &conversation(5, 0));
+    // A second store on the same directory is refused while the first holds it.
+    let err = SessionStore::open(dir.path(), identity(KvType::F32), None)
+        .err()
+        .expect("refused");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    drop(store);
+    // A FIFO named like a session file would block a plain open for ever.
+    let fifo = dir.path().join(format!("fifo.{SESSION_EXT}"));
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo reads it only.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    let (store, warnings) =
+        SessionStore::open(dir.path(), identity(KvType::F32), None).expect("open");
+    assert_eq!(store.len(), 1);
+    assert!(
+        warnings.iter().any(|w| w.contains("not a session file")),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn session_store_bounds_what_a_sparse_crafted_header_makes_it_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let id = identity(KvType::F32);
+    let path = dir.path().join(format!("a.{SESSION_EXT}"));
+    let kv = filled(&tiny(), KvType::F32, 8, 4, 0.0);
+    save_session(&path, &id, &[1, 2, 3, 4], 8, &kv, &[]).expect("save");
+    let mut bytes = fs::read(&path).expect("read");
+    // A 1 GiB note, and a file made as long as the header says, without its bytes.
+    let note_at = 43;
+    bytes[note_at..note_at + 4].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    fs::write(&path, &bytes).expect("write");
+    let claimed = id.file_bytes_with(4 + id.precision.len() as u64, 1 << 30, 4);
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.set_len(claimed.expect("fits") + 64).expect("sparse");
+    let err = read_header(&path).expect_err("refused");
+    assert!(err.to_string().contains("beyond the bounds"), "{err}");
 }

@@ -203,11 +203,16 @@ pub(super) fn render_engine(out: &mut String, stats: &EngineStats, labels: &Prio
             "# HELP {name} Effective copy speed of migrations that copied.\n# TYPE {name} gauge\n{name} {gb_s}"
         );
     }
-    let gauges: [(&str, &str, usize); 8] = [
+    let gauges: [(&str, &str, usize); 9] = [
         (
             "pyramid_stored_sessions",
             "Conversations in the session directory.",
             stats.persisted.stored_sessions,
+        ),
+        (
+            "pyramid_sessions_pending_writes",
+            "Conversations handed to the session thread and not written yet.",
+            stats.persisted.pending_writes,
         ),
         (
             "pyramid_running_sequences",
