@@ -182,8 +182,8 @@ fn the_prefill_chunk_goes_to_the_most_urgent_prompt_first() {
     let s = engine.schedule();
     assert_eq!(
         s.prefills,
-        [(1, 8)],
-        "arrival order within a priority: 1 before 2, 0 last"
+        [(1, 4), (2, 4)],
+        "one priority shares the chunk; the less urgent 0 gets none"
     );
 }
 

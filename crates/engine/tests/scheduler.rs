@@ -51,7 +51,11 @@ fn prompts_share_the_chunk_budget_while_others_decode() {
     engine.add_request(Request::greedy(1, prompt(1, 20), 2));
     engine.add_request(Request::greedy(2, prompt(2, 20), 2));
     let s = engine.schedule();
-    assert_eq!(s.prefills, [(1, 8)], "the budget goes to the first prompt");
+    assert_eq!(
+        s.prefills,
+        [(1, 4), (2, 4)],
+        "prompts of one priority share the budget"
+    );
     assert_eq!(s.decodes.len(), 1);
     assert_eq!(
         s.decodes[0].ids,
@@ -59,11 +63,43 @@ fn prompts_share_the_chunk_budget_while_others_decode() {
         "the decoding sequence runs alongside"
     );
     engine.step(&pool);
+    engine.step(&pool);
+    engine.step(&pool);
+    engine.step(&pool);
+    // 16 of each are in; 1 and 2 need 4 more: a short prompt arriving now gets its part.
+    engine.add_request(Request::greedy(3, prompt(3, 3), 2));
     let s = engine.schedule();
-    assert_eq!(s.prefills, [(1, 8)]);
+    assert_eq!(
+        s.prefills,
+        [(1, 4), (2, 2), (3, 2)],
+        "an equal part each, what is left in arrival order"
+    );
     engine.step(&pool);
     let s = engine.schedule();
-    assert_eq!(s.prefills, [(1, 4), (2, 4)], "leftover budget goes on");
+    assert_eq!(s.prefills, [(2, 2), (3, 1)], "1 is in and decodes");
+}
+
+#[test]
+fn a_short_prompt_behind_a_long_one_of_its_priority_starts_within_a_few_steps() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[256], 16, 4));
+    engine.add_request(Request::greedy(0, prompt(0, 200), 2));
+    engine.step(&pool);
+    engine.add_request(Request::greedy(1, prompt(1, 10), 2));
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        let events = engine.step(&pool);
+        if events
+            .iter()
+            .any(|e| matches!(e, pyramid_engine::Event::Token { id: 1, .. }))
+        {
+            break;
+        }
+        assert!(steps < 10, "the short prompt waits behind the long one");
+    }
+    assert!(steps <= 2, "{steps} steps to the short prompt's first token");
 }
 
 #[test]

@@ -1,9 +1,9 @@
 //! Deciding a step: tokens, windows, drafts, compiles.
 //!
 //! - **Tokens**: every decoding sequence feeds one token; prompts share at most
-//!   `prefill_chunk` tokens per step, most urgent first and in arrival order within a
-//!   priority, so a long prompt is prefilled over several steps while the others keep
-//!   decoding.
+//!   `prefill_chunk` tokens per step, most urgent first and, within a priority, in equal
+//!   parts (on mixed passes), so a long prompt is prefilled over several steps while the
+//!   others keep decoding and a short one behind it starts soon.
 //! - **Windows**: a sequence that this step would overflow moves to the next rung first
 //!   (a migration, or a re-prefill under [`Arm::Reprefill`]); on a static route only
 //!   once that window's artifacts are compiled. Until then it stalls (counted) and the
@@ -35,7 +35,7 @@ impl Scheduler {
             .sort_by_key(|s| (s.request.priority, s.arrival));
         let now = Instant::now();
         let mut schedule = Schedule::default();
-        let mut budget = self.config.pyramid.prefill_chunk;
+        let shares = self.prefill_shares();
         let mut decoding: Vec<(RequestId, usize)> = Vec::new();
         let mut overflow: Vec<RequestId> = Vec::new();
         let mut planned_bytes = self.running_bytes();
@@ -45,7 +45,10 @@ impl Scheduler {
             let seq = &self.running[i];
             let prefilling = seq.prefilling();
             let n = if prefilling {
-                (seq.input.len() - seq.fed).min(budget)
+                shares
+                    .iter()
+                    .find(|s| s.0 == seq.request.id)
+                    .map_or(0, |s| s.1)
             } else {
                 usize::from(seq.next_input.is_some())
             };
@@ -101,7 +104,6 @@ impl Scheduler {
                 }
             }
             if prefilling {
-                budget -= n;
                 schedule.prefills.push((id, n));
             } else {
                 // A draft rides only in the window the sequence already has.
@@ -140,6 +142,43 @@ impl Scheduler {
         schedule.compiles.sort_unstable();
         schedule.compiles.dedup();
         schedule
+    }
+
+    /// This step's prompt tokens per prefilling sequence, within the prefill chunk: the
+    /// most urgent priority first. Within a priority, on a route of mixed passes, the
+    /// chunk is shared (an equal part each, then what is left in arrival order), so a
+    /// short prompt arriving behind a long one starts within a few steps instead of
+    /// after the whole long prompt. On a static route each part would be padded to the
+    /// artifact's chunk, so there the chunk goes whole, in arrival order.
+    fn prefill_shares(&self) -> Vec<(RequestId, usize)> {
+        let mut budget = self.config.pyramid.prefill_chunk;
+        let mut shares: Vec<(RequestId, usize)> = Vec::new();
+        let prefilling: Vec<&Sequence> = self.running.iter().filter(|s| s.prefilling()).collect();
+        // `running` is sorted by (priority, arrival): groups are consecutive.
+        for group in prefilling.chunk_by(|a, b| a.request.priority == b.request.priority) {
+            if budget == 0 {
+                break;
+            }
+            let need = |s: &Sequence| s.input.len() - s.fed;
+            let equal = if self.mixed {
+                (budget / group.len()).max(1)
+            } else {
+                budget
+            };
+            let mut given: Vec<usize> = Vec::with_capacity(group.len());
+            for s in group {
+                let n = need(s).min(equal).min(budget);
+                budget -= n;
+                given.push(n);
+            }
+            for (s, n) in group.iter().zip(&mut given) {
+                let more = (need(s) - *n).min(budget);
+                budget -= more;
+                *n += more;
+            }
+            shares.extend(group.iter().map(|s| s.request.id).zip(given));
+        }
+        shares
     }
 
     /// The window a sequence moves to when it has none yet or outgrows its own: the
