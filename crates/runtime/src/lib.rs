@@ -28,4 +28,4 @@ pub use error::{Result, RuntimeError};
 pub use pyramid_kernels::ops::argmax;
 pub use pyramid_model::Scratch;
 pub use sampler::{Sampler, SamplerConfig};
-pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW};
+pub use window::{WindowLadder, DEFAULT_FIRST_WINDOW, MAX_DEFAULT_WINDOW};

@@ -5,6 +5,12 @@ use crate::{Result, RuntimeError};
 /// The smallest rung of the default ladder.
 pub const DEFAULT_FIRST_WINDOW: usize = 1024;
 
+/// The largest rung of the default ladder, whatever context a model file claims: a
+/// file's `context_length` is a claim, not a size to allocate (one claiming 2³²−1
+/// positions asked a pass's scratch for 2 TiB). Longer windows are there for the asking
+/// (`--windows`), within the model's context.
+pub const MAX_DEFAULT_WINDOW: usize = 1 << 17;
+
 /// Strictly increasing windows, the last no larger than the model's context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowLadder {
@@ -12,9 +18,10 @@ pub struct WindowLadder {
 }
 
 impl WindowLadder {
-    /// 1K, 2K, 4K, … doubling up to `n_ctx`, which is always the top rung.
+    /// 1K, 2K, 4K, … doubling up to `n_ctx`, the top rung, or [`MAX_DEFAULT_WINDOW`]
+    /// if that is smaller.
     pub fn default_for(n_ctx: usize) -> Self {
-        Self::doubling(DEFAULT_FIRST_WINDOW, n_ctx)
+        Self::doubling(DEFAULT_FIRST_WINDOW, n_ctx.min(MAX_DEFAULT_WINDOW))
     }
 
     /// `first`, `2·first`, … below `n_ctx`, then `n_ctx`.
@@ -115,6 +122,10 @@ mod tests {
             Some(&32773)
         );
         assert_eq!(WindowLadder::default_for(512).windows(), [512]);
+        // A file's claim of 2^32 - 1 positions is not a size.
+        let huge = WindowLadder::default_for(u32::MAX as usize);
+        assert_eq!(huge.largest(), MAX_DEFAULT_WINDOW);
+        assert_eq!(huge.windows().len(), 8);
     }
 
     #[test]
