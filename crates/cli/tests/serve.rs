@@ -635,9 +635,13 @@ fn huge_prompts_are_refused_without_tokenising_them_whole() {
     );
     assert_eq!(status, 200);
     let (rss_before, peak_before) = memory_kib(pid);
-    let prompt = "word ".repeat(3 << 20); // 15 MiB
-    let handles: Vec<_> = (0..3)
-        .map(|_| {
+    // 15 MiB of words, and of numbered words (the number before each space once left
+    // the text without a place to cut it, so it was tokenised whole).
+    let words = "word ".repeat(3 << 20);
+    let numbered = "w123456 ".repeat(15 << 17);
+    let handles: Vec<_> = [&words, &numbered, &words]
+        .into_iter()
+        .map(|prompt| {
             let url = server.url.clone();
             let prompt = prompt.clone();
             std::thread::spawn(move || {
@@ -669,7 +673,7 @@ fn huge_prompts_are_refused_without_tokenising_them_whole() {
     }
     let (rss_after, peak_after) = memory_kib(pid);
     println!(
-        "RSS {rss_before} -> {rss_after} KiB, peak {peak_before} -> {peak_after} KiB over 3 x 15 MiB prompts"
+        "RSS {rss_before} -> {rss_after} KiB, peak {peak_before} -> {peak_after} KiB over 3 x 15 MiB prompts (one of numbered words)"
     );
     assert!(
         peak_after - peak_before < 200 << 10,
