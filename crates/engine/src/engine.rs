@@ -218,7 +218,7 @@ impl Engine {
         if schedule.is_idle() {
             // Still nothing runs: what waits with its artifacts ready waits for memory
             // that no running sequence will free.
-            self.scheduler.fail_over_budget(&schedule);
+            self.scheduler.resolve_memory_stall(&schedule);
         }
         let batch = self.scheduler.batch(&schedule);
         let mut executed = self.executor.execute(pool, &schedule, batch);

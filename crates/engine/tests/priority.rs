@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use pyramid_engine::{Arm, Engine, EngineConfig, Event, Request, RequestId};
+use pyramid_engine::{Arm, Engine, EngineConfig, Event, FinishReason, Request, RequestId};
 use pyramid_kernels::ThreadPool;
 use pyramid_model::KvType;
 
@@ -333,4 +333,34 @@ fn a_paused_sequence_gives_its_memory_up_before_a_running_one_is_paused() {
     rec.drain(&mut engine, &pool, &all);
     let p = engine.stats().preemption;
     assert_eq!((p.n_paused, p.n_resumed, p.n_swapped_out), (2, 2, 1));
+}
+
+/// Two conversations on the small window both grow past it, under a budget that holds
+/// one larger window: one is swapped out and the other grows and finishes; then the
+/// first resumes. Nobody gets a 400 that blames the request.
+#[test]
+fn two_conversations_growing_under_a_budget_for_one_larger_window_both_finish() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, true);
+    let n_vocab = fake.model.config.n_vocab;
+    let large = fake.model.new_kv_cache_of(128, KvType::F32).bytes();
+    let mut config = config(Arm::OnDemand, &[64, 128], 16, 4);
+    config.kv_budget = large;
+    let mut engine = engine(&fake, config);
+    let a = Request::greedy(0, prompt(1, 40), 60);
+    let b = Request::greedy(1, prompt(2, 40), 60);
+    engine.add_request(a.clone());
+    engine.add_request(b.clone());
+    let done = drain(&mut engine, &pool);
+    assert_eq!(done.len(), 2, "{done:?}");
+    for (r, (id, tokens, reason)) in [&a, &b].into_iter().zip(&done) {
+        assert_eq!(*id, r.id);
+        assert_eq!(*reason, FinishReason::Length);
+        assert_eq!(
+            tokens,
+            &expected(&r.prompt, r.max_tokens, n_vocab),
+            "request {id}"
+        );
+    }
+    assert!(engine.stats().preemption.n_swapped_out >= 1);
 }

@@ -99,7 +99,10 @@ fn a_short_prompt_behind_a_long_one_of_its_priority_starts_within_a_few_steps() 
         }
         assert!(steps < 10, "the short prompt waits behind the long one");
     }
-    assert!(steps <= 2, "{steps} steps to the short prompt's first token");
+    assert!(
+        steps <= 2,
+        "{steps} steps to the short prompt's first token"
+    );
 }
 
 #[test]

@@ -74,7 +74,11 @@ mod tests {
         let parts: Vec<&str> = pieces(&numbered, 8).collect();
         assert_eq!(parts.concat(), numbered);
         assert_eq!(parts.len(), 3, "{parts:?}");
-        assert_eq!(pieces("12 34 56", 1).count(), 1, "no letter after the space");
+        assert_eq!(
+            pieces("12 34 56", 1).count(),
+            1,
+            "no letter after the space"
+        );
         assert_eq!(pieces("", 2).count(), 0);
     }
 }

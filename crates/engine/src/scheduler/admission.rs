@@ -196,7 +196,11 @@ impl Scheduler {
                     .map_or(0, |w| self.kv.bytes(w))
                     .max(held)
             };
-            let total = self.running_bytes().saturating_add(needed);
+            // Running sequences waiting to grow come first: their growth is reserved.
+            let total = self
+                .running_bytes()
+                .saturating_add(self.stalled_growth())
+                .saturating_add(needed);
             if !self.make_room(total, cand_level, now, true) {
                 let holds_nothing = self.running.is_empty() && self.paused.is_empty();
                 if holds_nothing && matches!(candidate, Candidate::Queued(_)) {
@@ -300,6 +304,29 @@ impl Scheduler {
         seq.pause(now);
         self.preemption.n_paused += 1;
         self.paused.push(seq);
+    }
+
+    /// KV bytes the running sequences stalled on a larger window will add once they
+    /// move: what admission must leave them.
+    fn stalled_growth(&self) -> usize {
+        self.running
+            .iter()
+            .filter(|s| s.stalled_since.is_some() && s.session.window().is_some())
+            .filter_map(|s| {
+                let target = self.target_window(s)?;
+                Some(self.kv.bytes(target).saturating_sub(s.session.kv_bytes().0))
+            })
+            .sum()
+    }
+
+    /// Pauses running sequence `i` and gives its KV up at once.
+    pub(super) fn swap_out_running(&mut self, i: usize, now: Instant) {
+        self.pause(i, now);
+        let last = self.paused.len() - 1;
+        if self.paused[last].session.window().is_some() {
+            self.swap_out(last);
+        }
+        self.fit_budget(self.running_bytes(), self.max_cached());
     }
 
     /// Gives paused sequence `i`'s KV up: its session goes to the prefix cache (and on

@@ -265,26 +265,47 @@ impl Scheduler {
         }
     }
 
-    /// Fails the stalled sequences whose artifacts are ready: alone, they wait for KV
-    /// memory that nothing will free.
-    pub(crate) fn fail_over_budget(&mut self, schedule: &Schedule) {
+    /// Resolves a step where nothing runs and sequences wait for KV memory with their
+    /// artifacts ready (nothing running will free any): a sequence whose window could
+    /// never fit the budget even alone fails (`OverBudget`); otherwise the least urgent
+    /// running sequence (ties: the latest to arrive) is swapped out, its session going to
+    /// the prefix cache and from there to disk or nowhere, so the others proceed, and it
+    /// resumes once they have made room.
+    pub(crate) fn resolve_memory_stall(&mut self, schedule: &Schedule) {
+        let budget = self.config.kv_budget;
+        let mut waiting_for_memory = false;
         for &(id, window) in &schedule.stalled {
             let ready = self.mixed || self.artifacts.window_ready(window);
             let Some(i) = self.running.iter().position(|s| s.id() == id) else {
                 continue;
             };
-            if ready {
+            if !ready {
+                continue;
+            }
+            let bytes = self.kv.bytes(window);
+            if bytes > budget {
                 let seq = self.running.swap_remove(i);
                 self.retire(seq.session);
                 self.events.push(Event::Failed {
                     id,
-                    error: EngineError::OverBudget {
-                        bytes: self.kv.bytes(window),
-                        budget: self.config.kv_budget,
-                    },
+                    error: EngineError::OverBudget { bytes, budget },
                 });
+            } else {
+                waiting_for_memory = true;
             }
         }
+        if !waiting_for_memory || self.running.len() < 2 {
+            return;
+        }
+        let now = Instant::now();
+        let aging = self.config.aging;
+        let victim = (0..self.running.len())
+            .max_by_key(|&i| {
+                let s = &self.running[i];
+                (s.level(now, aging), s.arrival)
+            })
+            .expect("two or more are running");
+        self.swap_out_running(victim, now);
     }
 
     /// Fails every sequence stalled on `window`, whose compile failed; their sessions
