@@ -48,6 +48,7 @@ export PYRAMID_TEST_PYTHON="$test_venv/bin/python"
 
 echo "== format and lints"
 cargo fmt --all -- --check
+python3 scripts/bench-headline.py --check
 cargo clippy --workspace --all-targets -- -D warnings
 
 echo "== tests"
