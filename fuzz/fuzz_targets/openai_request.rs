@@ -19,7 +19,9 @@ use std::sync::{Arc, OnceLock};
 use libfuzzer_sys::fuzz_target;
 use pyramid_fuzz_common::toy_metadata;
 use pyramid_grammar::GrammarVocab;
-use pyramid_server::api::{parse, Endpoint, GenerationRequest, Prompt, MAX_TOP_LOGPROBS};
+use pyramid_server::api::{
+    parse, Endpoint, GenerationRequest, Prompt, DEFAULT_MAX_TOOLS, MAX_TOP_LOGPROBS,
+};
 use pyramid_server::tools::{fallback_messages, reply_grammar};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -41,7 +43,7 @@ fn toy() -> &'static (Tokenizer, ChatTemplate) {
 
 fuzz_target!(|data: &[u8]| {
     for endpoint in [Endpoint::Chat, Endpoint::Completion] {
-        match parse(endpoint, data) {
+        match parse(endpoint, data, DEFAULT_MAX_TOOLS) {
             Ok(request) => check_request(endpoint, &request),
             Err(err) => {
                 assert!(

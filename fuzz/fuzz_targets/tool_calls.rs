@@ -25,7 +25,7 @@ fn tools(parallel: bool) -> ToolSet {
         ]),
     );
     body.insert("parallel_tool_calls".into(), json!(parallel));
-    ToolSet::parse(&body)
+    ToolSet::parse(&body, pyramid_server::api::DEFAULT_MAX_TOOLS)
         .expect("valid tools")
         .expect("some tools")
 }

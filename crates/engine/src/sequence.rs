@@ -82,6 +82,9 @@ pub(crate) struct Sequence {
     pub restored: Option<Session>,
     /// What it was before it started waiting for a file (queued or swapped).
     before_loading: Option<SequenceStatus>,
+    /// Whether it has asked for a file since it last gave its KV up: a read that
+    /// failed is not asked for again (it prefills).
+    pub asked_store: bool,
 }
 
 impl Sequence {
@@ -115,6 +118,7 @@ impl Sequence {
             drafter: Drafter::default(),
             restored: None,
             before_loading: None,
+            asked_store: false,
         }
     }
 
@@ -192,6 +196,7 @@ impl Sequence {
         ));
         self.before_loading = Some(self.status);
         self.status = SequenceStatus::Loading;
+        self.asked_store = true;
     }
 
     /// The read is over: `restored` is what it brought (`None`: it failed, prefill).
@@ -222,6 +227,7 @@ impl Sequence {
         self.fed = 0;
         self.swapped_len = session.len();
         self.status = SequenceStatus::Swapped;
+        self.asked_store = false;
         session
     }
 

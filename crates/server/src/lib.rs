@@ -7,6 +7,7 @@
 //!   log-probabilities.
 //! - [`routes`]: axum handlers, server-sent events, authentication.
 //! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
+//! - `stop`: stop strings matched across token boundaries, on the engine thread's text.
 //! - [`metrics`]: Prometheus text for `/metrics`.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
@@ -20,6 +21,7 @@ pub mod error;
 pub mod listen;
 pub mod metrics;
 pub mod routes;
+mod stop;
 pub mod tools;
 pub mod worker;
 

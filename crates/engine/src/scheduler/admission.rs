@@ -111,7 +111,7 @@ impl Scheduler {
     fn waits_for_stored(&mut self, c: Candidate, stored: &mut dyn StoredPrefixes) -> bool {
         let seq = self.candidate(c);
         let kept = seq.session.window().is_some();
-        if kept || seq.restored.is_some() {
+        if kept || seq.restored.is_some() || seq.asked_store {
             return false;
         }
         let cached = self.cache.longest(&seq.input).map_or(0, |(_, n)| n);

@@ -180,9 +180,9 @@ fn a_request_waiting_for_its_file_lets_the_others_run_and_joins_when_it_arrives(
     let plan = s.schedule(&mut LoadingFor(1));
     assert!(!plan.prefills.iter().any(|p| p.0 == 1));
     assert_eq!(s.waiting.len(), 1);
-    // The read failed: it prefills instead.
+    // The read failed: it prefills instead, and does not ask for the file again.
     s.loaded(1, None);
     assert_eq!(s.waiting[0].status(), crate::SequenceStatus::Queued);
-    let plan = s.schedule(&mut NoStore);
+    let plan = s.schedule(&mut LoadingFor(1));
     assert_eq!(plan.prefills[0], (1, 6), "the most urgent prefills first");
 }
