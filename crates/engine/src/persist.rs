@@ -28,7 +28,7 @@ use serde::Serialize;
 use pyramid_model::KvCache;
 
 use crate::prefix_cache::common_prefix;
-use crate::pyramid::ArtifactPair;
+use crate::pyramid::{lock, ArtifactPair};
 use crate::request::RequestId;
 use crate::session::{Placement, Session};
 use crate::session_store::{SessionIdentity, SessionStore, StoreError, StoredSession};
@@ -402,10 +402,6 @@ impl Drop for SessionWriter {
             }
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Makes this thread yield the cores to the engine's: a file written a little later

@@ -137,8 +137,9 @@ impl std::fmt::Debug for WindowPyramid {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere leaves the data consistent here (every update is one assignment).
+/// Locks `m` even after a panic elsewhere: every holder's update is one assignment or
+/// one push or removal, so the data stays consistent.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

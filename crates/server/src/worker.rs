@@ -28,7 +28,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
-use crate::metrics::Metrics;
+use crate::metrics::{lock, Metrics};
 use crate::stop::release_text;
 
 /// A tokenised request, ready for the engine.
@@ -199,10 +199,6 @@ impl Drop for EngineThread {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A request's text side.
