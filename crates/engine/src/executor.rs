@@ -4,8 +4,9 @@
 //! compiles), the one mixed-pass artifact on a backend that takes any shape, and the
 //! logit buffers; the scheduler lends it the scheduled sessions for the step
 //! ([`Batch`]). Sessions are placed or moved first (a migration grows the KV cache to the
-//! new window: in place natively, a copy of the live rows on backends that bind cache
-//! memory; a re-prefill runs every cached token again), then the passes run: one mixed
+//! new window: a cache reserved for the largest window only changes its bound, a compact
+//! one copies its live rows; a re-prefill runs every cached token again), then the
+//! passes run: one mixed
 //! pass for everyone on a backend that takes any shape, otherwise each prompt chunk
 //! through its window's prefill artifact and each decode run through the decode artifact
 //! of its window and batch size. A pass that fails fails only the sequences in it; a
@@ -176,17 +177,26 @@ impl Executor {
         out: &mut Executed,
     ) {
         for feed in feeds {
-            let slot = &batch[feed.slot];
-            let held = slot
-                .session
-                .placement()
-                .and_then(|p| p.artifacts.as_ref())
-                .map(|a| Arc::clone(stage(a)));
-            match held {
-                Some(exe) => self.run_pass(pool, exe.as_ref(), batch, vec![feed], out),
-                None => out.failed.push((slot.id, not_placed())),
+            let slot = &mut batch[feed.slot];
+            match self.held_artifacts(slot.session) {
+                Ok(pair) => {
+                    let exe = Arc::clone(stage(&pair));
+                    self.run_pass(pool, exe.as_ref(), batch, vec![feed], out);
+                }
+                Err(e) => out.failed.push((slot.id, e)),
             }
         }
+    }
+
+    /// The artifacts `session` runs through on its window. A fork placed on a window
+    /// other than its parent's (see `Session::fork`) holds none yet and takes that
+    /// window's from the pyramid now.
+    fn held_artifacts(&self, session: &mut Session) -> Result<ArtifactPair> {
+        let placement = session.placement_mut().ok_or_else(not_placed)?;
+        if placement.artifacts.is_none() {
+            placement.artifacts = Some(self.pyramid.acquire_window(placement.window)?.0);
+        }
+        placement.artifacts.clone().ok_or_else(not_placed)
     }
 
     /// Runs `feeds` through `exe` as one pass and records what it appended.

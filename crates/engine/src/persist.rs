@@ -223,7 +223,7 @@ impl SessionWriter {
         if let Some((shared, session)) = writing.filter(|(n, _)| usable(*n) > usable(cached)) {
             let n = usable(shared);
             if let Some(window) = session.window() {
-                if let Some((copy, _)) = session.fork(n, new_cache(window)) {
+                if let Some((copy, _)) = session.fork(n, window, new_cache(window)) {
                     return Found::InMemory(Box::new(copy));
                 }
             }

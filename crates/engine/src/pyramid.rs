@@ -1,5 +1,6 @@
 //! The window pyramid: sessions start on the smallest window that holds them, move up the
-//! ladder as they grow by copying their live KV cache into the next window's cache, and
+//! ladder as they grow by migrating their KV cache to the next window (a reserved cache
+//! only changes its bound; a compact one copies its live rows), and
 //! (with [`Arm::Predictive`]) have the next window's artifacts compiled in the background
 //! before they need them.
 //!

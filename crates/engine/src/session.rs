@@ -76,17 +76,28 @@ impl Session {
     }
 
     /// A new conversation holding this one's first `n` tokens, their keys and values
-    /// copied into `kv` (an empty cache for this session's window), on the same window and
-    /// artifacts. This session is unchanged. Returns the fork and the bytes copied.
-    pub(crate) fn fork(&self, n: usize, mut kv: KvCache) -> Option<(Session, usize)> {
+    /// copied into `kv` (an empty cache for `window`). On this session's window it shares
+    /// its artifacts; on another it holds none until the executor gives it that window's.
+    /// This session is unchanged. Returns the fork and the bytes copied.
+    pub(crate) fn fork(
+        &self,
+        n: usize,
+        window: usize,
+        mut kv: KvCache,
+    ) -> Option<(Session, usize)> {
         let placement = self.placement.as_ref()?;
         let copied = placement.kv.copy_prefix_into(n, &mut kv).ok()?;
+        let artifacts = if window == placement.window {
+            placement.artifacts.clone()
+        } else {
+            None
+        };
         let fork = Session {
             tokens: self.tokens[..n].to_vec(),
             placement: Some(Placement {
-                window: placement.window,
+                window,
                 kv,
-                artifacts: placement.artifacts.clone(),
+                artifacts,
             }),
             ..Session::default()
         };

@@ -341,6 +341,33 @@ fn stop_tokens_end_a_request_and_are_its_last_token() {
 }
 
 #[test]
+fn a_fork_of_a_long_conversation_runs_on_the_small_window_it_needs() {
+    let pool = ThreadPool::new(1).unwrap();
+    let fake = Fake::new(Duration::ZERO, false);
+    let n_vocab = fake.model.config.n_vocab;
+    let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 16, 4));
+    let mut turn = |id: RequestId, p: &[u32]| {
+        let done = engine
+            .generate(&pool, Request::greedy(id, p.to_vec(), 4), &mut |_| true)
+            .unwrap();
+        assert_eq!(done.tokens, expected(p, 4, n_vocab), "request {id}");
+        done
+    };
+    // A short request compiles the small window; a long conversation takes the large one.
+    turn(0, &prompt(5, 10));
+    let system = prompt(9, 24);
+    turn(1, &[system.clone(), prompt(1, 80)].concat());
+    fake.runs();
+    // An agent sharing only the system prompt forks it onto the small window, whose
+    // artifacts it takes when it first runs.
+    let b = turn(2, &[system, prompt(2, 6)].concat());
+    assert_eq!(b.usage.cached_tokens, 24);
+    let windows: Vec<usize> = fake.runs().iter().map(|(s, _)| s.window()).collect();
+    assert!(!windows.is_empty());
+    assert!(windows.iter().all(|&w| w == 64), "ran on {windows:?}");
+}
+
+#[test]
 fn a_full_largest_window_ends_generation_with_length() {
     let pool = ThreadPool::new(1).unwrap();
     let fake = Fake::new(Duration::ZERO, false);

@@ -1,4 +1,4 @@
-//! `pyramid bench matrix | check | report`: the evidence harness's commands.
+//! `pyramid bench matrix | check | report | peers`: the evidence harness's commands.
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -345,7 +345,8 @@ impl Scheduler {
         let mut reuse = Reuse::default();
         if seq.session.window().is_none() {
             let restored = seq.restored.take();
-            let (session, reused, forked) = self.reuse_for(&seq.input, restored);
+            let (session, reused, forked) =
+                self.reuse_for(&seq.input, seq.request.max_tokens, restored);
             seq.reattach(session, reused);
             reuse = Reuse {
                 forked,
@@ -405,7 +406,8 @@ impl Scheduler {
             .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
         let restored = seq.restored.take();
-        let (mut session, reused, forked) = self.reuse_for(&seq.input, restored);
+        let (mut session, reused, forked) =
+            self.reuse_for(&seq.input, seq.request.max_tokens, restored);
         session.truncate(reused);
         if session.is_empty() {
             let reply = seq
@@ -435,6 +437,7 @@ impl Scheduler {
     pub(crate) fn reuse_for(
         &mut self,
         prompt: &[u32],
+        max_tokens: usize,
         restored: Option<Session>,
     ) -> (Session, usize, bool) {
         if let Some(session) = restored {
@@ -450,9 +453,10 @@ impl Scheduler {
             return (Session::default(), 0, false);
         }
         if reused < cached.len() {
-            if let Some(window) = cached.window() {
+            if let Some(parent) = cached.window() {
+                let window = self.fork_window(parent, prompt.len(), max_tokens);
                 let kv = self.kv.new_cache(window);
-                if let Some((fork, copied)) = self.cache.session(i).fork(reused, kv) {
+                if let Some((fork, copied)) = self.cache.session(i).fork(reused, window, kv) {
                     self.cache.touch(i);
                     self.artifacts.record_fork(copied);
                     return (fork, reused, true);
@@ -460,6 +464,16 @@ impl Scheduler {
             }
         }
         (self.cache.take(i), reused, false)
+    }
+
+    /// The window a fork of a conversation on `parent` starts on: the one its own prompt
+    /// and reply need (an agent branching off a long conversation's system prompt does not
+    /// hold the long one's window), if its artifacts are compiled; the parent's otherwise,
+    /// whose artifacts the fork shares, rather than waiting for a compile.
+    fn fork_window(&self, parent: usize, prompt_len: usize, max_tokens: usize) -> usize {
+        self.first_window(prompt_len, max_tokens)
+            .filter(|&own| own == parent || self.mixed || self.artifacts.window_ready(own))
+            .unwrap_or(parent)
     }
 }
 

@@ -186,3 +186,36 @@ fn a_request_waiting_for_its_file_lets_the_others_run_and_joins_when_it_arrives(
     let plan = s.schedule(&mut LoadingFor(1));
     assert_eq!(plan.prefills[0], (1, 6), "the most urgent prefills first");
 }
+
+#[test]
+fn a_fork_starts_on_the_window_its_own_prompt_needs_when_that_is_compiled() {
+    // Compiled windows, and where the fork lands: its own (32), or the parent's (64)
+    // rather than waiting for a compile.
+    for (ready, expected) in [(vec![32, 64], 32), (vec![64], 64)] {
+        let table = Arc::new(Table::default());
+        *table.ready.lock().unwrap() = ready;
+        let mut s = scheduler(false, Arc::clone(&table), |_| {});
+        // A long conversation that grew onto the larger window, cached.
+        let mut kv = s.kv.new_cache(64);
+        kv.commit(40).unwrap();
+        let long: Vec<u32> = (1..=40).collect();
+        let placement = crate::session::Placement {
+            window: 64,
+            kv,
+            artifacts: None,
+        };
+        s.cache.insert(Session::restored(long, placement));
+        // Another agent shares its first 10 tokens and goes its own way.
+        let mut prompt: Vec<u32> = (1..=10).collect();
+        prompt.extend([50, 51]);
+        s.add_request(Request::greedy(1, prompt, 4));
+        let plan = s.schedule(&mut NoStore);
+        assert_eq!(plan.prefills, [(1, 2)], "the shared 10 are copied, not run");
+        assert!(plan.moves.is_empty());
+        assert_eq!(s.running[0].session.window(), Some(expected));
+        assert_eq!(s.running[0].session.len(), 10);
+        assert_eq!(*table.forks.lock().unwrap(), 1);
+        assert_eq!(s.cache.len(), 1, "the long conversation stays cached whole");
+        assert_eq!(s.cache.session(0).len(), 40);
+    }
+}
