@@ -8,6 +8,8 @@
 //! - [`routes`]: axum handlers, server-sent events, authentication.
 //! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
 //! - `stop`: stop strings matched across token boundaries, on the engine thread's text.
+//! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
+//!   taken yet.
 //! - [`metrics`]: Prometheus text for `/metrics`.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
@@ -20,6 +22,7 @@ pub mod api;
 pub mod error;
 pub mod listen;
 pub mod metrics;
+pub mod outbox;
 pub mod routes;
 mod stop;
 pub mod tools;

@@ -11,10 +11,10 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pyramid_engine::{
     Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId, Speculation,
@@ -25,11 +25,14 @@ use pyramid_kernels::ThreadPool;
 use pyramid_runtime::SamplerConfig;
 use pyramid_tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::error::ApiError;
 use crate::metrics::{lock, Metrics};
+use crate::outbox::Outbox;
 use crate::stop::release_text;
+
+/// How often an idle engine thread retries events held for slow readers.
+const RETRY_HELD: Duration = Duration::from_millis(5);
 
 /// A tokenised request, ready for the engine.
 pub struct Job {
@@ -46,7 +49,8 @@ pub struct Job {
     /// The request field holding the prompt (`messages` or `prompt`), named by errors
     /// about it.
     pub prompt_param: &'static str,
-    pub events: UnboundedSender<Event>,
+    /// Where its events go (see [`crate::outbox`]).
+    pub events: Outbox,
     pub submitted: Instant,
     /// Lower is more urgent (the engine's convention).
     pub priority: i32,
@@ -122,6 +126,7 @@ impl EngineThread {
             queued: Arc::clone(&queued),
             ending: Arc::clone(&ending),
             live: HashMap::new(),
+            retired: Vec::new(),
             next_id: 0,
         };
         let thread = std::thread::Builder::new()
@@ -226,6 +231,8 @@ struct Worker {
     queued: Arc<AtomicUsize>,
     ending: Arc<AtomicBool>,
     live: HashMap<RequestId, Live>,
+    /// Outboxes of ended requests whose readers have not taken everything yet.
+    retired: Vec<Outbox>,
     next_id: RequestId,
 }
 
@@ -234,13 +241,21 @@ impl Worker {
         let mut open = true;
         loop {
             self.report_warnings();
+            self.flush_outboxes();
             if !self.core.has_work() {
                 if !open {
                     return self.shut_down();
                 }
-                match rx.recv() {
+                // Outboxes still holding events are retried while waiting for work.
+                let job = if self.retired.is_empty() {
+                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                } else {
+                    rx.recv_timeout(RETRY_HELD)
+                };
+                match job {
                     Ok(job) => self.add(job),
-                    Err(_) => return self.shut_down(),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
                 }
             }
             loop {
@@ -346,9 +361,10 @@ impl Worker {
         let message = pyramid_engine::panic_message(payload);
         tracing::error!("request {id} failed on an internal error: {message}");
         self.core.abort(id);
-        if let Some(live) = self.remove(id) {
+        if let Some(mut live) = self.remove(id) {
             let error = ApiError::internal(format!("internal error: {message}"));
-            let _ = live.job.events.send(Event::Failed(error));
+            live.job.events.send(Event::Failed(error));
+            self.retire(live.job.events);
         }
     }
 
@@ -358,11 +374,11 @@ impl Worker {
         let ids: Vec<RequestId> = self.live.keys().copied().collect();
         for id in ids {
             self.core.abort(id);
-            if let Some(live) = self.remove(id) {
-                let _ = live
-                    .job
+            if let Some(mut live) = self.remove(id) {
+                live.job
                     .events
                     .send(Event::Failed(ApiError::shutting_down()));
+                self.retire(live.job.events);
             }
         }
     }
@@ -416,9 +432,10 @@ impl Worker {
                 }
             }
             CoreEvent::Failed { id, error } => {
-                if let Some(live) = self.remove(id) {
+                if let Some(mut live) = self.remove(id) {
                     let failure = api_error(&error, live.job.prompt_param);
-                    let _ = live.job.events.send(Event::Failed(failure));
+                    live.job.events.send(Event::Failed(failure));
+                    self.retire(live.job.events);
                 }
             }
         }
@@ -426,6 +443,8 @@ impl Worker {
 
     /// A sampled token: its text, held back while it could still become a stop string.
     fn token(&mut self, id: RequestId, token: u32, logprobs: Option<TokenLogprobs>) {
+        #[cfg(test)]
+        inject::panic_in_text(id);
         let tokenizer = Arc::clone(&self.tokenizer);
         let Some(live) = self.live.get_mut(&id).filter(|l| !l.stopped) else {
             return;
@@ -451,7 +470,7 @@ impl Worker {
         if tokenizer.is_end_of_generation(token) {
             // The core finishes the request with `stop`; the token has no text.
             if !logprobs.is_empty() {
-                let _ = live.job.events.send(Event::Delta {
+                live.job.events.send(Event::Delta {
                     text: String::new(),
                     logprobs,
                 });
@@ -464,7 +483,7 @@ impl Worker {
         let text = live.text[live.sent..stopped.send_to].to_string();
         live.sent = stopped.send_to;
         if !text.is_empty() || !logprobs.is_empty() {
-            let _ = live.job.events.send(Event::Delta { text, logprobs });
+            live.job.events.send(Event::Delta { text, logprobs });
         }
         if stopped.hit {
             // The stop string and anything after it are never sent.
@@ -483,21 +502,38 @@ impl Worker {
         }
     }
 
-    fn finish(&self, mut live: Live, reason: FinishReason, usage: Usage) {
+    fn finish(&mut self, mut live: Live, reason: FinishReason, usage: Usage) {
         // Whatever text was held back for a stop string that never came is sent now.
         let mut tail = live.text[live.sent..].to_string();
         tail.push_str(&live.decoder.finish());
         if !tail.is_empty() {
-            let _ = live.job.events.send(Event::Delta {
+            live.job.events.send(Event::Delta {
                 text: tail,
                 logprobs: Vec::new(),
             });
         }
         self.metrics.record_finished(&usage);
-        let _ = live.job.events.send(Event::Done {
+        live.job.events.send(Event::Done {
             finish_reason: reason,
             usage,
         });
+        self.retire(live.job.events);
+    }
+
+    /// Keeps the outbox of a request that has ended until its last events are in its
+    /// queue.
+    fn retire(&mut self, mut events: Outbox) {
+        if !events.flush() {
+            self.retired.push(events);
+        }
+    }
+
+    /// Moves held events into their queues where readers made room.
+    fn flush_outboxes(&mut self) {
+        for live in self.live.values_mut() {
+            live.job.events.flush();
+        }
+        self.retired.retain_mut(|events| !events.flush());
     }
 }
 
@@ -539,5 +575,25 @@ fn token_logprob(tokenizer: &Tokenizer, token: u32, lp: &TokenLogprobs) -> Token
         logprob,
         bytes,
         top_logprobs: lp.top.iter().map(|&(id, l)| entry(id, l)).collect(),
+    }
+}
+
+/// A test hook: a panic injected into one request's text work on the engine thread.
+#[cfg(test)]
+pub(crate) mod inject {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use pyramid_engine::RequestId;
+
+    static PANIC_IN_TEXT: AtomicU64 = AtomicU64::new(u64::MAX);
+
+    pub(crate) fn panic_when_decoding(id: RequestId) {
+        PANIC_IN_TEXT.store(id, Ordering::Release);
+    }
+
+    pub(super) fn panic_in_text(id: RequestId) {
+        if PANIC_IN_TEXT.load(Ordering::Acquire) == id {
+            panic!("injected panic in the text of request {id}");
+        }
     }
 }

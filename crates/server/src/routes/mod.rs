@@ -9,6 +9,8 @@ mod auth;
 mod prepare;
 mod render;
 mod state;
+#[cfg(test)]
+mod tests;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,13 +24,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::unbounded_channel;
 
 use self::auth::{authenticate, KeyPriority};
 use self::prepare::{prepare, read_body, Prepared};
 use self::render::{collect_response, stream_response, Reply};
 use crate::api::{self, Endpoint};
 use crate::error::ApiError;
+use crate::outbox::outbox;
 use crate::tools;
 use crate::worker::Job;
 
@@ -183,7 +185,7 @@ async fn generate(
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
-    let (events, rx) = unbounded_channel();
+    let (events, rx) = outbox();
     let n_prompt = prompt.len();
     let single_call = request
         .tools

@@ -7,7 +7,7 @@ use axum::Json;
 use futures_util::stream;
 use pyramid_engine::{FinishReason, Usage};
 use serde_json::{json, Value};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::Receiver;
 
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::error::ApiError;
@@ -124,7 +124,7 @@ fn sse(value: &Value) -> Bytes {
 /// Server-sent events: a chunk per event, `data: [DONE]` at the end. Dropping the body
 /// (the client went away) drops the receiver, which the engine sees as a cancellation.
 /// A tool call is sent as one `tool_calls` delta once its closing tag is in.
-pub(super) fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Response {
+pub(super) fn stream_response(reply: Reply, rx: Receiver<Event>) -> Response {
     let first = reply.is_chat().then(|| {
         let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         sse(&reply.chunk(Some(role), None))
@@ -132,7 +132,7 @@ pub(super) fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Res
     struct StreamState {
         parser: Option<ToolCallParser>,
         reply: Reply,
-        rx: UnboundedReceiver<Event>,
+        rx: Receiver<Event>,
         pending: Vec<Bytes>,
         /// Tool calls sent so far: the next one's `index`.
         calls_sent: usize,
@@ -236,7 +236,7 @@ pub(super) fn stream_response(reply: Reply, rx: UnboundedReceiver<Event>) -> Res
 
 pub(super) async fn collect_response(
     reply: Reply,
-    mut rx: UnboundedReceiver<Event>,
+    mut rx: Receiver<Event>,
     n_prompt: usize,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();

@@ -1,0 +1,133 @@
+//! The router in process on SmolLM2 (the packaged model), with the test hooks that only
+//! a unit test can reach.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig, SpeculativeConfig};
+use pyramid_gguf::GgufFile;
+use pyramid_kernels::ThreadPool;
+use pyramid_model::{KvType, Model};
+use pyramid_runtime::{CpuBackend, WindowLadder};
+use pyramid_tokenizer::Tokenizer;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::{router, AppState};
+use crate::metrics::{Metrics, PriorityLabels};
+use crate::worker::{inject, EngineThread};
+use crate::Limits;
+
+/// SmolLM2 served on the CPU from two windows.
+fn smollm2() -> Arc<AppState> {
+    let file = GgufFile::open(pyramid_testdata::model_path(
+        "smollm2-135m-instruct-q4_1.gguf",
+    ))
+    .unwrap();
+    let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata()).unwrap());
+    let template = tokenizer.chat_template().ok();
+    let model = Arc::new(Model::from_gguf(&file).unwrap());
+    let config = EngineConfig {
+        pyramid: PyramidConfig {
+            ladder: WindowLadder::new(vec![256, 512], 8192).unwrap(),
+            prefill_chunk: 128,
+            arm: Arm::OnDemand,
+            generation_reserve: 64,
+            artifact_budget: usize::MAX,
+            margin: Duration::from_millis(5),
+            first_compile_estimate: Duration::from_millis(10),
+        },
+        max_batch: 4,
+        kv_budget: usize::MAX,
+        max_sessions: 8,
+        static_shapes: false,
+        aging: pyramid_engine::DEFAULT_AGING,
+        speculative: SpeculativeConfig::default(),
+    };
+    let core = Engine::new(Arc::new(CpuBackend::new(model, 2)), 1, KvType::F32, config).unwrap();
+    let metrics = Arc::new(Metrics::new(PriorityLabels::default()));
+    let engine = EngineThread::start(
+        core,
+        Arc::clone(&tokenizer),
+        ThreadPool::new(2).unwrap(),
+        16,
+        Arc::clone(&metrics),
+    )
+    .unwrap();
+    let limits = Limits::default();
+    Arc::new(AppState::new(
+        engine,
+        tokenizer,
+        template,
+        "smollm2".to_string(),
+        512,
+        Vec::new(),
+        limits,
+        metrics,
+    ))
+}
+
+async fn call(state: &Arc<AppState>, method: &str, uri: &str, body: Value) -> (StatusCode, Value) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(match method {
+            "GET" => Body::empty(),
+            _ => Body::from(body.to_string()),
+        })
+        .unwrap();
+    let response = router(Arc::clone(state)).oneshot(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_one_requests_text_fails_it_alone_with_a_500_and_the_server_stays_healthy() {
+    let state = smollm2();
+    // The third request the engine thread takes in (ids count from 0) panics on its
+    // first token; all four are in flight together.
+    inject::panic_when_decoding(2);
+    let ask = |k: usize| {
+        let state = Arc::clone(&state);
+        async move {
+            let body = json!({
+                "model": "smollm2",
+                "prompt": format!("Count from {k}:"),
+                "max_tokens": 8,
+                "temperature": 0,
+            });
+            call(&state, "POST", "/v1/completions", body).await
+        }
+    };
+    let replies = tokio::join!(ask(0), ask(1), ask(2), ask(3));
+    let replies = [replies.0, replies.1, replies.2, replies.3];
+    let failed: Vec<&Value> = replies
+        .iter()
+        .filter(|(status, _)| *status == StatusCode::INTERNAL_SERVER_ERROR)
+        .map(|(_, body)| body)
+        .collect();
+    assert_eq!(failed.len(), 1, "{replies:?}");
+    let message = failed[0]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("internal error: injected panic"),
+        "{message}"
+    );
+    for (status, body) in replies
+        .iter()
+        .filter(|r| r.0 != StatusCode::INTERNAL_SERVER_ERROR)
+    {
+        assert_eq!(*status, StatusCode::OK, "{body}");
+        assert_eq!(body["usage"]["completion_tokens"], 8, "{body}");
+    }
+    let (status, health) = call(&state, "GET", "/health", Value::Null).await;
+    assert_eq!((status, health), (StatusCode::OK, json!({"status": "ok"})));
+    // And the engine goes on serving.
+    let body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 4, "temperature": 0});
+    let (status, reply) = call(&state, "POST", "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+}
