@@ -101,3 +101,35 @@ fn released_rows_never_serve_a_reply() {
     assert_eq!(usage.cached_tokens, 0);
     assert_eq!(diverged, fresh(&model, &pool, &other, 20));
 }
+
+#[test]
+fn a_conversation_longer_than_its_local_windows_is_saved_and_resumed() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = gemma();
+    let dir = std::env::temp_dir().join(format!("pyramid-gemma-sessions-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let first = common::prompt(6, 900);
+    let mut e = engine(&model, &pool);
+    e.open_session_store(&dir, None).unwrap();
+    let (reply, _) = run(&mut e, &pool, Request::greedy(1, first.clone(), 40));
+    // Its local layers gave back rows before it was saved.
+    assert!(
+        e.stats().kv_bytes_used < e.stats().kv_bytes_reserved,
+        "{:?}",
+        e.stats()
+    );
+    assert_eq!(e.save_cached(), 1);
+    assert!(e.take_warnings().is_empty());
+    drop(e);
+
+    let mut e = engine(&model, &pool);
+    e.open_session_store(&dir, None).unwrap();
+    assert!(e.take_warnings().is_empty());
+    let next = [first.clone(), reply, common::prompt(7, 30)].concat();
+    let (more, usage) = run(&mut e, &pool, Request::greedy(2, next.clone(), 20));
+    assert!(e.take_warnings().is_empty());
+    assert!(usage.cached_tokens > first.len(), "{usage:?}");
+    assert_eq!(more, fresh(&model, &pool, &next, 20));
+    let _ = std::fs::remove_dir_all(&dir);
+}

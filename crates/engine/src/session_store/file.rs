@@ -85,8 +85,13 @@ impl SessionIdentity {
         }
     }
 
-    /// Bytes `KvCache::write_live` writes for `n_pos` positions (its `used_bytes`), or
-    /// `None` past u64.
+    /// Layers, KV heads and head size, as `KvCache::shape` gives them.
+    pub(super) fn shape(&self) -> (usize, usize, usize) {
+        (self.n_layer, self.n_head_kv, self.head_dim)
+    }
+
+    /// Bytes `KvCache::write_live` writes for `n_pos` positions (its `written_bytes`),
+    /// or `None` past u64.
     pub(super) fn kv_bytes(&self, n_pos: u64) -> Option<u64> {
         let hd = self.head_dim as u64;
         let row = match self.kv_type {
@@ -405,7 +410,7 @@ pub fn load_session(
     let fits = kv.is_empty()
         && kv.kind() == identity.kv_type
         && kv.capacity() >= n
-        && identity.kv_bytes(kv.capacity() as u64) == Some(kv.bytes() as u64);
+        && kv.shape() == identity.shape();
     if !fits {
         return Err(StoreError::BadCache {
             path: path.to_path_buf(),
@@ -536,7 +541,10 @@ pub fn save_session(
             identity.kv_type
         )));
     }
-    if identity.kv_bytes(n as u64) != Some(kv.used_bytes() as u64) {
+    // Every live row is written, those a sliding-window layer gave back as zeros.
+    if kv.shape() != identity.shape()
+        || identity.kv_bytes(n as u64) != Some(kv.written_bytes() as u64)
+    {
         return Err(bad("the cache is not of this identity's shape".to_string()));
     }
     let fits_u32 = |x: usize| u32::try_from(x).is_ok();

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::store::Store;
+use super::store::{row_bytes, Store};
 use super::KvCache;
 use crate::{ModelError, Result};
 
@@ -174,15 +174,22 @@ impl KvCache {
     /// conversation kept on disk: keys, then values; each
     /// as its (layer, head) runs in order, a run's first `len` rows (INT8: the run's
     /// values, then its `len` row scales); every element little-endian (f16 as its bits).
-    /// Exactly [`KvCache::used_bytes`] bytes, whatever the window or reserve, so a reader
-    /// may lay them out on another. A run is one write: at memory speed, since resuming
+    /// Exactly [`KvCache::written_bytes`] bytes, whatever the window or reserve, so a
+    /// reader may lay them out on another. A run is one write: at memory speed, since resuming
     /// must cost a small fraction of prefilling again.
     pub fn write_live(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
+        debug_assert!(self.len <= self.capacity);
         let n_runs = self.n_layer * self.n_head_kv;
         for store in [&self.k, &self.v] {
             store.write_runs(w, n_runs, self.stride, self.len, self.head_dim)?;
         }
         Ok(())
+    }
+
+    /// Bytes [`KvCache::write_live`] writes: every live position of every layer, those a
+    /// sliding-window layer gave back included (more than [`KvCache::used_bytes`] then).
+    pub fn written_bytes(&self) -> usize {
+        2 * row_bytes(self.kind, self.head_dim) * self.n_layer * self.n_head_kv * self.len
     }
 
     /// Fills this empty cache's first `n` positions from what [`KvCache::write_live`]
@@ -310,7 +317,7 @@ mod kv_file_tests {
                 filled(&mut src, n);
                 let mut bytes = Vec::new();
                 src.write_live(&mut bytes).expect("write to memory");
-                assert_eq!(bytes.len(), src.used_bytes(), "{kind}");
+                assert_eq!(bytes.len(), src.written_bytes(), "{kind}");
                 let destinations = [
                     KvCache::new(&c, n, kind),
                     KvCache::new(&c, 64, kind),

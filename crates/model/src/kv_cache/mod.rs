@@ -149,6 +149,11 @@ impl KvCache {
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+
+    /// Layers, KV heads and head size: what a cache of another model differs in.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.n_layer, self.n_head_kv, self.head_dim)
+    }
 }
 
 // The forward pass's side: room for a pass, its rows stored, each head's rows read back.
