@@ -43,13 +43,13 @@ def ids(seed, n):
     return [rng.randrange(200, 40000) for _ in range(n)]
 
 
-def one_round(binary, model, kv, long_len, control):
+def one_round(binary, model, kv, long_len, control, max_sessions):
     session_dir = tempfile.mkdtemp(prefix="pyramid-stall-")
     # The control run drops evicted conversations instead of writing them.
     keep = [] if control else ["--session-dir", session_dir]
     server = subprocess.Popen(
         [binary, "serve", "--model", model, "--port", "0", *keep,
-         "--max-sessions", "5", "--kv", kv, "--speculative", "off"],
+         "--max-sessions", str(max_sessions), "--kv", kv, "--speculative", "off"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     try:
@@ -108,13 +108,17 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--control", action="store_true",
                         help="no session directory: the same evictions, nothing written")
+    parser.add_argument("--max-sessions", type=int, default=5,
+                        help="conversations kept in memory (9: nothing is evicted, the cost "
+                             "of admitting the four short requests alone)")
     args = parser.parse_args()
     for r in range(args.rounds):
-        gaps = sorted(one_round(args.binary, args.model, args.kv, args.long, args.control))
+        gaps = sorted(one_round(args.binary, args.model, args.kv, args.long, args.control,
+                                 args.max_sessions))
         median = statistics.median(gaps)
         p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))]
         print(json.dumps({
-            "round": r, "control": args.control, "gaps": len(gaps),
+            "round": r, "control": args.control, "max_sessions": args.max_sessions, "gaps": len(gaps),
             "median_ms": round(median * 1e3, 2), "p99_ms": round(p99 * 1e3, 2),
             "max_ms": round(gaps[-1] * 1e3, 2), "max_over_median": round(gaps[-1] / median, 2),
         }))

@@ -11,7 +11,8 @@
 //!     migrations, mixed passes and static runs. `execute(&Schedule, Batch) -> Executed`,
 //!     on the sessions the scheduler lends it for the step ([`Batch`]).
 //!   - the session writer: conversations evicted from memory go to disk, and stored
-//!     ones come back for a request that resumes them.
+//!     ones come back for a request that resumes them; those not written are freed
+//!     off the engine thread (`reclaim`).
 //! - [`WindowPyramid`]: the artifact side of the ladder of static-shape windows (the
 //!   artifact cache and background compiles; [`Arm`] names the window policies).
 //! - [`GrowthPredictor`]: when a session will outgrow its window, from its own growth.
@@ -34,6 +35,7 @@ mod persist;
 mod predictor;
 mod prefix_cache;
 mod pyramid;
+mod reclaim;
 pub mod replay;
 mod request;
 mod scheduler;

@@ -29,6 +29,7 @@ use pyramid_model::KvCache;
 
 use crate::prefix_cache::common_prefix;
 use crate::pyramid::{lock, ArtifactPair};
+use crate::reclaim::{lower_priority, Reclaimer};
 use crate::request::RequestId;
 use crate::session::{Placement, Session};
 use crate::session_store::{SessionIdentity, SessionStore, StoreError, StoredSession};
@@ -122,6 +123,8 @@ pub(crate) struct SessionWriter {
     warnings: Vec<String>,
     /// Conversations read back since the last call, for the requests that asked.
     loaded: Vec<(RequestId, Option<Session>)>,
+    /// Where conversations not written are freed.
+    reclaimer: Reclaimer,
 }
 
 impl SessionWriter {
@@ -177,15 +180,16 @@ impl SessionWriter {
     }
 
     /// Hands `session` to the thread to write, if there is a store and it does not hold
-    /// exactly this conversation already. Blocks while [`WRITE_QUEUE`] writes wait.
+    /// exactly this conversation already; otherwise it is freed off the engine thread.
+    /// Blocks while [`WRITE_QUEUE`] writes wait.
     pub fn save(&mut self, session: Session) {
         let Some(t) = self.thread.as_mut() else {
-            return;
+            return self.reclaimer.release(session);
         };
         let tokens = session.tokens();
         if tokens.is_empty() || session.placement().is_none() || t.index.iter().any(|s| s == tokens)
         {
-            return;
+            return self.reclaimer.release(session);
         }
         let session = Arc::new(session);
         lock(&t.pending).push(Arc::clone(&session));
@@ -400,19 +404,6 @@ impl Drop for SessionWriter {
             if let Some(handle) = t.handle.take() {
                 let _ = handle.join();
             }
-        }
-    }
-}
-
-/// Makes this thread yield the cores to the engine's: a file written a little later
-/// costs nothing, a decode step delayed costs every stream.
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: plain syscalls on this thread's own id; no memory is passed.
-        unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 19);
         }
     }
 }
