@@ -10,17 +10,20 @@ use std::any::Any;
 use std::sync::mpsc::{self, Sender};
 use std::thread::JoinHandle;
 
+/// Anything the thread may drop.
+type Garbage = Box<dyn Any + Send>;
+
 /// Drops values on its thread.
 #[derive(Default)]
 pub(crate) struct Reclaimer {
-    thread: Option<(Sender<Box<dyn Any + Send>>, JoinHandle<()>)>,
+    thread: Option<(Sender<Garbage>, JoinHandle<()>)>,
 }
 
 impl Reclaimer {
     /// Drops `value` on the reclaiming thread (here, if that thread cannot start).
     pub fn release<T: Send + 'static>(&mut self, value: T) {
         if self.thread.is_none() {
-            let (tx, rx) = mpsc::channel::<Box<dyn Any + Send>>();
+            let (tx, rx) = mpsc::channel::<Garbage>();
             let spawned = std::thread::Builder::new()
                 .name("pyramid-free".into())
                 .spawn(move || {
