@@ -26,7 +26,7 @@ scripts/setup-openvino.sh
 
 echo "== python for the OpenAI-compatibility tests"
 # crates/cli/tests/openai/*.py drive `pyramid serve` with the official openai client (and
-# langchain-openai, with jsonschema to validate structured output),
+# langchain-openai, with jsonschema to validate structured output) and anthropic client,
 # installed into a private venv. `python3 -m venv` needs ensurepip, which Debian ships
 # in python3-venv; where that is missing, the venv is made without pip and the system
 # pip (python3-pip, pip >= 22.3 for --python) installs into it, so a fresh Debian with
@@ -40,9 +40,9 @@ if [ ! -x "$test_venv/bin/python" ]; then
     fi
 fi
 if [ -x "$test_venv/bin/pip" ]; then
-    "$test_venv/bin/pip" install -q "openai>=1.40" jsonschema langchain-openai
+    "$test_venv/bin/pip" install -q "openai>=1.40" "anthropic>=0.40" jsonschema langchain-openai
 else
-    python3 -m pip --python "$test_venv/bin/python" install -q "openai>=1.40" jsonschema langchain-openai
+    python3 -m pip --python "$test_venv/bin/python" install -q "openai>=1.40" "anthropic>=0.40" jsonschema langchain-openai
 fi
 export PYRAMID_TEST_PYTHON="$test_venv/bin/python"
 

@@ -151,6 +151,8 @@ fn openai_client_api_errors_and_fuzz() {
     let server = Server::start(&[]);
     server.run_script("test_api.py", &[]);
     server.run_script("test_errors.py", &[]);
+    // Anthropic's Messages API on the same server, with the anthropic client.
+    server.run_script("test_anthropic.py", &[]);
 }
 
 #[test]
@@ -370,6 +372,8 @@ fn api_key_is_required_when_set() {
     );
     assert_eq!(status, 200, "{body}");
     server.run_script("test_errors.py", &[("PYRAMID_API_KEY", "sesame")]);
+    // Anthropic's clients send the key as x-api-key.
+    server.run_script("test_anthropic.py", &[("PYRAMID_API_KEY", "sesame")]);
     // The second key is accepted too, and its requests take its priority.
     let body = format!(r#"{{"model": "{MODEL}", "prompt": "Hello", "max_tokens": 2}}"#);
     let (status, reply) = server.raw(&format!(

@@ -24,6 +24,9 @@ pub struct Request {
     /// Tokens that end generation when sampled (end of sequence, end of turn); empty to
     /// generate until `max_tokens`.
     pub stop_tokens: Vec<u32>,
+    /// Stop tokens are not sampled before the reply holds this many tokens (unless a
+    /// grammar allows nothing else); 0 lets them end it at once.
+    pub min_tokens: usize,
     /// Log-probabilities of each sampled token and of the `k` most likely ones.
     pub logprobs: Option<usize>,
     /// A grammar the reply must follow: tokens it forbids are masked before sampling,
@@ -50,6 +53,7 @@ impl Request {
             max_tokens,
             sampler: SamplerConfig::greedy(),
             stop_tokens: Vec::new(),
+            min_tokens: 0,
             logprobs: None,
             constraint: None,
             priority: 0,

@@ -3,7 +3,8 @@
 //! Requests are read from a `serde_json::Value` field by field rather than derived: a
 //! wrong type or value then becomes a 400 naming the parameter as the client spelled it
 //! (`messages[2].content`, `top_p`), where a derived deserialiser would report a line and
-//! column. A field pyramid does not implement is refused by name (see [`SHARED_FIELDS`]).
+//! column. A field pyramid does not implement is refused by name (see [`SHARED_FIELDS`];
+//! the local-server extensions are read in [`crate::extensions`]).
 
 use pyramid_engine::Speculation;
 use pyramid_grammar::Grammar;
@@ -12,6 +13,7 @@ use pyramid_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::extensions::{self, Extensions};
 use crate::tools::ToolSet;
 
 /// At most this many stop strings, as in OpenAI's API.
@@ -90,7 +92,8 @@ fn unsupported(field: &str) -> Option<&'static str> {
         | "tool_choice"
         | "parallel_tool_calls"
         | "response_format"
-        | "prediction" => "it is supported on /v1/chat/completions only",
+        | "prediction"
+        | "chat_template_kwargs" => "it is supported on /v1/chat/completions only",
         _ => return None,
     })
 }
@@ -125,6 +128,8 @@ pub struct GenerationRequest {
     /// `prediction` (chat only): text the reply is expected to contain, which
     /// speculative decoding drafts from (OpenAI's predicted outputs).
     pub prediction: Option<String>,
+    /// The local-server extensions beyond the sampler's settings.
+    pub extensions: Extensions,
 }
 
 /// `max_tools`: the most tools a chat request may define.
@@ -142,8 +147,16 @@ pub fn parse(
         Endpoint::Chat => CHAT_FIELDS,
         Endpoint::Completion => COMPLETION_FIELDS,
     };
+    let chat_extensions = match endpoint {
+        Endpoint::Chat => extensions::CHAT_FIELDS,
+        Endpoint::Completion => &[],
+    };
     if let Some((field, _)) = obj.iter().find(|(k, v)| {
-        !v.is_null() && !SHARED_FIELDS.contains(&k.as_str()) && !known.contains(&k.as_str())
+        let k = k.as_str();
+        !v.is_null()
+            && ![SHARED_FIELDS, known, extensions::FIELDS, chat_extensions]
+                .iter()
+                .any(|fields| fields.contains(&k))
     }) {
         let why = unsupported(field).unwrap_or("it is not a field of this endpoint");
         return Err(ApiError::bad_param(
@@ -218,7 +231,7 @@ pub fn parse(
         ),
         Some(_) => return Err(ApiError::bad_param("seed", "'seed' must be an integer")),
     };
-    let sampler = SamplerConfig {
+    let mut sampler = SamplerConfig {
         logit_bias: logit_bias(&obj)?,
         temperature: temperature as f32,
         // A top_p below f32's range keeps only the top token, as the smallest f32 does.
@@ -227,6 +240,7 @@ pub fn parse(
         seed: seed.unwrap_or_else(random_seed),
         ..SamplerConfig::greedy()
     };
+    let extensions = extensions::parse(&obj, &mut sampler, max_tokens)?;
     let stop = stops(&obj)?;
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
@@ -296,6 +310,7 @@ pub fn parse(
             Endpoint::Chat => prediction(obj.get("prediction"))?,
             Endpoint::Completion => None,
         },
+        extensions,
     })
 }
 
@@ -822,6 +837,15 @@ mod tests {
                 (400, Some(field))
             );
         }
+        // The template's variables are a chat field.
+        let err = parse(
+            Endpoint::Completion,
+            br#"{"model": "m", "prompt": "x", "chat_template_kwargs": {}}"#,
+            DEFAULT_MAX_TOOLS,
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("chat_template_kwargs"));
+        assert!(err.message.contains("/v1/chat/completions only"), "{err}");
         // null is absent, as clients that fill every field with defaults send it.
         chat(&format!(
             r#"{{"model": "m", {msgs}, "tools": null, "user": "u"}}"#

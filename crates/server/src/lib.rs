@@ -1,11 +1,13 @@
 //! `pyramid serve`: the OpenAI HTTP API over the engine.
 //!
-//! - [`api`]: request parsing and validation, every bad value a 400 naming its parameter.
+//! - [`api`]: request parsing and validation, every bad value a 400 naming its parameter;
+//!   [`extensions`]: the fields local servers accept beyond OpenAI's.
 //! - [`worker`]: the engine thread; it owns the engine core (`pyramid_engine::Engine`:
 //!   continuous batching, chunked prefill, session reuse, the window pyramid on any
 //!   device route) and turns its tokens into text: detokenisation, stop strings,
 //!   log-probabilities.
 //! - [`routes`]: axum handlers, server-sent events, authentication.
+//! - [`anthropic`]: Anthropic's Messages API in the same engine requests as chat.
 //! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
 //! - `stop`: stop strings matched across token boundaries, on the engine thread's text.
 //! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
@@ -18,8 +20,10 @@
 //! chunks. A client that goes away drops the channel, and the engine cancels the sequence
 //! on its next step.
 
+pub mod anthropic;
 pub mod api;
 pub mod error;
+pub mod extensions;
 pub mod listen;
 pub mod metrics;
 pub mod outbox;

@@ -112,6 +112,7 @@ mod tests {
         out.send(Event::Done {
             finish_reason: FinishReason::Length,
             usage: Usage::default(),
+            stop_sequence: None,
         });
         assert_eq!(rx.len(), QUEUE_EVENTS);
         assert_eq!(out.held.len(), 2, "one merged delta and the final event");

@@ -6,6 +6,8 @@
 pub(crate) struct Release {
     pub send_to: usize,
     pub hit: bool,
+    /// The stop string that was hit (not an `end_after` one).
+    pub stop: Option<String>,
 }
 
 /// Text up to the first stop string (which ends generation and is never sent) or through
@@ -21,14 +23,19 @@ pub(crate) fn release_text(
     // the hold-back rule excludes; so searching from `sent` finds every complete one.
     let first_hit = stops
         .iter()
-        .map(|s| (s, 0))
-        .chain(end_after.iter().map(|s| (s, s.len())))
-        .filter_map(|(s, kept)| text[sent..].find(s.as_str()).map(|p| (sent + p, kept)))
+        .map(|s| (s, 0, true))
+        .chain(end_after.iter().map(|s| (s, s.len(), false)))
+        .filter_map(|(s, kept, is_stop)| {
+            text[sent..]
+                .find(s.as_str())
+                .map(|p| (sent + p, kept, is_stop.then_some(s)))
+        })
         .min();
-    if let Some((at, kept)) = first_hit {
+    if let Some((at, kept, stop)) = first_hit {
         return Release {
             send_to: at + kept,
             hit: true,
+            stop: stop.cloned(),
         };
     }
     let hold = stops
@@ -49,6 +56,7 @@ pub(crate) fn release_text(
     Release {
         send_to: text.len() - hold,
         hit: false,
+        stop: None,
     }
 }
 

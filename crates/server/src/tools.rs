@@ -168,7 +168,10 @@ impl ToolSet {
                 ))
             }
         };
-        tools.parallel = match obj.get("parallel_tool_calls") {
+        // A named function is one call of it, as OpenAI gives (a small model would
+        // otherwise repeat it until `max_tokens`).
+        let named = matches!(tools.choice, ToolChoice::Function(_));
+        let parallel = match obj.get("parallel_tool_calls") {
             None | Some(Value::Null) => true,
             Some(Value::Bool(b)) => *b,
             Some(_) => {
@@ -178,6 +181,7 @@ impl ToolSet {
                 ))
             }
         };
+        tools.parallel = parallel && !named;
         if tools.names.is_empty() {
             return match (obj.get("tool_choice"), obj.get("parallel_tool_calls")) {
                 (Some(v), _) if !v.is_null() => Err(ApiError::bad_param(

@@ -43,6 +43,12 @@ pub struct Job {
     /// Strings that end generation after them, kept in the text (a tool call's closing
     /// tag when only one call is allowed).
     pub end_after: Vec<String>,
+    /// The model's end tokens do not end the reply (`ignore_eos`).
+    pub ignore_eos: bool,
+    /// More tokens that end the reply, their text not sent (`stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
+    /// End tokens are held back until the reply has this many tokens (`min_tokens`).
+    pub min_tokens: usize,
     pub logprobs: Option<usize>,
     /// The grammar the reply follows, compiled for this request.
     pub constraint: Option<Constraint>,
@@ -70,6 +76,8 @@ pub enum Event {
     Done {
         finish_reason: FinishReason,
         usage: Usage,
+        /// The stop string that ended the reply, if one did.
+        stop_sequence: Option<String>,
     },
     Failed(ApiError),
 }
@@ -220,6 +228,8 @@ struct Live {
     /// A stop string matched in a token the core had already ended the request on: its
     /// `Finished` event, which carries the usage, is still to come.
     stopped: bool,
+    /// The stop string that ended the reply.
+    stop_sequence: Option<String>,
 }
 
 struct Worker {
@@ -311,13 +321,20 @@ impl Worker {
         self.next_id += 1;
         // Without a limit, generation ends when the largest window is full.
         let max_tokens = job.max_tokens.unwrap_or(usize::MAX);
+        let mut stop_tokens = if job.ignore_eos {
+            Vec::new()
+        } else {
+            self.stop_tokens.clone()
+        };
+        stop_tokens.extend(&job.stop_token_ids);
         self.core.add_request(Request {
             id,
             // The core owns the prompt from here; the text side never reads it.
             prompt: std::mem::take(&mut job.prompt),
             max_tokens,
             sampler: job.sampler.clone(),
-            stop_tokens: self.stop_tokens.clone(),
+            stop_tokens,
+            min_tokens: job.min_tokens,
             logprobs: job.logprobs,
             constraint: job.constraint.take(),
             priority: job.priority,
@@ -335,6 +352,7 @@ impl Worker {
                 sent: 0,
                 last_token_at: None,
                 stopped: false,
+                stop_sequence: None,
             },
         );
     }
@@ -443,12 +461,12 @@ impl Worker {
 
     /// A sampled token: its text, held back while it could still become a stop string.
     fn token(&mut self, id: RequestId, token: u32, logprobs: Option<TokenLogprobs>) {
-        #[cfg(test)]
-        inject::panic_in_text(id);
         let tokenizer = Arc::clone(&self.tokenizer);
         let Some(live) = self.live.get_mut(&id).filter(|l| !l.stopped) else {
             return;
         };
+        #[cfg(test)]
+        inject::panic_in_text(live.job.priority);
         live.generated += 1;
         self.metrics
             .generated_tokens
@@ -467,8 +485,9 @@ impl Worker {
             .map(|lp| token_logprob(&tokenizer, token, &lp))
             .into_iter()
             .collect();
-        if tokenizer.is_end_of_generation(token) {
-            // The core finishes the request with `stop`; the token has no text.
+        if tokenizer.is_end_of_generation(token) || live.job.stop_token_ids.contains(&token) {
+            // The core finishes the request with `stop` (or, ignoring end tokens, goes
+            // on); the token has no text.
             if !logprobs.is_empty() {
                 live.job.events.send(Event::Delta {
                     text: String::new(),
@@ -486,6 +505,7 @@ impl Worker {
             live.job.events.send(Event::Delta { text, logprobs });
         }
         if stopped.hit {
+            live.stop_sequence = stopped.stop;
             // The stop string and anything after it are never sent.
             live.text.truncate(stopped.send_to);
             live.decoder = StreamDecoder::new();
@@ -516,6 +536,7 @@ impl Worker {
         live.job.events.send(Event::Done {
             finish_reason: reason,
             usage,
+            stop_sequence: live.stop_sequence.take(),
         });
         self.retire(live.job.events);
     }
@@ -578,22 +599,21 @@ fn token_logprob(tokenizer: &Tokenizer, token: u32, lp: &TokenLogprobs) -> Token
     }
 }
 
-/// A test hook: a panic injected into one request's text work on the engine thread.
+/// A test hook: a panic injected into the text work, on the engine thread, of requests
+/// at one priority (which a test sets on the request it picks).
 #[cfg(test)]
 pub(crate) mod inject {
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicI32, Ordering};
 
-    use pyramid_engine::RequestId;
+    static PANIC_AT_PRIORITY: AtomicI32 = AtomicI32::new(i32::MIN);
 
-    static PANIC_IN_TEXT: AtomicU64 = AtomicU64::new(u64::MAX);
-
-    pub(crate) fn panic_when_decoding(id: RequestId) {
-        PANIC_IN_TEXT.store(id, Ordering::Release);
+    pub(crate) fn panic_in_text_at(priority: i32) {
+        PANIC_AT_PRIORITY.store(priority, Ordering::Release);
     }
 
-    pub(super) fn panic_in_text(id: RequestId) {
-        if PANIC_IN_TEXT.load(Ordering::Acquire) == id {
-            panic!("injected panic in the text of request {id}");
+    pub(super) fn panic_in_text(priority: i32) {
+        if PANIC_AT_PRIORITY.load(Ordering::Acquire) == priority {
+            panic!("injected panic in the text of a request at priority {priority}");
         }
     }
 }

@@ -156,16 +156,24 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
     /// reply begins (e.g. after `<|im_start|>assistant\n`).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.render_with_tools(messages, &[], add_generation_prompt)
+        self.render_with(
+            messages,
+            &[],
+            &serde_json::Map::new(),
+            add_generation_prompt,
+        )
     }
 
     /// [`ChatTemplate::render`] with `tools`: OpenAI-style tool definitions
     /// (`{"type": "function", "function": {"name", "description", "parameters"}}`), which
-    /// the template prints where the model expects them. No tools is `tools=None`.
-    pub fn render_with_tools(
+    /// the template prints where the model expects them (no tools is `tools=None`), and
+    /// `kwargs`: more variables for the template (`enable_thinking`, as transformers'
+    /// `apply_chat_template(**kwargs)` passes them); the names above win over them.
+    pub fn render_with(
         &self,
         messages: &[ChatMessage],
         tools: &[serde_json::Value],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let messages: Vec<Value> = messages.iter().map(ChatMessage::to_value).collect();
@@ -182,6 +190,7 @@ impl ChatTemplate {
             bos_token => self.bos_token,
             eos_token => self.eos_token,
             tools => tools,
+            ..Value::from_serialize(kwargs)
         };
         let mut out = CappedText::default();
         match template.render_captured_to(ctx, &mut out) {
@@ -276,6 +285,24 @@ mod tests {
         assert_eq!(
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn keyword_variables_reach_the_template_and_the_request_names_win() {
+        let src = "{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ messages[0].content }}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let msgs = [ChatMessage::new("user", "hi")];
+        let kwargs = |v: serde_json::Value| v.as_object().unwrap().clone();
+        let render = |k| t.render_with(&msgs, &[], &k, true).unwrap();
+        assert_eq!(render(kwargs(serde_json::json!({}))), "hi");
+        assert_eq!(
+            render(kwargs(serde_json::json!({"enable_thinking": false}))),
+            "/no_think hi"
+        );
+        assert_eq!(
+            render(kwargs(serde_json::json!({"messages": [{"content": "x"}]}))),
+            "hi"
         );
     }
 

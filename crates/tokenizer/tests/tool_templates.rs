@@ -44,7 +44,9 @@ fn tools_render_as_transformers_renders_them() {
                 .map(message)
                 .collect();
             let tools = case["tools"].as_array().unwrap();
-            let text = template.render_with_tools(&messages, tools, true).unwrap();
+            let text = template
+                .render_with(&messages, tools, &serde_json::Map::new(), true)
+                .unwrap();
             assert_eq!(text, case["text"].as_str().unwrap(), "{file}");
         }
     }

@@ -54,6 +54,11 @@ pub fn run(
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
+            // The local-server extensions pyramid serve (and llama.cpp, vLLM) read.
+            "top_k": sampling.top_k,
+            "min_p": sampling.min_p,
+            "repeat_penalty": sampling.repeat_penalty,
+            "ignore_eos": sampling.ignore_eos,
             "seed": sampling.seed,
             "logit_bias": sampling
                 .logit_bias

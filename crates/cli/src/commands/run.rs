@@ -162,6 +162,7 @@ impl SamplingArgs {
             } else {
                 stop_tokens.to_vec()
             },
+            min_tokens: 0,
             logprobs: None,
             constraint: None,
             // One request at a time: nothing to be more urgent than.

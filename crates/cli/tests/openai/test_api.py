@@ -187,6 +187,29 @@ def check_max_completion_tokens():
     ok("max_tokens=3 gives 3 tokens, finish length")
 
 
+def check_extensions():
+    """The fields every local server accepts, as the SDK sends them (`extra_body`)."""
+    import openai
+
+    messages = user("Say yes.")
+    extensions = {"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "repeat_last_n": 32,
+                  "ignore_eos": True, "min_tokens": 2, "stop_token_ids": [],
+                  "chat_template_kwargs": {"enable_thinking": False}}
+    resp = chat(messages, max_tokens=12, extra_body=extensions)
+    expect_eq((resp.usage.completion_tokens, resp.choices[0].finish_reason), (12, "length"),
+              "ignore_eos runs the reply to max_tokens")
+    _, stream_text, reason, _ = chat_stream(messages, max_tokens=12, extra_body={"ignore_eos": True})
+    expect_eq(reason, "length", "ignore_eos streamed finish_reason")
+    plain = chat(messages, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    expect_eq(stream_text, plain.choices[0].message.content, "ignore_eos streamed vs not")
+    common.expect_api_error(lambda: chat(messages, extra_body={"top_k": -3}), openai.BadRequestError,
+                            400, "top_k -3", param="top_k")
+    common.expect_api_error(lambda: chat(messages, max_tokens=4, extra_body={"min_tokens": 5}),
+                            openai.BadRequestError, 400, "min_tokens over max_tokens", param="min_tokens")
+    ok("extensions: top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids, "
+       "chat_template_kwargs accepted; bad values named")
+
+
 def pick_stop(text: str, start_fraction: float = 0.4) -> str | None:
     """A stop string from the middle of `text` whose first occurrence is at index >= 2.
 
@@ -436,6 +459,7 @@ def main():
     check_utf8_stream()
     check_completions()
     check_max_completion_tokens()
+    check_extensions()
     check_stop_strings()
     check_logprobs()
     check_seed()

@@ -154,6 +154,9 @@ impl SampledRows<'_> {
                 (k, raw)
             });
             let seen = &seq.session.tokens()[..before + 1 + j];
+            if seq.generated < seq.request.min_tokens {
+                hold_back(row, &seq.request.stop_tokens);
+            }
             let token = seq.sampler.sample(row, seen);
             if let Some(constraint) = seq.request.constraint.as_mut() {
                 if let Err(error) = constraint.accept(token) {
@@ -196,5 +199,21 @@ impl SampledRows<'_> {
         // The rejected part of the draft leaves the cache.
         seq.session.truncate(before + 1 + kept);
         outcome
+    }
+}
+
+/// Masks the `stop` tokens out of `row` (a reply short of its `min_tokens`), unless
+/// nothing else could be sampled: a grammar that allows only an end token ends there.
+fn hold_back(row: &mut [f32], stop: &[u32]) {
+    let other = row
+        .iter()
+        .enumerate()
+        .any(|(i, &x)| x > f32::NEG_INFINITY && !stop.contains(&(i as u32)));
+    if other {
+        for &t in stop {
+            if let Some(x) = row.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
     }
 }

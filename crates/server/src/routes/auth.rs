@@ -59,7 +59,7 @@ impl Keys {
 /// The priority the request's API key gives, put in the request's extensions by
 /// [`authenticate`].
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct KeyPriority(pub(super) Option<i32>);
+pub(crate) struct KeyPriority(pub(super) Option<i32>);
 
 impl KeyPriority {
     /// The priority a request runs at, given the one it asks for (body or header): the
@@ -73,9 +73,13 @@ impl KeyPriority {
     }
 }
 
+/// The header Anthropic's clients send their key in.
+const ANTHROPIC_KEY_HEADER: &str = "x-api-key";
+
 /// With API keys set, every endpoint but `/health` (for load balancers and supervisors)
-/// needs `Authorization: Bearer <key>` with one of them; the scheme is case-insensitive
-/// (RFC 7235). The key's priority goes to the handler.
+/// needs `Authorization: Bearer <key>` with one of them (the scheme is case-insensitive,
+/// RFC 7235) or, as Anthropic's clients send it, `x-api-key: <key>`. The key's priority
+/// goes to the handler.
 pub(super) async fn authenticate(
     State(state): State<Arc<AppState>>,
     mut req: Request,
@@ -83,7 +87,7 @@ pub(super) async fn authenticate(
 ) -> Response {
     let mut priority = KeyPriority::default();
     if !state.keys.is_empty() {
-        let given = req
+        let bearer = req
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -91,6 +95,12 @@ pub(super) async fn authenticate(
                 let (scheme, token) = v.split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
             });
+        let given = bearer.or_else(|| {
+            req.headers()
+                .get(ANTHROPIC_KEY_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        });
         match given.and_then(|g| state.keys.check(g)) {
             Some(key) => priority = KeyPriority(key),
             None if req.uri().path() != "/health" => {

@@ -4,8 +4,11 @@
 //! - [`auth`]: API keys and the priority they give.
 //! - [`prepare`]: the body read, the prompt tokenised and the grammar compiled.
 //! - [`render`]: engine events as one JSON response or as server-sent events.
+//! - [`messages`]: Anthropic's Messages endpoints (`crate::anthropic` reads and writes
+//!   their shapes).
 
 mod auth;
+mod messages;
 mod prepare;
 mod render;
 mod state;
@@ -28,11 +31,13 @@ use serde_json::{json, Value};
 use self::auth::{authenticate, KeyPriority};
 use self::prepare::{prepare, read_body, Prepared};
 use self::render::{collect_response, stream_response, Reply};
+use crate::api::GenerationRequest;
 use crate::api::{self, Endpoint};
 use crate::error::ApiError;
 use crate::outbox::outbox;
 use crate::tools;
-use crate::worker::Job;
+use crate::worker::{Event, Job};
+use tokio::sync::mpsc::Receiver;
 
 pub use auth::ApiKey;
 pub use state::AppState;
@@ -45,6 +50,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -63,11 +70,18 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Gives axum's own bodiless errors (405) OpenAI's error body, and counts every response.
+/// Gives axum's own bodiless errors (405) OpenAI's error body, and Anthropic's paths
+/// Anthropic's, and counts every response.
 async fn finish_response(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let anthropic = req.uri().path().starts_with("/v1/messages");
     let response = next.run(req).await;
     let response = if response.status() == StatusCode::METHOD_NOT_ALLOWED {
         ApiError::method_not_allowed().into_response()
+    } else {
+        response
+    };
+    let response = if anthropic {
+        crate::anthropic::restyle_error(response).await
     } else {
         response
     };
@@ -148,13 +162,26 @@ async fn completions(
 /// API key's priority, never more.
 pub const PRIORITY_HEADER: &str = "x-priority";
 
-async fn generate(
-    state: Arc<AppState>,
-    endpoint: Endpoint,
+/// A request taken in: parsed, prepared and submitted to the engine thread, whose
+/// events for it arrive on `events`.
+pub(super) struct Submitted {
+    pub(super) request: GenerationRequest,
+    pub(super) events: Receiver<Event>,
+    /// Tokens of the prompt as rendered.
+    pub(super) n_prompt: usize,
+}
+
+/// Reads `body` with `parse` (a protocol's reader) and submits the request. Parsing,
+/// rendering, tokenising and compiling a grammar are CPU work that grows with the body:
+/// kept off the async workers, a few at a time. The blocking task holds its permit to
+/// the end, so a client that leaves frees its slot only once its work stops.
+pub(super) async fn submit(
+    state: &Arc<AppState>,
     key: KeyPriority,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+    parse: impl FnOnce(&[u8]) -> Result<GenerationRequest, ApiError> + Send + 'static,
+) -> Result<Submitted, ApiError> {
     let header_priority = match headers.get(PRIORITY_HEADER) {
         None => None,
         Some(v) => {
@@ -163,14 +190,11 @@ async fn generate(
         }
     };
     let body = read_body(&state.limits, body).await?;
-    // Parsing, rendering, tokenising and compiling a grammar are CPU work that grows with
-    // the body: kept off the async workers, a few at a time. The blocking task holds its
-    // permit to the end, so a client that leaves frees its slot only once its work stops.
     let permit = Arc::clone(&state.tokenizing)
         .acquire_owned()
         .await
         .map_err(|_| ApiError::shutting_down())?;
-    let task_state = Arc::clone(&state);
+    let task_state = Arc::clone(state);
     let Prepared {
         request,
         prompt,
@@ -181,7 +205,8 @@ async fn generate(
         speculation,
     } = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        prepare(&task_state, endpoint, &body, key, header_priority)
+        let request = parse(&body)?;
+        prepare(&task_state, request, key, header_priority)
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
@@ -201,6 +226,9 @@ async fn generate(
         } else {
             Vec::new()
         },
+        ignore_eos: request.extensions.ignore_eos,
+        stop_token_ids: request.extensions.stop_token_ids.clone(),
+        min_tokens: request.extensions.min_tokens,
         logprobs: request.logprobs,
         constraint,
         prompt_param,
@@ -210,6 +238,29 @@ async fn generate(
         speculation,
         prediction,
     })?;
+    Ok(Submitted {
+        request,
+        events: rx,
+        n_prompt,
+    })
+}
+
+async fn generate(
+    state: Arc<AppState>,
+    endpoint: Endpoint,
+    key: KeyPriority,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let max_tools = state.limits.max_tools;
+    let Submitted {
+        request,
+        events: rx,
+        n_prompt,
+    } = submit(&state, key, headers, body, move |body| {
+        api::parse(endpoint, body, max_tools)
+    })
+    .await?;
     let id = format!(
         "{}-{:x}",
         match endpoint {

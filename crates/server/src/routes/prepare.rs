@@ -8,7 +8,7 @@ use pyramid_tokenizer::TokenizerError;
 
 use super::auth::KeyPriority;
 use super::AppState;
-use crate::api::{self, Endpoint, GenerationRequest, Prompt};
+use crate::api::{GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::listen::Limits;
 use crate::tools::{self, ToolSet};
@@ -45,16 +45,15 @@ pub(super) struct Prepared {
     pub speculation: Speculation,
 }
 
-/// Parses and validates `body`, tokenises its prompt and prediction within the largest
-/// window and compiles its reply's grammar: CPU work, run on a blocking thread.
+/// Checks a parsed `request` against the model, tokenises its prompt and prediction
+/// within the largest window and compiles its reply's grammar: CPU work, run on a
+/// blocking thread.
 pub(super) fn prepare(
     state: &AppState,
-    endpoint: Endpoint,
-    body: &[u8],
+    mut request: GenerationRequest,
     key: KeyPriority,
     header_priority: Option<i32>,
 ) -> Result<Prepared, ApiError> {
-    let mut request = api::parse(endpoint, body, state.limits.max_tools)?;
     let priority = key.apply(request.priority.or(header_priority));
     if request.model != state.model_id {
         return Err(ApiError::model_not_found(&request.model, &state.model_id));
@@ -63,6 +62,18 @@ pub(super) fn prepare(
         .sampler
         .check_vocab(state.tokenizer.n_vocab())
         .map_err(|e| ApiError::bad_param("logit_bias", e.to_string()))?;
+    let n_vocab = state.tokenizer.n_vocab();
+    if let Some(id) = request
+        .extensions
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= n_vocab)
+    {
+        return Err(ApiError::bad_param(
+            "stop_token_ids",
+            format!("token id {id} is out of range (vocabulary has {n_vocab} tokens)"),
+        ));
+    }
     let speculation = match (request.speculation, state.engine.speculates()) {
         (Some(Speculation::Ngram), false) => {
             return Err(ApiError::bad_param(
@@ -83,7 +94,12 @@ pub(super) fn prepare(
     // The prompt's text is needed only to tokenise it: moved, not copied.
     let prompt_param = request.prompt.param();
     let text = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
-    let prompt = tokenize(state, &text, request.tools.as_ref())?;
+    let prompt = tokenize(
+        state,
+        &text,
+        request.tools.as_ref(),
+        &request.extensions.template_kwargs,
+    )?;
     drop(text);
     let constraint = constrain(
         state,
@@ -149,10 +165,11 @@ fn constrain(
 
 /// The prompt's ids; tokenising stops once the prompt and one generated token no longer
 /// fit the largest window, so an oversized prompt costs little.
-fn tokenize(
+pub(super) fn tokenize(
     state: &AppState,
     prompt: &Prompt,
     tools: Option<&ToolSet>,
+    template_kwargs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Vec<u32>, ApiError> {
     let limit = state.max_context.saturating_sub(1);
     let param = prompt.param();
@@ -167,9 +184,10 @@ fn tokenize(
                     .iter()
                     .any(|m| !m.tool_calls.is_empty() || m.role == "tool");
             let rendered = if uses_tools && !template.takes_tools() {
-                template.render(&tools::fallback_messages(messages, definitions), true)
+                let messages = tools::fallback_messages(messages, definitions);
+                template.render_with(&messages, &[], template_kwargs, true)
             } else {
-                template.render_with_tools(messages, definitions, true)
+                template.render_with(messages, definitions, template_kwargs, true)
             };
             let text = rendered.map_err(|e| {
                 ApiError::bad_param(

@@ -194,6 +194,7 @@ pub(super) fn stream_response(reply: Reply, rx: Receiver<Event>) -> Response {
                 Some(Event::Done {
                     finish_reason,
                     usage,
+                    ..
                 }) => {
                     let rest = s
                         .parser
@@ -253,6 +254,7 @@ pub(super) async fn collect_response(
             Some(Event::Done {
                 finish_reason,
                 usage,
+                ..
             }) => break (finish_reason, usage),
             Some(Event::Failed(err)) => return Err(err),
             None => {

@@ -89,9 +89,9 @@ async fn call(state: &Arc<AppState>, method: &str, uri: &str, body: Value) -> (S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_in_one_requests_text_fails_it_alone_with_a_500_and_the_server_stays_healthy() {
     let state = smollm2();
-    // The third request the engine thread takes in (ids count from 0) panics on its
-    // first token; all four are in flight together.
-    inject::panic_when_decoding(2);
+    // The third request panics on its first token (the hook picks it by its priority);
+    // all four are in flight together.
+    inject::panic_in_text_at(77);
     let ask = |k: usize| {
         let state = Arc::clone(&state);
         async move {
@@ -100,6 +100,7 @@ async fn a_panic_in_one_requests_text_fails_it_alone_with_a_500_and_the_server_s
                 "prompt": format!("Count from {k}:"),
                 "max_tokens": 8,
                 "temperature": 0,
+                "priority": if k == 2 { 77 } else { 0 },
             });
             call(&state, "POST", "/v1/completions", body).await
         }
@@ -112,6 +113,7 @@ async fn a_panic_in_one_requests_text_fails_it_alone_with_a_500_and_the_server_s
         .map(|(_, body)| body)
         .collect();
     assert_eq!(failed.len(), 1, "{replies:?}");
+    assert_eq!(replies[2].0, StatusCode::INTERNAL_SERVER_ERROR);
     let message = failed[0]["error"]["message"].as_str().unwrap();
     assert!(
         message.starts_with("internal error: injected panic"),
@@ -130,4 +132,74 @@ async fn a_panic_in_one_requests_text_fails_it_alone_with_a_500_and_the_server_s
     let body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 4, "temperature": 0});
     let (status, reply) = call(&state, "POST", "/v1/completions", body).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
+}
+
+/// A request's body with `extra` fields on top.
+fn with(mut body: Value, extra: Value) -> Value {
+    let fields = body.as_object_mut().unwrap();
+    fields.extend(extra.as_object().unwrap().clone());
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_server_extensions_shape_the_reply() {
+    let state = smollm2();
+    let text_of = |reply: &Value| reply["choices"][0]["text"].as_str().unwrap().to_string();
+    let completion = json!({"model": "smollm2", "prompt": "The capital of France is",
+                            "max_tokens": 16, "temperature": 0});
+    let (status, plain) = call(&state, "POST", "/v1/completions", completion.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{plain}");
+    let text = text_of(&plain);
+    // Keeping only the most likely token is greedy at any temperature.
+    for extra in [json!({"top_k": 1}), json!({"min_p": 1.0})] {
+        let body = with(
+            completion.clone(),
+            with(extra, json!({"temperature": 1.5, "seed": 3})),
+        );
+        let (_, reply) = call(&state, "POST", "/v1/completions", body.clone()).await;
+        assert_eq!(text_of(&reply), text, "{body}");
+    }
+    // A stop token id ends the reply before its text.
+    let ids = state.tokenizer.encode(&text, false).unwrap();
+    let stop = ids[3];
+    let body = with(completion.clone(), json!({"stop_token_ids": [stop]}));
+    let (_, reply) = call(&state, "POST", "/v1/completions", body).await;
+    let cut = text_of(&reply);
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop", "{reply}");
+    assert!(
+        text.starts_with(&cut) && cut.len() < text.len(),
+        "{cut:?} of {text:?}"
+    );
+    let first = ids.iter().position(|&t| t == stop).unwrap();
+    assert_eq!(cut, state.tokenizer.decode(&ids[..first]).unwrap());
+
+    // A chat reply that ends early: ignore_eos runs it to max_tokens, min_tokens holds
+    // its end back that long.
+    let chat = json!({"model": "smollm2", "max_tokens": 40, "temperature": 0,
+                      "messages": [{"role": "user", "content": "What is the capital of France?"}]});
+    let tokens = |reply: &Value| reply["usage"]["completion_tokens"].as_u64().unwrap();
+    let (_, short) = call(&state, "POST", "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(short["choices"][0]["finish_reason"], "stop", "{short}");
+    assert!(tokens(&short) < 20, "{short}");
+    let body = with(chat.clone(), json!({"ignore_eos": true}));
+    let (_, long) = call(&state, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(
+        (tokens(&long), long["choices"][0]["finish_reason"].clone()),
+        (40, json!("length")),
+        "{long}"
+    );
+    let body = with(chat.clone(), json!({"min_tokens": 20}));
+    let (_, held) = call(&state, "POST", "/v1/chat/completions", body).await;
+    assert!(tokens(&held) >= 20, "{held}");
+    // Template variables reach the template; the request's own names are not theirs.
+    let body = with(
+        chat.clone(),
+        json!({"chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    let (_, same) = call(&state, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(same["choices"], short["choices"]);
+    let body = with(chat, json!({"chat_template_kwargs": {"messages": []}}));
+    let (status, refused) = call(&state, "POST", "/v1/chat/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused["error"]["param"], "chat_template_kwargs");
 }

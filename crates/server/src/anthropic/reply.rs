@@ -1,0 +1,296 @@
+//! Engine events as Anthropic's Messages replies: one message, or its event stream
+//! (`message_start`, `content_block_start`/`_delta`/`_stop` per block, `message_delta`
+//! with the stop reason and usage, `message_stop`, `ping` at the start).
+
+use axum::body::{Body, Bytes};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream;
+use pyramid_engine::{FinishReason, Usage};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::Receiver;
+
+use super::error_body;
+use crate::api::random_seed;
+use crate::error::ApiError;
+use crate::tools::{ParsedCall, Piece, ToolCallParser, ToolSet};
+use crate::worker::Event;
+
+/// The fixed parts of one reply.
+pub struct MessageReply {
+    pub id: String,
+    pub model: String,
+    /// Tokens of the rendered prompt.
+    pub n_prompt: usize,
+    parser: Option<ToolCallParser>,
+}
+
+impl MessageReply {
+    /// A reply to a request with `tools` (read for calls when they may be made).
+    pub fn new(model: String, n_prompt: usize, tools: Option<&ToolSet>) -> Self {
+        Self {
+            id: format!("msg_{:016x}{:08x}", random_seed(), random_seed() as u32),
+            model,
+            n_prompt,
+            parser: tools.filter(|t| t.parses_calls()).map(ToolCallParser::new),
+        }
+    }
+
+    fn pieces(&mut self, text: String) -> Vec<Piece> {
+        match self.parser.as_mut() {
+            Some(parser) => parser.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![Piece::Text(text)],
+        }
+    }
+
+    fn last_pieces(&mut self) -> Vec<Piece> {
+        self.parser
+            .as_mut()
+            .map(ToolCallParser::finish)
+            .unwrap_or_default()
+    }
+
+    fn n_calls(&self) -> usize {
+        self.parser.as_ref().map_or(0, ToolCallParser::n_calls)
+    }
+}
+
+/// A call as a `tool_use` block: arguments as the `input` object.
+fn tool_use(call: &ParsedCall) -> Value {
+    json!({
+        "type": "tool_use",
+        "id": format!("toolu_{:016x}", random_seed()),
+        "name": call.name,
+        "input": serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| json!({})),
+    })
+}
+
+/// Anthropic's stop reason: `tool_use` after calls, `stop_sequence` at a stop string,
+/// `end_turn` at the model's end, `max_tokens` at the limit.
+fn stop_reason(reason: FinishReason, n_calls: usize, stop_sequence: Option<&str>) -> &'static str {
+    match reason {
+        FinishReason::Stop if n_calls > 0 => "tool_use",
+        FinishReason::Stop if stop_sequence.is_some() => "stop_sequence",
+        FinishReason::Stop => "end_turn",
+        FinishReason::Length => "max_tokens",
+        FinishReason::Aborted => "end_turn",
+    }
+}
+
+/// Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache,
+/// `cache_read_input_tokens` those that were (pyramid's prefix cache is automatic, so
+/// nothing is "created" on request).
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens - u.cached_tokens,
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+/// The whole message, once the reply is done.
+pub async fn collect(
+    mut reply: MessageReply,
+    mut rx: Receiver<Event>,
+) -> Result<Response, ApiError> {
+    let mut content: Vec<Value> = Vec::new();
+    let add = |pieces: Vec<Piece>, content: &mut Vec<Value>| {
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) => match content.last_mut() {
+                    Some(Value::Object(block)) if block["type"] == "text" => {
+                        let joined = format!("{}{text}", block["text"].as_str().unwrap_or(""));
+                        block.insert("text".into(), json!(joined));
+                    }
+                    _ if text.is_empty() => {}
+                    _ => content.push(json!({"type": "text", "text": text})),
+                },
+                Piece::Call(call) => content.push(tool_use(&call)),
+            }
+        }
+    };
+    loop {
+        match rx.recv().await {
+            Some(Event::Delta { text, .. }) => {
+                let pieces = reply.pieces(text);
+                add(pieces, &mut content);
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+                stop_sequence,
+            }) => {
+                let pieces = reply.last_pieces();
+                add(pieces, &mut content);
+                let stop = stop_reason(finish_reason, reply.n_calls(), stop_sequence.as_deref());
+                return Ok(Json(json!({
+                    "id": reply.id,
+                    "type": "message",
+                    "role": "assistant",
+                    "model": reply.model,
+                    "content": content,
+                    "stop_reason": stop,
+                    "stop_sequence": stop_sequence,
+                    "usage": usage_json(&usage),
+                }))
+                .into_response());
+            }
+            Some(Event::Failed(err)) => return Err(err),
+            None => {
+                return Err(ApiError::internal(format!(
+                    "the engine stopped before finishing this request ({} prompt tokens)",
+                    reply.n_prompt
+                )))
+            }
+        }
+    }
+}
+
+fn event(kind: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+}
+
+/// The stream's state: which block is open, and what is ready to send.
+struct Stream {
+    reply: MessageReply,
+    rx: Receiver<Event>,
+    pending: Vec<Bytes>,
+    /// The open block's index, and whether it is a text block.
+    open: Option<(usize, bool)>,
+    next_index: usize,
+    done: bool,
+}
+
+impl Stream {
+    fn close_block(&mut self) {
+        if let Some((index, _)) = self.open.take() {
+            self.pending.push(event(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
+        }
+    }
+
+    fn start_block(&mut self, block: Value, text: bool) -> usize {
+        self.close_block();
+        let index = self.next_index;
+        self.next_index += 1;
+        self.pending.push(event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        ));
+        self.open = Some((index, text));
+        index
+    }
+
+    fn send(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) if text.is_empty() => {}
+                Piece::Text(text) => {
+                    let index = match self.open {
+                        Some((index, true)) => index,
+                        _ => self.start_block(json!({"type": "text", "text": ""}), true),
+                    };
+                    self.pending.push(event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": index,
+                                "delta": {"type": "text_delta", "text": text}}),
+                    ));
+                }
+                Piece::Call(call) => {
+                    let mut block = tool_use(&call);
+                    let input = std::mem::replace(&mut block["input"], json!({}));
+                    let index = self.start_block(block, false);
+                    self.pending.push(event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": index,
+                                "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+                    ));
+                    self.close_block();
+                }
+            }
+        }
+    }
+
+    fn fail(&mut self, err: &ApiError) {
+        self.pending.push(event("error", &error_body(err)));
+        self.done = true;
+    }
+}
+
+/// Server-sent events in Anthropic's sequence. Dropping the body (the client went away)
+/// drops the receiver, which the engine sees as a cancellation.
+pub fn stream(reply: MessageReply, rx: Receiver<Event>) -> Response {
+    let start = json!({
+        "type": "message_start",
+        "message": {
+            "id": reply.id, "type": "message", "role": "assistant", "model": reply.model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": reply.n_prompt, "output_tokens": 0},
+        },
+    });
+    let state = Stream {
+        pending: vec![
+            event("message_start", &start),
+            event("ping", &json!({"type": "ping"})),
+        ],
+        reply,
+        rx,
+        open: None,
+        next_index: 0,
+        done: false,
+    };
+    let body = stream::unfold(state, |mut s| async move {
+        loop {
+            if !s.pending.is_empty() {
+                let next = s.pending.remove(0);
+                return Some((Ok::<_, std::convert::Infallible>(next), s));
+            }
+            if s.done {
+                return None;
+            }
+            match s.rx.recv().await {
+                Some(Event::Delta { text, .. }) => {
+                    let pieces = s.reply.pieces(text);
+                    s.send(pieces);
+                }
+                Some(Event::Done {
+                    finish_reason,
+                    usage,
+                    stop_sequence,
+                }) => {
+                    let pieces = s.reply.last_pieces();
+                    s.send(pieces);
+                    s.close_block();
+                    let stop =
+                        stop_reason(finish_reason, s.reply.n_calls(), stop_sequence.as_deref());
+                    s.pending.push(event(
+                        "message_delta",
+                        &json!({"type": "message_delta",
+                                "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
+                                "usage": usage_json(&usage)}),
+                    ));
+                    s.pending
+                        .push(event("message_stop", &json!({"type": "message_stop"})));
+                    s.done = true;
+                }
+                Some(Event::Failed(err)) => s.fail(&err),
+                None => s.fail(&ApiError::internal(
+                    "the engine stopped before finishing this request",
+                )),
+            }
+        }
+    });
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(body),
+    )
+        .into_response()
+}

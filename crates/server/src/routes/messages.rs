@@ -1,0 +1,80 @@
+//! Anthropic's Messages endpoints over the engine (see [`crate::anthropic`]); errors are
+//! answered in Anthropic's body by the router's last layer.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{json, Value};
+
+use super::auth::KeyPriority;
+use super::prepare::{read_body, tokenize};
+use super::{submit, AppState, Submitted};
+use crate::anthropic::reply::{self, MessageReply};
+use crate::anthropic::request::{parse, Purpose};
+use crate::error::ApiError;
+
+/// `POST /v1/messages`.
+pub(super) async fn messages(
+    State(state): State<Arc<AppState>>,
+    Extension(key): Extension<KeyPriority>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let max_tools = state.limits.max_tools;
+    let answered = async {
+        let Submitted {
+            request,
+            events,
+            n_prompt,
+        } = submit(&state, key, &headers, body, move |body| {
+            parse(body, Purpose::Generate, max_tools)
+        })
+        .await?;
+        let reply = MessageReply::new(state.model_id.clone(), n_prompt, request.tools.as_ref());
+        if request.stream {
+            Ok(reply::stream(reply, events))
+        } else {
+            reply::collect(reply, events).await
+        }
+    };
+    answered.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens as the model's template renders
+/// it, tools included.
+pub(super) async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    let body = read_body(&state.limits, body).await?;
+    // Rendering and tokenising are CPU work: off the async workers, as for generation.
+    let permit = Arc::clone(&state.tokenizing)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::shutting_down())?;
+    let task_state = Arc::clone(&state);
+    let n = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        let request = parse(&body, Purpose::CountTokens, task_state.limits.max_tools)?;
+        if request.model != task_state.model_id {
+            return Err(ApiError::model_not_found(
+                &request.model,
+                &task_state.model_id,
+            ));
+        }
+        let ids = tokenize(
+            &task_state,
+            &request.prompt,
+            request.tools.as_ref(),
+            &request.extensions.template_kwargs,
+        )?;
+        Ok::<_, ApiError>(ids.len())
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("counting tokens failed: {e}")))??;
+    Ok(Json(json!({"input_tokens": n})))
+}
