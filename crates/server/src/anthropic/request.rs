@@ -44,6 +44,7 @@ const FIELDS: &[&str] = &[
     "service_tier",
     "speed",
     "inference_geo",
+    "context_management",
 ];
 
 /// Which request the body is for.
@@ -143,6 +144,7 @@ pub fn parse(
         Some(_) => return Err(bad("metadata", "'metadata' must be an object")),
     }
     service_fields(&obj)?;
+    context_management(obj.get("context_management"))?;
     let response_format = output_config(obj.get("output_config"))?;
     Ok(GenerationRequest {
         endpoint: Endpoint::Chat,
@@ -206,8 +208,8 @@ fn text_block(block: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// `messages`: alternating user and assistant turns of text, `tool_use` and
-/// `tool_result` blocks, as chat messages (a user turn's tool results each become a
+/// `messages`: user and assistant turns of text, `tool_use` and `tool_result` blocks
+/// (and system turns of text), as chat messages (a user turn's tool results each become a
 /// `tool` message, in order, before its text).
 fn turns(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match obj.get("messages") {
@@ -217,12 +219,14 @@ fn turns(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let mut out = Vec::new();
     for (i, turn) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
+        // A system turn mid-conversation (Claude Code's notices) is text the template
+        // renders in its place.
         let role = match turn.get("role").and_then(Value::as_str) {
-            Some(role @ ("user" | "assistant")) => role,
+            Some(role @ ("user" | "assistant" | "system")) => role,
             _ => {
                 return Err(bad(
                     format!("{at}.role"),
-                    format!("{at}.role must be \"user\" or \"assistant\""),
+                    format!("{at}.role must be \"user\", \"assistant\" or \"system\""),
                 ))
             }
         };
@@ -439,6 +443,45 @@ fn service_fields(obj: &Map<String, Value>) -> Result<(), ApiError> {
     }
 }
 
+/// `context_management` (Claude Code sends it): `clear_thinking_*` edits are met as
+/// they stand, since a turn's thinking never enters a later prompt here (the thinking
+/// blocks are dropped, as thinking templates drop them); other edits are refused by name.
+fn context_management(value: Option<&Value>) -> Result<(), ApiError> {
+    let at = "context_management.edits";
+    let edits = match value {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(c)) => match c.get("edits") {
+            None | Some(Value::Null) => return Ok(()),
+            Some(Value::Array(edits)) => edits,
+            Some(_) => return Err(bad(at, format!("'{at}' must be an array"))),
+        },
+        Some(_) => {
+            return Err(bad(
+                "context_management",
+                "'context_management' must be an object",
+            ))
+        }
+    };
+    for (i, edit) in edits.iter().enumerate() {
+        match edit.get("type").and_then(Value::as_str) {
+            Some(kind) if kind.starts_with("clear_thinking_") => {}
+            Some(kind) => {
+                return Err(bad(
+                    format!("{at}[{i}].type"),
+                    format!("'{at}[{i}].type' {kind} is not supported (clear_thinking edits are)"),
+                ))
+            }
+            None => {
+                return Err(bad(
+                    format!("{at}[{i}].type"),
+                    format!("'{at}[{i}].type' is required"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `output_config`: the `format` a reply must follow (a JSON schema, enforced by
 /// constrained decoding); its `effort` is validated (one effort level here).
 fn output_config(value: Option<&Value>) -> Result<Option<Grammar>, ApiError> {
@@ -515,6 +558,8 @@ mod tests {
                        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
             "stop_sequences": ["END"], "metadata": {"user_id": "u"}, "stream": true,
+            "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
         }))
         .unwrap();
         let Prompt::Chat(m) = &r.prompt else { panic!() };
@@ -556,7 +601,7 @@ mod tests {
                 "tool_choice.type",
             ),
             (
-                with("messages", json!([{"role": "system", "content": "x"}])),
+                with("messages", json!([{"role": "tool", "content": "x"}])),
                 "messages[0].role",
             ),
             (
@@ -577,6 +622,13 @@ mod tests {
                 "output_config.effort",
             ),
             (with("speed", json!("warp")), "speed"),
+            (
+                with(
+                    "context_management",
+                    json!({"edits": [{"type": "clear_tool_uses_20250919"}]}),
+                ),
+                "context_management.edits[0].type",
+            ),
         ] {
             let err = parsed(body.clone()).unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{body}: {err}");
