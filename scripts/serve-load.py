@@ -68,12 +68,16 @@ def make_prompt(rng: random.Random, tag: str) -> list[dict]:
             {"role": "user", "content": f"[{tag}] Write a detailed essay about {topic}. {extra}"}]
 
 
-async def one_request(client, model: str, messages: list[dict], max_tokens: int) -> dict:
-    """Stream one request; time every content chunk."""
+async def one_request(client, model: str, messages: list[dict], max_tokens: int,
+                      ignore_eos: bool = False) -> dict:
+    """Stream one request; time every content chunk. With `ignore_eos` every reply runs to
+    `max_tokens` (the extension vLLM's and llama.cpp's servers accept), so runs compare
+    equal amounts of work."""
     start = time.perf_counter()
+    extra = {"ignore_eos": True} if ignore_eos else None
     stream = await client.chat.completions.create(
         model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-        stream_options={"include_usage": True})
+        stream_options={"include_usage": True}, extra_body=extra)
     stamps: list[float] = []
     tokens = None
     async for chunk in stream:
@@ -116,16 +120,18 @@ async def run(args) -> dict:
     rng = random.Random(args.seed)
 
     # Baseline: one client, one request at a time (after a warm-up that is not counted).
-    await one_request(client, model, make_prompt(rng, f"{run_tag}-warm"), args.max_tokens)
+    await one_request(client, model, make_prompt(rng, f"{run_tag}-warm"), args.max_tokens, args.ignore_eos)
     baseline = []
     for i in range(args.baseline_requests):
-        baseline.append(await one_request(client, model, make_prompt(rng, f"{run_tag}-base{i}"), args.max_tokens))
+        baseline.append(await one_request(client, model, make_prompt(rng, f"{run_tag}-base{i}"), args.max_tokens,
+                                          args.ignore_eos))
     single_tokens = sum(r["tokens"] for r in baseline)
     single_time = sum(r["end"] - r["start"] for r in baseline)
 
     # Load: all clients start together.
     prompts = [make_prompt(rng, f"{run_tag}-c{i}") for i in range(args.clients)]
-    results = await asyncio.gather(*(one_request(client, model, p, args.max_tokens) for p in prompts))
+    results = await asyncio.gather(*(one_request(client, model, p, args.max_tokens, args.ignore_eos)
+                                     for p in prompts))
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     total_tokens = sum(r["tokens"] for r in results)
     ttfts = [r["ttft"] for r in results if r["ttft"] is not None]
@@ -140,6 +146,7 @@ async def run(args) -> dict:
         "model": model,
         "clients": args.clients,
         "max_tokens": args.max_tokens,
+        "ignore_eos": args.ignore_eos,
         "ttft_ms": {"p50": ms(percentile(ttfts, 50)), "p99": ms(percentile(ttfts, 99))},
         "itl_ms": {"p50": ms(percentile(itls, 50)), "p99": ms(percentile(itls, 99))},
         "aggregate_tok_s": round(aggregate_rate, 1) if aggregate_rate else None,
@@ -163,6 +170,8 @@ def main() -> None:
                         help="model id (default: $PYRAMID_MODEL_ID, else the first one /v1/models lists)")
     parser.add_argument("--clients", type=int, default=32, help="concurrent streaming clients")
     parser.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every request")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="every reply runs to --max-tokens (ignore_eos, as vLLM's bench sends it)")
     parser.add_argument("--api-key", default=os.environ.get("PYRAMID_API_KEY"), help="the server's --api-key, if any")
     parser.add_argument("--baseline-requests", type=int, default=3, help="sequential single-client requests")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")

@@ -3,6 +3,7 @@
 //! read from Anthropic's shapes ([`request`]) and answered in them ([`reply`]), errors
 //! in Anthropic's body (`{"type": "error", "error": {"type", "message"}}`).
 
+mod options;
 pub mod reply;
 pub mod request;
 
