@@ -42,13 +42,18 @@ impl ApiError {
         }
     }
 
+    /// A prompt that, with one generated token, needs `needed` positions of a largest
+    /// window of `limit`: OpenAI's code and wording, which clients such as litellm match.
     pub fn context_length_exceeded(param: &str, needed: usize, limit: usize) -> Self {
         Self {
             code: Some("context_length_exceeded"),
             param: Some(param.into()),
             ..Self::invalid_request(format!(
-                "this request needs {needed} tokens of context (the prompt plus one generated \
-                 token), but the largest window is {limit} tokens"
+                "This model's maximum context length is {limit} tokens. However, your {} \
+                 resulted in {needed} tokens (the prompt and one generated token). Please \
+                 reduce the length of the {}.",
+                what(param),
+                what(param)
             ))
         }
     }
@@ -60,8 +65,11 @@ impl ApiError {
             code: Some("context_length_exceeded"),
             param: Some(param.into()),
             ..Self::invalid_request(format!(
-                "the prompt is longer than the largest window ({limit} tokens, including one \
-                 generated token)"
+                "This model's maximum context length is {limit} tokens. However, your {} \
+                 resulted in more than {limit} tokens (with one generated token). Please reduce \
+                 the length of the {}.",
+                what(param),
+                what(param)
             ))
         }
     }
@@ -163,6 +171,14 @@ impl ApiError {
             "code": self.code,
             "param": self.param,
         }})
+    }
+}
+
+/// What a request's `param` holds, in OpenAI's context-length wording.
+fn what(param: &str) -> &'static str {
+    match param {
+        "prompt" => "prompt",
+        _ => "messages",
     }
 }
 

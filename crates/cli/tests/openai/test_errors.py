@@ -84,7 +84,11 @@ def check_context_length():
     common.expect_api_error(completion_call(prompt=huge), openai.BadRequestError, 400,
                             "completions with a ~100k-token prompt", code="context_length_exceeded",
                             param="prompt")
-    ok("prompt beyond the largest window -> 400 context_length_exceeded")
+    err = common.expect_api_error(completion_call(prompt=huge), openai.BadRequestError, 400, "again",
+                                  code="context_length_exceeded")
+    # OpenAI's wording, which clients such as litellm recognise.
+    expect("maximum context length is" in err.message, f"OpenAI's wording: {err.message!r}")
+    ok("prompt beyond the largest window -> 400 context_length_exceeded in OpenAI's wording")
 
 
 BAD_CHAT_PARAMS = [
