@@ -132,17 +132,23 @@ pub struct GenerationRequest {
     pub extensions: Extensions,
 }
 
+/// A request body as the JSON object every endpoint takes.
+pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::invalid_request("the body must be a JSON object")),
+    }
+}
+
 /// `max_tools`: the most tools a chat request may define.
 pub fn parse(
     endpoint: Endpoint,
     body: &[u8],
     max_tools: usize,
 ) -> Result<GenerationRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::invalid_request("the body must be a JSON object"));
-    };
+    let obj = json_object(body)?;
     let known = match endpoint {
         Endpoint::Chat => CHAT_FIELDS,
         Endpoint::Completion => COMPLETION_FIELDS,
@@ -711,7 +717,7 @@ fn opt_u64(obj: &Map<String, Value>, name: &str) -> Result<Option<u64>, ApiError
     }
 }
 
-fn opt_f64(obj: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
+pub(crate) fn opt_f64(obj: &Map<String, Value>, name: &str) -> Result<Option<f64>, ApiError> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),

@@ -7,6 +7,7 @@
 use pyramid_runtime::SamplerConfig;
 use serde_json::{Map, Value};
 
+use crate::api::opt_f64;
 use crate::error::ApiError;
 
 /// The extension fields of both endpoints.
@@ -70,15 +71,15 @@ pub fn parse(
             }
         };
     }
-    if let Some(p) = opt_number(obj, "min_p")? {
+    if let Some(p) = opt_f64(obj, "min_p")? {
         if !(0.0..=1.0).contains(&p) {
             return Err(bad("min_p", "'min_p' must be between 0 and 1"));
         }
         sampler.min_p = p as f32;
     }
     let penalties = [
-        ("repetition_penalty", opt_number(obj, "repetition_penalty")?),
-        ("repeat_penalty", opt_number(obj, "repeat_penalty")?),
+        ("repetition_penalty", opt_f64(obj, "repetition_penalty")?),
+        ("repeat_penalty", opt_f64(obj, "repeat_penalty")?),
     ];
     if let [(_, Some(a)), (_, Some(b))] = penalties {
         if a != b {
@@ -180,14 +181,6 @@ fn opt_i64(obj: &Map<String, Value>, name: &'static str) -> Result<Option<i64>, 
             .map(Some)
             .ok_or_else(|| bad(name, format!("'{name}' must be an integer"))),
         Some(_) => Err(bad(name, format!("'{name}' must be an integer"))),
-    }
-}
-
-fn opt_number(obj: &Map<String, Value>, name: &'static str) -> Result<Option<f64>, ApiError> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(_) => Err(bad(name, format!("'{name}' must be a number"))),
     }
 }
 

@@ -28,6 +28,7 @@ pub mod listen;
 pub mod metrics;
 pub mod outbox;
 pub mod routes;
+mod sse;
 mod stop;
 pub mod tools;
 pub mod worker;

@@ -25,7 +25,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 
 mod parse;
-pub use parse::{ParsedCall, Piece, ToolCallParser};
+pub use parse::{ParsedCall, Piece, ReplyReader, ToolCallParser};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";

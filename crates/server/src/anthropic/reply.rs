@@ -2,11 +2,9 @@
 //! (`message_start`, `content_block_start`/`_delta`/`_stop` per block, `message_delta`
 //! with the stop reason and usage, `message_stop`, `ping` at the start).
 
-use axum::body::{Body, Bytes};
-use axum::http::header;
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream;
 use pyramid_engine::{FinishReason, Usage};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::Receiver;
@@ -14,7 +12,8 @@ use tokio::sync::mpsc::Receiver;
 use super::error_body;
 use crate::api::random_seed;
 use crate::error::ApiError;
-use crate::tools::{ParsedCall, Piece, ToolCallParser, ToolSet};
+use crate::sse::{event_stream, EventWriter};
+use crate::tools::{ParsedCall, Piece, ReplyReader, ToolSet};
 use crate::worker::Event;
 
 /// The fixed parts of one reply.
@@ -23,7 +22,7 @@ pub struct MessageReply {
     pub model: String,
     /// Tokens of the rendered prompt.
     pub n_prompt: usize,
-    parser: Option<ToolCallParser>,
+    reader: ReplyReader,
 }
 
 impl MessageReply {
@@ -33,27 +32,8 @@ impl MessageReply {
             id: format!("msg_{:016x}{:08x}", random_seed(), random_seed() as u32),
             model,
             n_prompt,
-            parser: tools.filter(|t| t.parses_calls()).map(ToolCallParser::new),
+            reader: ReplyReader::new(tools),
         }
-    }
-
-    fn pieces(&mut self, text: String) -> Vec<Piece> {
-        match self.parser.as_mut() {
-            Some(parser) => parser.push(&text),
-            None if text.is_empty() => Vec::new(),
-            None => vec![Piece::Text(text)],
-        }
-    }
-
-    fn last_pieces(&mut self) -> Vec<Piece> {
-        self.parser
-            .as_mut()
-            .map(ToolCallParser::finish)
-            .unwrap_or_default()
-    }
-
-    fn n_calls(&self) -> usize {
-        self.parser.as_ref().map_or(0, ToolCallParser::n_calls)
     }
 }
 
@@ -115,7 +95,7 @@ pub async fn collect(
     loop {
         match rx.recv().await {
             Some(Event::Delta { text, .. }) => {
-                let pieces = reply.pieces(text);
+                let pieces = reply.reader.push(text);
                 add(pieces, &mut content);
             }
             Some(Event::Done {
@@ -123,9 +103,13 @@ pub async fn collect(
                 usage,
                 stop_sequence,
             }) => {
-                let pieces = reply.last_pieces();
+                let pieces = reply.reader.finish();
                 add(pieces, &mut content);
-                let stop = stop_reason(finish_reason, reply.n_calls(), stop_sequence.as_deref());
+                let stop = stop_reason(
+                    finish_reason,
+                    reply.reader.n_calls(),
+                    stop_sequence.as_deref(),
+                );
                 return Ok(Json(json!({
                     "id": reply.id,
                     "type": "message",
@@ -153,18 +137,16 @@ fn event(kind: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
-/// The stream's state: which block is open, and what is ready to send.
-struct Stream {
+/// A streamed reply's events: which block is open, and what is ready to send.
+struct EventsWriter {
     reply: MessageReply,
-    rx: Receiver<Event>,
     pending: Vec<Bytes>,
     /// The open block's index, and whether it is a text block.
     open: Option<(usize, bool)>,
     next_index: usize,
-    done: bool,
 }
 
-impl Stream {
+impl EventsWriter {
     fn close_block(&mut self) {
         if let Some((index, _)) = self.open.take() {
             self.pending.push(event(
@@ -215,15 +197,53 @@ impl Stream {
             }
         }
     }
+}
 
-    fn fail(&mut self, err: &ApiError) {
-        self.pending.push(event("error", &error_body(err)));
-        self.done = true;
+impl EventWriter for EventsWriter {
+    fn pending(&mut self) -> &mut Vec<Bytes> {
+        &mut self.pending
+    }
+
+    fn write(&mut self, event_in: Option<Event>) -> bool {
+        match event_in {
+            Some(Event::Delta { text, .. }) => {
+                let pieces = self.reply.reader.push(text);
+                self.send(pieces);
+                return false;
+            }
+            Some(Event::Done {
+                finish_reason,
+                usage,
+                stop_sequence,
+            }) => {
+                let pieces = self.reply.reader.finish();
+                self.send(pieces);
+                self.close_block();
+                let stop = stop_reason(
+                    finish_reason,
+                    self.reply.reader.n_calls(),
+                    stop_sequence.as_deref(),
+                );
+                self.pending.push(event(
+                    "message_delta",
+                    &json!({"type": "message_delta",
+                            "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
+                            "usage": usage_json(&usage)}),
+                ));
+                self.pending
+                    .push(event("message_stop", &json!({"type": "message_stop"})));
+            }
+            Some(Event::Failed(err)) => self.pending.push(event("error", &error_body(&err))),
+            None => {
+                let err = ApiError::internal("the engine stopped before finishing this request");
+                self.pending.push(event("error", &error_body(&err)));
+            }
+        }
+        true
     }
 }
 
-/// Server-sent events in Anthropic's sequence. Dropping the body (the client went away)
-/// drops the receiver, which the engine sees as a cancellation.
+/// Server-sent events in Anthropic's sequence.
 pub fn stream(reply: MessageReply, rx: Receiver<Event>) -> Response {
     let start = json!({
         "type": "message_start",
@@ -233,64 +253,14 @@ pub fn stream(reply: MessageReply, rx: Receiver<Event>) -> Response {
             "usage": {"input_tokens": reply.n_prompt, "output_tokens": 0},
         },
     });
-    let state = Stream {
+    let writer = EventsWriter {
         pending: vec![
             event("message_start", &start),
             event("ping", &json!({"type": "ping"})),
         ],
         reply,
-        rx,
         open: None,
         next_index: 0,
-        done: false,
     };
-    let body = stream::unfold(state, |mut s| async move {
-        loop {
-            if !s.pending.is_empty() {
-                let next = s.pending.remove(0);
-                return Some((Ok::<_, std::convert::Infallible>(next), s));
-            }
-            if s.done {
-                return None;
-            }
-            match s.rx.recv().await {
-                Some(Event::Delta { text, .. }) => {
-                    let pieces = s.reply.pieces(text);
-                    s.send(pieces);
-                }
-                Some(Event::Done {
-                    finish_reason,
-                    usage,
-                    stop_sequence,
-                }) => {
-                    let pieces = s.reply.last_pieces();
-                    s.send(pieces);
-                    s.close_block();
-                    let stop =
-                        stop_reason(finish_reason, s.reply.n_calls(), stop_sequence.as_deref());
-                    s.pending.push(event(
-                        "message_delta",
-                        &json!({"type": "message_delta",
-                                "delta": {"stop_reason": stop, "stop_sequence": stop_sequence},
-                                "usage": usage_json(&usage)}),
-                    ));
-                    s.pending
-                        .push(event("message_stop", &json!({"type": "message_stop"})));
-                    s.done = true;
-                }
-                Some(Event::Failed(err)) => s.fail(&err),
-                None => s.fail(&ApiError::internal(
-                    "the engine stopped before finishing this request",
-                )),
-            }
-        }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+    event_stream(writer, rx)
 }

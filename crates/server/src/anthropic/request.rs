@@ -15,7 +15,7 @@ use pyramid_runtime::SamplerConfig;
 use pyramid_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{json, Map, Value};
 
-use crate::api::{random_seed, Endpoint, GenerationRequest, Prompt};
+use crate::api::{json_object, opt_f64, random_seed, Endpoint, GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::extensions::Extensions;
 use crate::tools::ToolSet;
@@ -61,11 +61,7 @@ pub fn parse(
     purpose: Purpose,
     max_tools: usize,
 ) -> Result<GenerationRequest, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::invalid_request(format!("the body is not valid JSON: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::invalid_request("the body must be a JSON object"));
-    };
+    let obj = json_object(body)?;
     if let Some((field, _)) = obj
         .iter()
         .find(|(k, v)| !v.is_null() && !FIELDS.contains(&k.as_str()))
@@ -94,11 +90,11 @@ pub fn parse(
     };
     let mut messages = system(obj.get("system"))?;
     messages.extend(turns(&obj)?);
-    let temperature = number(&obj, "temperature", 1.0)?;
+    let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&temperature) {
         return Err(bad("temperature", "'temperature' must be between 0 and 1"));
     }
-    let top_p = number(&obj, "top_p", 1.0)?;
+    let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
         return Err(bad("top_p", "'top_p' must be in (0, 1]"));
     }
@@ -173,28 +169,31 @@ fn bad(param: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::bad_param(param, message)
 }
 
-fn number(obj: &Map<String, Value>, name: &str, default: f64) -> Result<f64, ApiError> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Number(n)) => Ok(n.as_f64().unwrap_or(default)),
-        Some(_) => Err(bad(name, format!("'{name}' must be a number"))),
-    }
-}
-
 /// `system` as a string or text blocks: the first message.
 fn system(value: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let text = match value {
         None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(blocks)) => blocks
-            .iter()
-            .enumerate()
-            .map(|(i, b)| text_block(b, &format!("system[{i}]")))
-            .collect::<Result<Vec<_>, _>>()?
-            .concat(),
-        Some(_) => return Err(bad("system", "'system' must be a string or text blocks")),
+        Some(value) => text_of(value, "system")?
+            .ok_or_else(|| bad("system", "'system' must be a string or text blocks"))?,
     };
     Ok(vec![ChatMessage::new("system", text)])
+}
+
+/// The text of a string or of an array of text blocks (`at` names it); `None` for
+/// anything else.
+fn text_of(value: &Value, at: &str) -> Result<Option<String>, ApiError> {
+    Ok(match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(blocks) => Some(
+            blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| text_block(b, &format!("{at}[{i}]")))
+                .collect::<Result<Vec<_>, _>>()?
+                .concat(),
+        ),
+        _ => None,
+    })
 }
 
 /// A `{"type": "text", "text"}` block's text (`cache_control` may ride along: the
@@ -303,19 +302,12 @@ fn tool_result(block: &Value, at: &str) -> Result<ChatMessage, ApiError> {
         })?;
     let mut text = match block.get("content") {
         None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .enumerate()
-            .map(|(k, p)| text_block(p, &format!("{at}.content[{k}]")))
-            .collect::<Result<Vec<_>, _>>()?
-            .concat(),
-        Some(_) => {
-            return Err(bad(
+        Some(content) => text_of(content, &format!("{at}.content"))?.ok_or_else(|| {
+            bad(
                 format!("{at}.content"),
                 format!("{at}.content must be a string or text blocks"),
-            ))
-        }
+            )
+        })?,
     };
     if block.get("is_error").and_then(Value::as_bool) == Some(true) {
         text = format!("Error: {text}");

@@ -1,17 +1,16 @@
 //! Engine events as OpenAI responses: one JSON body, or server-sent event chunks.
 
-use axum::body::{Body, Bytes};
-use axum::http::header;
+use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::stream;
 use pyramid_engine::{FinishReason, Usage};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::Receiver;
 
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::error::ApiError;
-use crate::tools::{ParsedCall, Piece, ToolCallParser};
+use crate::sse::{event_stream, EventWriter};
+use crate::tools::{ParsedCall, Piece, ReplyReader};
 use crate::worker::{Event, TokenLogprob};
 
 /// The fixed parts of one response.
@@ -27,13 +26,9 @@ impl Reply {
         self.request.endpoint == Endpoint::Chat
     }
 
-    /// A parser for the reply's tool calls, when it is read for them.
-    fn call_parser(&self) -> Option<ToolCallParser> {
-        self.request
-            .tools
-            .as_ref()
-            .filter(|t| t.parses_calls())
-            .map(ToolCallParser::new)
+    /// The reader of the reply, for tool calls when they may be made.
+    fn reader(&self) -> ReplyReader {
+        ReplyReader::new(self.request.tools.as_ref())
     }
 
     /// One streamed chunk around `choice` (or `usage` with no choice).
@@ -121,118 +116,96 @@ fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// Server-sent events: a chunk per event, `data: [DONE]` at the end. Dropping the body
-/// (the client went away) drops the receiver, which the engine sees as a cancellation.
-/// A tool call is sent as one `tool_calls` delta once its closing tag is in.
+/// Server-sent events: a chunk per event, `data: [DONE]` at the end. A tool call is
+/// sent as one `tool_calls` delta once its closing tag is in.
 pub(super) fn stream_response(reply: Reply, rx: Receiver<Event>) -> Response {
     let first = reply.is_chat().then(|| {
         let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         sse(&reply.chunk(Some(role), None))
     });
-    struct StreamState {
-        parser: Option<ToolCallParser>,
-        reply: Reply,
-        rx: Receiver<Event>,
-        pending: Vec<Bytes>,
-        /// Tool calls sent so far: the next one's `index`.
-        calls_sent: usize,
-        done: bool,
-    }
-    impl StreamState {
-        /// Chunks for `pieces`; `logprobs` go with the first (or alone, if none).
-        fn send(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
-            let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
-            for piece in pieces {
-                let delta = match piece {
-                    Piece::Text(text) => json!({"content": text}),
-                    Piece::Call(call) => {
-                        self.calls_sent += 1;
-                        json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
-                    }
-                };
-                let choice = self
-                    .reply
-                    .delta_choice(delta, logprobs.take().unwrap_or(&[]), None);
-                self.pending
-                    .push(sse(&self.reply.chunk(Some(choice), None)));
-            }
-            if let Some(logprobs) = logprobs {
-                let choice = self
-                    .reply
-                    .delta_choice(json!({"content": ""}), logprobs, None);
-                self.pending
-                    .push(sse(&self.reply.chunk(Some(choice), None)));
-            }
-        }
-    }
-    let state = StreamState {
-        parser: reply.call_parser(),
+    let writer = ChunkWriter {
+        reader: reply.reader(),
         reply,
-        rx,
         pending: first.into_iter().collect(),
         calls_sent: 0,
-        done: false,
     };
-    let body = stream::unfold(state, |mut s| async move {
-        loop {
-            if !s.pending.is_empty() {
-                let next = s.pending.remove(0);
-                return Some((Ok::<_, std::convert::Infallible>(next), s));
+    event_stream(writer, rx)
+}
+
+/// A streamed OpenAI reply's chunks.
+struct ChunkWriter {
+    reader: ReplyReader,
+    reply: Reply,
+    pending: Vec<Bytes>,
+    /// Tool calls sent so far: the next one's `index`.
+    calls_sent: usize,
+}
+
+impl ChunkWriter {
+    /// Chunks for `pieces`; `logprobs` go with the first (or alone, if none).
+    fn send(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+        let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
+        for piece in pieces {
+            let delta = match piece {
+                Piece::Text(text) => json!({"content": text}),
+                Piece::Call(call) => {
+                    self.calls_sent += 1;
+                    json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
+                }
+            };
+            let choice = self
+                .reply
+                .delta_choice(delta, logprobs.take().unwrap_or(&[]), None);
+            self.pending
+                .push(sse(&self.reply.chunk(Some(choice), None)));
+        }
+        if let Some(logprobs) = logprobs {
+            let choice = self
+                .reply
+                .delta_choice(json!({"content": ""}), logprobs, None);
+            self.pending
+                .push(sse(&self.reply.chunk(Some(choice), None)));
+        }
+    }
+}
+
+impl EventWriter for ChunkWriter {
+    fn pending(&mut self) -> &mut Vec<Bytes> {
+        &mut self.pending
+    }
+
+    fn write(&mut self, event: Option<Event>) -> bool {
+        match event {
+            Some(Event::Delta { text, logprobs }) => {
+                let pieces = self.reader.push(text);
+                self.send(pieces, &logprobs);
+                return false;
             }
-            if s.done {
-                return None;
+            Some(Event::Done {
+                finish_reason,
+                usage,
+                ..
+            }) => {
+                let rest = self.reader.finish();
+                self.send(rest, &[]);
+                let finish = finish_name(finish_reason, self.reader.n_calls());
+                let choice = self.reply.delta_choice(json!({}), &[], Some(finish));
+                self.pending
+                    .push(sse(&self.reply.chunk(Some(choice), None)));
+                if self.reply.request.include_usage {
+                    self.pending
+                        .push(sse(&self.reply.chunk(None, Some(&usage))));
+                }
+                self.pending.push(Bytes::from_static(b"data: [DONE]\n\n"));
             }
-            match s.rx.recv().await {
-                Some(Event::Delta { text, logprobs }) => {
-                    let pieces = match s.parser.as_mut() {
-                        Some(parser) => parser.push(&text),
-                        None if text.is_empty() => Vec::new(),
-                        None => vec![Piece::Text(text)],
-                    };
-                    s.send(pieces, &logprobs);
-                }
-                Some(Event::Done {
-                    finish_reason,
-                    usage,
-                    ..
-                }) => {
-                    let rest = s
-                        .parser
-                        .as_mut()
-                        .map(ToolCallParser::finish)
-                        .unwrap_or_default();
-                    s.send(rest, &[]);
-                    let n_calls = s.parser.as_ref().map_or(0, ToolCallParser::n_calls);
-                    let finish = finish_name(finish_reason, n_calls);
-                    let choice = s.reply.delta_choice(json!({}), &[], Some(finish));
-                    s.pending.push(sse(&s.reply.chunk(Some(choice), None)));
-                    if s.reply.request.include_usage {
-                        s.pending.push(sse(&s.reply.chunk(None, Some(&usage))));
-                    }
-                    s.pending.push(Bytes::from_static(b"data: [DONE]\n\n"));
-                    s.done = true;
-                }
-                Some(Event::Failed(err)) => {
-                    s.pending.push(sse(&err.body()));
-                    s.done = true;
-                }
-                None => {
-                    let err =
-                        ApiError::internal("the engine stopped before finishing this request");
-                    s.pending.push(sse(&err.body()));
-                    s.done = true;
-                }
+            Some(Event::Failed(err)) => self.pending.push(sse(&err.body())),
+            None => {
+                let err = ApiError::internal("the engine stopped before finishing this request");
+                self.pending.push(sse(&err.body()));
             }
         }
-    });
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        Body::from_stream(body),
-    )
-        .into_response()
+        true
+    }
 }
 
 pub(super) async fn collect_response(
@@ -265,29 +238,27 @@ pub(super) async fn collect_response(
         }
     };
     let choice = if reply.is_chat() {
+        let mut reader = reply.reader();
+        let mut pieces = reader.push(text.clone());
+        pieces.extend(reader.finish());
+        let mut content = String::new();
+        let mut calls = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => content.push_str(&t),
+                Piece::Call(call) => calls.push(call_json(&call, None)),
+            }
+        }
+        let n_calls = calls.len();
         let mut message = json!({"role": "assistant", "content": text});
-        let mut n_calls = 0;
-        if let Some(mut parser) = reply.call_parser() {
-            let mut pieces = parser.push(&text);
-            pieces.extend(parser.finish());
-            let mut content = String::new();
-            let mut calls = Vec::new();
-            for piece in pieces {
-                match piece {
-                    Piece::Text(t) => content.push_str(&t),
-                    Piece::Call(call) => calls.push(call_json(&call, None)),
-                }
-            }
-            n_calls = calls.len();
-            if !calls.is_empty() {
-                // Only whitespace around the calls is no answer.
-                message["content"] = if content.trim().is_empty() {
-                    Value::Null
-                } else {
-                    json!(content.trim())
-                };
-                message["tool_calls"] = json!(calls);
-            }
+        if !calls.is_empty() {
+            // Only whitespace around the calls is no answer.
+            message["content"] = if content.trim().is_empty() {
+                Value::Null
+            } else {
+                json!(content.trim())
+            };
+            message["tool_calls"] = json!(calls);
         }
         json!({
             "index": 0,

@@ -30,6 +30,39 @@ pub enum Piece {
     Call(ParsedCall),
 }
 
+/// A reply read as it streams in: through a [`ToolCallParser`] when the request's tools
+/// may be called, as plain text otherwise. Both protocols' replies read it so.
+#[derive(Debug)]
+pub struct ReplyReader(Option<ToolCallParser>);
+
+impl ReplyReader {
+    pub fn new(tools: Option<&ToolSet>) -> Self {
+        Self(tools.filter(|t| t.parses_calls()).map(ToolCallParser::new))
+    }
+
+    /// The pieces `text` completes (nothing for no text).
+    pub fn push(&mut self, text: String) -> Vec<Piece> {
+        match self.0.as_mut() {
+            Some(parser) => parser.push(&text),
+            None if text.is_empty() => Vec::new(),
+            None => vec![Piece::Text(text)],
+        }
+    }
+
+    /// What was held back, once the reply has ended.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        self.0
+            .as_mut()
+            .map(ToolCallParser::finish)
+            .unwrap_or_default()
+    }
+
+    /// Calls read so far.
+    pub fn n_calls(&self) -> usize {
+        self.0.as_ref().map_or(0, ToolCallParser::n_calls)
+    }
+}
+
 /// Splits a streamed reply into text and calls. Text that might be the start of a
 /// `<tool_call>` tag is held back until it is known not to be; a call is released when
 /// its closing tag arrives. A block that is not a well-formed call of a known function
