@@ -25,7 +25,8 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 
 mod parse;
-pub use parse::{ParsedCall, Piece, ReplyReader, ToolCallParser};
+mod scan;
+pub use parse::{Gathered, ParsedCall, Piece, ReplyReader, ToolCallParser};
 
 pub const OPEN: &str = "<tool_call>";
 pub const CLOSE: &str = "</tool_call>";
@@ -216,10 +217,9 @@ impl ToolSet {
         matches!(self.choice, ToolChoice::Required | ToolChoice::Function(_))
     }
 
-    /// The Lark rule `calls`: one call, or several when parallel calls are allowed, each
-    /// naming a function it may call with arguments valid against its schema.
-    fn calls_rule(&self) -> String {
-        let allowed: Vec<usize> = match &self.choice {
+    /// Indices of the functions a reply may call.
+    fn callable(&self) -> Vec<usize> {
+        match &self.choice {
             ToolChoice::Function(name) => self
                 .names
                 .iter()
@@ -227,13 +227,19 @@ impl ToolSet {
                 .into_iter()
                 .collect(),
             _ => (0..self.names.len()).collect(),
-        };
+        }
+    }
+
+    /// The JSON schema of one call `{"name": ..., "arguments": {...}}` of a function it
+    /// may call, with arguments valid against that function's schema.
+    fn call_schema(&self) -> Value {
         // Each function's definitions move to the root of the combined schema, where
         // its `$ref`s (renamed apart) still find them.
         let mut defs = Map::new();
-        let variants: Vec<Value> = allowed
-            .iter()
-            .map(|&i| {
+        let variants: Vec<Value> = self
+            .callable()
+            .into_iter()
+            .map(|i| {
                 let arguments =
                     hoist_definitions(&self.parameters[i], &format!("f{i}_"), &mut defs);
                 json!({
@@ -252,6 +258,11 @@ impl ToolSet {
             schema["$defs"] = Value::Object(defs);
         }
         schema["x-guidance"] = json_layout();
+        schema
+    }
+
+    /// The Lark rule `calls`: one call, or several when parallel calls are allowed.
+    fn calls_rule(&self) -> String {
         let repeat = if self.parallel {
             r#" ("\n" call)*"#
         } else {
@@ -260,20 +271,60 @@ impl ToolSet {
         format!(
             "calls: call{repeat}\ncall: {open} %json {schema} {close}\n",
             open = lark_string(&format!("{OPEN}\n")),
+            schema = self.call_schema(),
             close = lark_string(&format!("\n{CLOSE}")),
+        )
+    }
+
+    /// A lazy grammar for `tool_choice: "auto"`: text is free, but a call once begun —
+    /// a `<tool_call>` tag anywhere, or a bare `{"name": "<declared name>"` (in a code
+    /// fence or not) at the reply's start — must finish as a well-formed call of a
+    /// declared function with valid arguments, as [`ToolCallParser`] reads it. The
+    /// triggers are lazy lexemes: each matches as little as it can, so it fires at the
+    /// first tag, and plain text costs the matcher next to nothing.
+    fn lazy_grammar(&self) -> String {
+        let mut bare = Vec::new();
+        let mut rules = String::new();
+        for i in self.callable() {
+            let mut arguments = self.parameters[i].clone();
+            if let Value::Object(fields) = &mut arguments {
+                fields.insert("x-guidance".to_string(), json_layout());
+            }
+            let head = lark_string(&format!("{{\"name\": {}", python_json(&json!(self.names[i]))));
+            rules.push_str(&format!(
+                "bare_hd_{i}[lazy]: /([ \\t\\r\\n]|```[a-zA-Z]*)*/ {head}\n\
+                 bare_{i}: bare_hd_{i} \", \\\"arguments\\\": \" %json {arguments} \"}}\"\n"
+            ));
+            bare.push(format!("bare_{i}"));
+        }
+        let start = if self.parallel {
+            "start: bare* tagged* TEXT"
+        } else {
+            "start: (bare | tagged)? TEXT"
+        };
+        format!(
+            "%llguidance {{}}\n{start}\nTEXT: /(.|\\n)*/\n\
+             tag_hd[lazy]: TEXT {open}\n\
+             tagged: tag_hd \"\\n\" %json {schema} {close}\n\
+             bare: {bare}\n{rules}",
+            open = lark_string(OPEN),
+            schema = self.call_schema(),
+            close = lark_string(&format!("\n{CLOSE}")),
+            bare = bare.join(" | "),
         )
     }
 }
 
 /// What constrains a chat reply, given its tools and `response_format` schema: calls only
-/// (`required`, named), calls or the schema's JSON (`auto` with a format), or the JSON
-/// alone.
+/// (`required`, named), calls or the schema's JSON (`auto` with a format), free text with
+/// calls constrained once begun (`auto`), or the JSON alone.
 pub fn reply_grammar(tools: Option<&ToolSet>, format: Option<&Grammar>) -> Option<Grammar> {
     let calls = tools.filter(|t| t.parses_calls());
     match (calls, format) {
         (Some(t), _) if t.forces_calls() => {
             Some(Grammar::Lark(format!("start: calls\n{}", t.calls_rule())))
         }
+        (Some(t), None) => Some(Grammar::Lark(t.lazy_grammar())),
         (Some(t), Some(Grammar::JsonSchema(schema))) => {
             let mut schema = schema.clone();
             if let Value::Object(fields) = &mut schema {

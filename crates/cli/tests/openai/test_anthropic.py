@@ -83,13 +83,16 @@ def check_tool_round_trip():
 
     # Streamed: the call arrives as a tool_use block with its input as JSON deltas.
     deltas: dict[int, str] = {}
+    fragments = 0
     with client.messages.stream(model=MODEL, max_tokens=64, extra_body=GREEDY, messages=ask, tools=[WEATHER],
                                 tool_choice={"type": "any"}) as stream:
         for event in stream:
             if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
                 deltas[event.index] = deltas.get(event.index, "") + event.delta.partial_json
+                fragments += 1
         final = stream.get_final_message()
     expect(final.stop_reason == "tool_use" and deltas, f"streamed calls: {final.content}")
+    expect(fragments > len(deltas), f"input streams in fragments as it is written ({fragments} deltas)")
     for index, joined in deltas.items():
         block = final.content[index]
         expect_eq((block.type, json.loads(joined)), ("tool_use", block.input), f"block {index}'s input deltas")

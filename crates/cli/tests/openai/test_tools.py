@@ -142,10 +142,17 @@ def ask_tools(prompt: str, choice, parallel: bool, stream: bool):
         for choice_ in chunk.choices:
             finish = choice_.finish_reason or finish
             for d in choice_.delta.tool_calls or []:
-                c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                if d.index not in calls:
+                    # The first delta of a call names it; its arguments follow in fragments.
+                    expect(d.id and d.type == "function" and d.function and d.function.name,
+                           f"a call's first delta carries id, type and name: {d}")
+                c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": "", "fragments": 0})
+                c["fragments"] += 1
                 c["id"] += d.id or ""
                 c["name"] += (d.function.name or "") if d.function else ""
                 c["arguments"] += (d.function.arguments or "") if d.function else ""
+    expect(all(c["fragments"] > 2 for c in calls.values() if len(c["arguments"]) > 8),
+           f"arguments stream in fragments as they are written: {calls}")
     out = [openai.types.chat.ChatCompletionMessageFunctionToolCall(
         id=c["id"], type="function", function={"name": c["name"], "arguments": c["arguments"]})
         for _, c in sorted(calls.items())]

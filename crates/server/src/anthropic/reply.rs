@@ -13,7 +13,7 @@ use super::error_body;
 use crate::api::random_seed;
 use crate::error::ApiError;
 use crate::sse::{event_stream, EventWriter};
-use crate::tools::{ParsedCall, Piece, ReplyReader, ToolSet};
+use crate::tools::{Piece, ReplyReader, ToolSet};
 use crate::worker::Event;
 
 /// The fixed parts of one reply.
@@ -37,13 +37,13 @@ impl MessageReply {
     }
 }
 
-/// A call as a `tool_use` block: arguments as the `input` object.
-fn tool_use(call: &ParsedCall) -> Value {
+/// A `tool_use` block calling `name`, its `input` empty until its arguments are in.
+fn tool_use(name: &str) -> Value {
     json!({
         "type": "tool_use",
         "id": format!("toolu_{:016x}", random_seed()),
-        "name": call.name,
-        "input": serde_json::from_str::<Value>(&call.arguments).unwrap_or_else(|_| json!({})),
+        "name": name,
+        "input": {},
     })
 }
 
@@ -77,7 +77,9 @@ pub async fn collect(
     mut rx: Receiver<Event>,
 ) -> Result<Response, ApiError> {
     let mut content: Vec<Value> = Vec::new();
-    let add = |pieces: Vec<Piece>, content: &mut Vec<Value>| {
+    // The open call's arguments so far.
+    let mut arguments = String::new();
+    let mut add = |pieces: Vec<Piece>, content: &mut Vec<Value>| {
         for piece in pieces {
             match piece {
                 Piece::Text(text) => match content.last_mut() {
@@ -88,7 +90,16 @@ pub async fn collect(
                     _ if text.is_empty() => {}
                     _ => content.push(json!({"type": "text", "text": text})),
                 },
-                Piece::Call(call) => content.push(tool_use(&call)),
+                Piece::CallStart(name) => content.push(tool_use(&name)),
+                Piece::Arguments(part) => arguments.push_str(&part),
+                Piece::CallEnd => {
+                    // Arguments cut off mid-object are no input.
+                    let input = serde_json::from_str::<Value>(&std::mem::take(&mut arguments))
+                        .unwrap_or_else(|_| json!({}));
+                    if let Some(block) = content.last_mut() {
+                        block["input"] = input;
+                    }
+                }
             }
         }
     };
@@ -183,17 +194,19 @@ impl EventsWriter {
                                 "delta": {"type": "text_delta", "text": text}}),
                     ));
                 }
-                Piece::Call(call) => {
-                    let mut block = tool_use(&call);
-                    let input = std::mem::replace(&mut block["input"], json!({}));
-                    let index = self.start_block(block, false);
-                    self.pending.push(event(
-                        "content_block_delta",
-                        &json!({"type": "content_block_delta", "index": index,
-                                "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
-                    ));
-                    self.close_block();
+                Piece::CallStart(name) => {
+                    self.start_block(tool_use(&name), false);
                 }
+                Piece::Arguments(part) => {
+                    if let Some((index, false)) = self.open {
+                        self.pending.push(event(
+                            "content_block_delta",
+                            &json!({"type": "content_block_delta", "index": index,
+                                    "delta": {"type": "input_json_delta", "partial_json": part}}),
+                        ));
+                    }
+                }
+                Piece::CallEnd => self.close_block(),
             }
         }
     }

@@ -10,7 +10,7 @@ use tokio::sync::mpsc::Receiver;
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::error::ApiError;
 use crate::sse::{event_stream, EventWriter};
-use crate::tools::{ParsedCall, Piece, ReplyReader};
+use crate::tools::{Gathered, ParsedCall, Piece, ReplyReader};
 use crate::worker::{Event, TokenLogprob};
 
 /// The fixed parts of one response.
@@ -116,8 +116,9 @@ fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// Server-sent events: a chunk per event, `data: [DONE]` at the end. A tool call is
-/// sent as one `tool_calls` delta once its closing tag is in.
+/// Server-sent events: a chunk per event, `data: [DONE]` at the end. A tool call's first
+/// delta carries its index, id, type and name; its arguments follow in fragments as the
+/// model writes them.
 pub(super) fn stream_response(reply: Reply, rx: Receiver<Event>) -> Response {
     let first = reply.is_chat().then(|| {
         let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
@@ -148,10 +149,19 @@ impl ChunkWriter {
         for piece in pieces {
             let delta = match piece {
                 Piece::Text(text) => json!({"content": text}),
-                Piece::Call(call) => {
+                Piece::CallStart(name) => {
                     self.calls_sent += 1;
+                    let call = ParsedCall {
+                        name,
+                        arguments: String::new(),
+                    };
                     json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
                 }
+                Piece::Arguments(part) => json!({"tool_calls": [{
+                    "index": self.calls_sent.saturating_sub(1),
+                    "function": {"arguments": part},
+                }]}),
+                Piece::CallEnd => continue,
             };
             let choice = self
                 .reply
@@ -239,16 +249,11 @@ pub(super) async fn collect_response(
     };
     let choice = if reply.is_chat() {
         let mut reader = reply.reader();
-        let mut pieces = reader.push(text.clone());
-        pieces.extend(reader.finish());
-        let mut content = String::new();
-        let mut calls = Vec::new();
-        for piece in pieces {
-            match piece {
-                Piece::Text(t) => content.push_str(&t),
-                Piece::Call(call) => calls.push(call_json(&call, None)),
-            }
-        }
+        let mut gathered = Gathered::default();
+        gathered.add(reader.push(text.clone()));
+        gathered.add(reader.finish());
+        let content = gathered.text;
+        let calls: Vec<Value> = gathered.calls.iter().map(|c| call_json(c, None)).collect();
         let n_calls = calls.len();
         let mut message = json!({"role": "assistant", "content": text});
         if !calls.is_empty() {

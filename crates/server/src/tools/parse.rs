@@ -1,21 +1,16 @@
-//! Reading a reply's tool calls as it streams in: `<tool_call>` blocks, or a whole reply
-//! that is one untagged call.
+//! Reading a reply's tool calls as it streams in: `<tool_call>` blocks, or calls written
+//! bare (one JSON object per line, or in a Markdown code fence) from the reply's start.
+//!
+//! A call's arguments stream out as the model writes them, compacted, so a client sees
+//! the first delta with the call's name and then fragments of its arguments, as
+//! llama.cpp and vLLM stream them; a reply read whole gives the concatenation.
 
 use serde_json::Value;
 
+use super::scan::{read_head, CompactJson, Head};
 use super::{ToolSet, CLOSE, OPEN};
 
-/// `text` without a surrounding Markdown code fence (```` ```json ... ``` ````).
-fn unfenced(text: &str) -> &str {
-    let text = text.trim();
-    let Some(inner) = text.strip_prefix("```").and_then(|t| t.strip_suffix("```")) else {
-        return text;
-    };
-    // The fence's language tag runs to the first newline.
-    inner.split_once('\n').map_or(inner, |(_, body)| body)
-}
-
-/// A call parsed from a reply.
+/// A call read whole.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedCall {
     pub name: String,
@@ -23,15 +18,48 @@ pub struct ParsedCall {
     pub arguments: String,
 }
 
-/// What the parser lets through: text of the answer, or a complete call.
+/// What the parser lets through, in the reply's order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
+    /// Text of the answer.
     Text(String),
-    Call(ParsedCall),
+    /// A call of the named function begins.
+    CallStart(String),
+    /// The next fragment of the open call's arguments.
+    Arguments(String),
+    /// The open call is complete (or was cut off by the end of the reply).
+    CallEnd,
+}
+
+/// A reply's text and calls, gathered from its pieces.
+#[derive(Debug, Default, PartialEq)]
+pub struct Gathered {
+    pub text: String,
+    pub calls: Vec<ParsedCall>,
+}
+
+impl Gathered {
+    pub fn add(&mut self, pieces: Vec<Piece>) {
+        for piece in pieces {
+            match piece {
+                Piece::Text(text) => self.text.push_str(&text),
+                Piece::CallStart(name) => self.calls.push(ParsedCall {
+                    name,
+                    arguments: String::new(),
+                }),
+                Piece::Arguments(part) => {
+                    if let Some(call) = self.calls.last_mut() {
+                        call.arguments.push_str(&part);
+                    }
+                }
+                Piece::CallEnd => {}
+            }
+        }
+    }
 }
 
 /// A reply read as it streams in: through a [`ToolCallParser`] when the request's tools
-/// may be called, as plain text otherwise. Both protocols' replies read it so.
+/// may be called, as plain text otherwise. Every protocol's reply reads it so.
 #[derive(Debug)]
 pub struct ReplyReader(Option<ToolCallParser>);
 
@@ -57,34 +85,59 @@ impl ReplyReader {
             .unwrap_or_default()
     }
 
-    /// Calls read so far.
+    /// Calls begun so far.
     pub fn n_calls(&self) -> usize {
         self.0.as_ref().map_or(0, ToolCallParser::n_calls)
     }
 }
 
+/// How a call is written.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Form {
+    /// Inside `<tool_call>` … `</tool_call>`.
+    Tagged,
+    /// A bare JSON object, perhaps inside a code fence.
+    Bare { fenced: bool },
+}
+
+#[derive(Debug)]
+enum State {
+    /// Answer text. `bare`: a bare call may begin here (at the reply's start, or after
+    /// a bare call).
+    Text { bare: bool },
+    /// A call's head is being read; the JSON starts `skip` bytes into the held text (after
+    /// whitespace and a fence line).
+    Head { form: Form, skip: usize },
+    /// The open call's arguments are streaming.
+    Arguments { form: Form, json: CompactJson },
+    /// The arguments are done: what is left of the call's text is read and dropped.
+    Tail(Form),
+    /// The closing fence of a fenced bare call.
+    Fence,
+    /// A tagged block that cannot stream (its arguments are a JSON string, its keys in
+    /// another order, or it is not a call): held whole to its closing tag.
+    Whole,
+}
+
 /// Splits a streamed reply into text and calls. Text that might be the start of a
-/// `<tool_call>` tag is held back until it is known not to be; a call is released when
-/// its closing tag arrives. A block that is not a well-formed call of a known function
-/// (bad JSON, unknown name, no closing tag by the end) is returned as text.
+/// `<tool_call>` tag is held back until it is known not to be. Once a block's head names
+/// a known function, the call is open and its arguments stream; a block that cannot be a
+/// call of a known function comes back as text. A tag cut off by the end of the reply is
+/// dropped, never left in the answer.
 ///
-/// Small models often write the call without its tags: the whole reply one JSON object
-/// `{"name": ..., "arguments": ...}`, bare or in a Markdown code fence. A reply that
-/// starts like one (`{` or a fence) is held back to its end and read as a call if it is
-/// exactly that, and as tagged text otherwise.
+/// Small models often write calls without the tags: a JSON object
+/// `{"name": ..., "arguments": ...}` per line from the reply's start, bare or in a
+/// Markdown code fence. Those are read as calls too, as far as they go; the first text
+/// that is not one is the answer.
 #[derive(Debug)]
 pub struct ToolCallParser {
     names: Vec<String>,
     /// At most one call is returned (`parallel_tool_calls: false`); later blocks are text.
     single: bool,
     pending: String,
-    inside: bool,
-    /// A call just ended: the newline between calls that may follow belongs to neither.
+    state: State,
+    /// A tagged call just ended: the newline between calls belongs to neither.
     after_call: bool,
-    /// Nothing but whitespace has come yet.
-    at_start: bool,
-    /// The reply started like an untagged call: everything is held to the end.
-    untagged: bool,
     calls: usize,
 }
 
@@ -94,103 +147,214 @@ impl ToolCallParser {
             names: tools.names.clone(),
             single: !tools.parallel,
             pending: String::new(),
-            inside: false,
+            state: State::Text { bare: true },
             after_call: false,
-            at_start: true,
-            untagged: false,
             calls: 0,
         }
     }
 
-    /// How many calls were returned.
+    /// How many calls were begun.
     pub fn n_calls(&self) -> usize {
         self.calls
     }
 
+    fn may_call(&self) -> bool {
+        !self.single || self.calls == 0
+    }
+
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.pending.push_str(text);
-        if self.at_start {
-            let head = self.pending.trim_start();
-            if head.is_empty() || (head.len() < 3 && "```".starts_with(head)) {
-                return Vec::new();
-            }
-            self.at_start = false;
-            self.untagged = head.starts_with('{') || head.starts_with("```");
-        }
-        if self.untagged {
-            return Vec::new();
-        }
         let mut out = Vec::new();
-        loop {
-            if self.after_call && !self.pending.is_empty() {
-                self.after_call = false;
-                if self.pending.starts_with('\n') {
-                    self.pending.remove(0);
+        while self.step(&mut out) {}
+        out
+    }
+
+    /// One move of the state machine; false when it needs more text.
+    fn step(&mut self, out: &mut Vec<Piece>) -> bool {
+        match &mut self.state {
+            State::Text { bare: true } => {
+                let head = self.pending.trim_start();
+                let skip = self.pending.len() - head.len();
+                if head.is_empty() || (head.len() < 3 && "```".starts_with(head)) {
+                    return false;
                 }
-            }
-            if self.inside {
-                let Some(end) = self.pending.find(CLOSE) else {
-                    return out;
+                let fence = head.strip_prefix("```").map(|t| t.find('\n'));
+                self.state = match fence {
+                    _ if !self.may_call() => State::Text { bare: false },
+                    // The fence's language tag runs to the first newline.
+                    Some(None) => return false,
+                    Some(Some(line)) => State::Head {
+                        form: Form::Bare { fenced: true },
+                        skip: skip + 3 + line + 1,
+                    },
+                    None if head.starts_with('{') => State::Head {
+                        form: Form::Bare { fenced: false },
+                        skip,
+                    },
+                    None => State::Text { bare: false },
                 };
-                let block: String = self.pending.drain(..end + CLOSE.len()).collect();
-                self.inside = false;
-                let body = &block[OPEN.len()..end];
-                match self.parse_call(body) {
-                    Some(call) => {
+                true
+            }
+            State::Text { bare: false } => self.text(out),
+            State::Head { form, skip } => {
+                let (form, skip) = (*form, *skip);
+                match read_head(&self.pending[skip..], &self.names) {
+                    Head::Incomplete => false,
+                    Head::Object { name, len } => {
+                        self.pending.drain(..skip + len);
                         self.calls += 1;
-                        self.after_call = true;
-                        out.push(Piece::Call(call));
+                        out.push(Piece::CallStart(name));
+                        self.state = State::Arguments {
+                            form,
+                            json: CompactJson::default(),
+                        };
+                        true
                     }
-                    None => out.push(Piece::Text(block)),
+                    _ if form == Form::Tagged => {
+                        self.state = State::Whole;
+                        true
+                    }
+                    _ => {
+                        self.state = State::Text { bare: false };
+                        true
+                    }
                 }
-            } else if let Some(start) = self
-                .pending
-                .find(OPEN)
-                .filter(|_| !self.single || self.calls == 0)
-            {
-                if start > 0 {
-                    out.push(Piece::Text(self.pending.drain(..start).collect()));
+            }
+            State::Arguments { form, json } => {
+                let (part, used) = json.read(&self.pending);
+                let (form, done) = (*form, json.is_done());
+                self.pending.drain(..used);
+                if !part.is_empty() {
+                    out.push(Piece::Arguments(part));
                 }
-                self.inside = true;
-            } else {
-                // Hold back a tail that could still become the opening tag.
-                let hold = (1..OPEN.len().min(self.pending.len() + 1))
-                    .rev()
-                    .find(|&l| self.pending.ends_with(&OPEN[..l]))
-                    .filter(|_| !self.single || self.calls == 0)
-                    .unwrap_or(0);
-                let release = self.pending.len() - hold;
-                if release > 0 {
-                    out.push(Piece::Text(self.pending.drain(..release).collect()));
+                if done {
+                    out.push(Piece::CallEnd);
+                    self.state = State::Tail(form);
                 }
-                return out;
+                done
+            }
+            State::Tail(Form::Tagged) => {
+                let Some(end) = self.pending.find(CLOSE) else {
+                    // Only the tail that could start the closing tag is kept.
+                    let keep = floor_char_boundary(
+                        &self.pending,
+                        self.pending.len().saturating_sub(CLOSE.len() - 1),
+                    );
+                    self.pending.drain(..keep);
+                    return false;
+                };
+                self.pending.drain(..end + CLOSE.len());
+                self.after_call = true;
+                self.state = State::Text { bare: false };
+                true
+            }
+            State::Tail(Form::Bare { fenced }) => {
+                let fenced = *fenced;
+                let rest = self.pending.trim_start();
+                if rest.is_empty() {
+                    return false;
+                }
+                if rest.starts_with('}') {
+                    let used = self.pending.len() - rest.len() + 1;
+                    self.pending.drain(..used);
+                    self.state = if fenced {
+                        State::Fence
+                    } else {
+                        State::Text { bare: true }
+                    };
+                } else {
+                    self.state = State::Text { bare: false };
+                }
+                true
+            }
+            State::Fence => {
+                let rest = self.pending.trim_start();
+                if rest.len() < 3 && "```".starts_with(rest) {
+                    return false;
+                }
+                if rest.starts_with("```") {
+                    let used = self.pending.len() - rest.len() + 3;
+                    self.pending.drain(..used);
+                    self.state = State::Text { bare: true };
+                } else {
+                    self.state = State::Text { bare: false };
+                }
+                true
+            }
+            State::Whole => {
+                let Some(end) = self.pending.find(CLOSE) else {
+                    return false;
+                };
+                let body: String = self.pending.drain(..end + CLOSE.len()).collect();
+                match self.whole_call(&body[..end]) {
+                    Some(call) => {
+                        self.after_call = true;
+                        out.extend(call);
+                    }
+                    None => out.push(Piece::Text(format!("{OPEN}{body}"))),
+                }
+                self.state = State::Text { bare: false };
+                true
             }
         }
     }
 
-    /// Whatever is held back, as text: an unclosed block is not a call.
+    /// Answer text up to the next `<tool_call>`, holding back what could start one.
+    fn text(&mut self, out: &mut Vec<Piece>) -> bool {
+        if self.after_call && !self.pending.is_empty() {
+            self.after_call = false;
+            if self.pending.starts_with('\n') {
+                self.pending.remove(0);
+            }
+        }
+        let may_call = self.may_call();
+        if let Some(start) = self.pending.find(OPEN).filter(|_| may_call) {
+            if start > 0 {
+                out.push(Piece::Text(self.pending.drain(..start).collect()));
+            }
+            self.pending.drain(..OPEN.len());
+            self.state = State::Head {
+                form: Form::Tagged,
+                skip: 0,
+            };
+            return true;
+        }
+        let hold = (1..OPEN.len().min(self.pending.len() + 1))
+            .rev()
+            .find(|&l| self.pending.ends_with(&OPEN[..l]))
+            .filter(|_| may_call)
+            .unwrap_or(0);
+        let release = self.pending.len() - hold;
+        if release > 0 {
+            out.push(Piece::Text(self.pending.drain(..release).collect()));
+        }
+        false
+    }
+
+    /// Whatever is held back, once the reply has ended: an open call ends where it was
+    /// cut off, a tag cut off before its call's arguments is dropped, and other held text
+    /// is answer text.
     pub fn finish(&mut self) -> Vec<Piece> {
-        self.at_start = false;
-        if std::mem::take(&mut self.untagged) {
-            let reply = std::mem::take(&mut self.pending);
-            if let Some(call) = self.parse_call(unfenced(&reply)) {
-                self.calls += 1;
-                return vec![Piece::Call(call)];
-            }
-            let mut out = self.push(&reply);
-            out.extend(self.finish());
-            return out;
-        }
-        self.inside = false;
         let rest = std::mem::take(&mut self.pending);
-        if rest.is_empty() {
-            Vec::new()
-        } else {
-            vec![Piece::Text(rest)]
+        let state = std::mem::replace(&mut self.state, State::Text { bare: false });
+        let text = |text: String| {
+            if text.is_empty() {
+                Vec::new()
+            } else {
+                vec![Piece::Text(text)]
+            }
+        };
+        match state {
+            State::Text { bare: true } if self.calls > 0 && rest.trim().is_empty() => Vec::new(),
+            State::Text { .. } | State::Head { form: Form::Bare { .. }, .. } => text(rest),
+            State::Arguments { .. } => vec![Piece::CallEnd],
+            State::Head { .. } | State::Tail(_) | State::Fence => Vec::new(),
+            State::Whole => self.whole_call(&rest).unwrap_or_else(|| text(rest)),
         }
     }
 
-    fn parse_call(&self, body: &str) -> Option<ParsedCall> {
+    /// A block read whole, as a call's pieces, if it is a call of a known function.
+    fn whole_call(&mut self, body: &str) -> Option<Vec<Piece>> {
         let Ok(Value::Object(call)) = serde_json::from_str::<Value>(body.trim()) else {
             return None;
         };
@@ -208,9 +372,16 @@ impl ToolCallParser {
             None => "{}".to_string(),
             Some(_) => return None,
         };
-        Some(ParsedCall {
-            name: name.to_string(),
-            arguments,
-        })
+        self.calls += 1;
+        Some(vec![
+            Piece::CallStart(name.to_string()),
+            Piece::Arguments(arguments),
+            Piece::CallEnd,
+        ])
     }
+}
+
+/// The largest char boundary of `text` at or below `at`.
+fn floor_char_boundary(text: &str, at: usize) -> usize {
+    (0..=at).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0)
 }

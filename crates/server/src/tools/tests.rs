@@ -11,33 +11,41 @@ fn weather_tools(extra: &str) -> ToolSet {
     ToolSet::parse(&obj, 128).unwrap().unwrap()
 }
 
-/// Every way of cutting `text` in two gives the same pieces as feeding it whole.
-fn parse_split(tools: &ToolSet, text: &str) -> (String, Vec<ParsedCall>) {
-    let collect = |pieces: Vec<Piece>, out: &mut (String, Vec<ParsedCall>)| {
-        for piece in pieces {
-            match piece {
-                Piece::Text(t) => out.0.push_str(&t),
-                Piece::Call(c) => out.1.push(c),
-            }
+/// `pieces` with neighbouring text and argument fragments joined: what a reply means,
+/// whichever way it was split.
+fn joined(pieces: Vec<Piece>) -> Vec<Piece> {
+    let mut out: Vec<Piece> = Vec::new();
+    for piece in pieces {
+        match (out.last_mut(), piece) {
+            (Some(Piece::Text(a)), Piece::Text(b)) => a.push_str(&b),
+            (Some(Piece::Arguments(a)), Piece::Arguments(b)) => a.push_str(&b),
+            (_, piece) => out.push(piece),
         }
-    };
-    let mut whole = (String::new(), Vec::new());
+    }
+    out
+}
+
+/// Every way of cutting `text` in two, fed a character at a time as tokens arrive, gives
+/// the same pieces as feeding it whole; returns what it reads.
+fn parse_split(tools: &ToolSet, text: &str) -> (String, Vec<ParsedCall>) {
     let mut parser = ToolCallParser::new(tools);
-    collect(parser.push(text), &mut whole);
-    collect(parser.finish(), &mut whole);
+    let mut pieces = parser.push(text);
+    pieces.extend(parser.finish());
+    let whole = joined(pieces);
     for cut in (0..=text.len()).filter(|&i| text.is_char_boundary(i)) {
         let mut parser = ToolCallParser::new(tools);
-        let mut split = (String::new(), Vec::new());
+        let mut pieces = Vec::new();
         for part in [&text[..cut], &text[cut..]] {
-            // One character at a time, as tokens arrive.
             for (i, c) in part.char_indices() {
-                collect(parser.push(&part[i..i + c.len_utf8()]), &mut split);
+                pieces.extend(parser.push(&part[i..i + c.len_utf8()]));
             }
         }
-        collect(parser.finish(), &mut split);
-        assert_eq!(split, whole, "cut at {cut} of {text:?}");
+        pieces.extend(parser.finish());
+        assert_eq!(joined(pieces), whole, "cut at {cut} of {text:?}");
     }
-    whole
+    let mut gathered = Gathered::default();
+    gathered.add(whole);
+    (gathered.text, gathered.calls)
 }
 
 #[test]
@@ -65,10 +73,8 @@ fn calls_are_parsed_across_any_chunking() {
 fn malformed_blocks_come_back_as_text() {
     let tools = weather_tools("");
     for text in [
-        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
         "<tool_call>\n{\"name\": \"launch_rockets\", \"arguments\": {}}\n</tool_call>",
         "<tool_call>\n{\"name\": \"now\", \"arguments\": [1]}\n</tool_call>",
-        "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}",
         "a <tool_ca",
         "<tool_call",
     ] {
@@ -174,7 +180,10 @@ fn grammars_follow_the_choice() {
         panic!()
     };
     assert!(lark.starts_with("start: calls | answer\n"), "{lark}");
-    assert!(reply_grammar(Some(&auto), None).is_none());
+    let Some(Grammar::Lark(lazy)) = reply_grammar(Some(&auto), None) else {
+        panic!()
+    };
+    assert!(lazy.contains("tag_hd[lazy]"), "{lazy}");
     assert_eq!(reply_grammar(None, Some(&format)), Some(format));
 }
 
@@ -287,4 +296,121 @@ fn many_tools_are_checked_in_linear_time_and_capped() {
     dup["tools"].as_array_mut().unwrap()[299_999]["function"]["name"] = json!("f7");
     let err = ToolSet::parse(&dup, 300_000).unwrap_err();
     assert_eq!(err.param.as_deref(), Some("tools[299999].function.name"));
+}
+
+#[test]
+fn arguments_stream_as_they_are_written() {
+    let tools = weather_tools("");
+    let text =
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Zürich\", \"days\": [1, 2]}}\n</tool_call>";
+    let mut parser = ToolCallParser::new(&tools);
+    let mut seen = Vec::new();
+    for (i, c) in text.char_indices() {
+        seen.push((i, parser.push(&text[i..i + c.len_utf8()])));
+    }
+    // The name is announced once the arguments begin, before any of them is known.
+    let start = seen
+        .iter()
+        .find(|(_, p)| p.contains(&Piece::CallStart("get_weather".into())))
+        .unwrap();
+    assert_eq!(start.0, text.find("{\"city").unwrap());
+    let fragments: Vec<&Piece> = seen
+        .iter()
+        .flat_map(|(_, p)| p)
+        .filter(|p| matches!(p, Piece::Arguments(_)))
+        .collect();
+    assert!(fragments.len() > 10, "{fragments:?}");
+    let (_, calls) = parse_split(&tools, text);
+    assert_eq!(calls[0].arguments, r#"{"city":"Zürich","days":[1,2]}"#);
+}
+
+#[test]
+fn a_call_cut_off_ends_where_it_stopped_and_never_leaves_its_tag_in_the_answer() {
+    let tools = weather_tools("");
+    let (content, calls) = parse_split(&tools, "Sure.<tool_call>\n{\"name\": \"get_w");
+    assert_eq!((content.as_str(), calls.len()), ("Sure.", 0));
+    let (content, calls) = parse_split(
+        &tools,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+    );
+    assert_eq!(content, "");
+    assert_eq!(calls[0].arguments, r#"{"city":"Par"#);
+    // A call once begun stays one, as it streamed, even if its arguments go wrong.
+    let (content, calls) = parse_split(
+        &tools,
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
+    );
+    assert_eq!((content.as_str(), calls[0].arguments.as_str()), ("", r#"{"city":}"#));
+}
+
+#[test]
+fn bare_calls_one_per_line_are_calls() {
+    let tools = weather_tools("");
+    let (content, calls) = parse_split(
+        &tools,
+        "{\"name\": \"now\", \"arguments\": {}}\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n",
+    );
+    assert_eq!(content, "");
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].arguments, r#"{"city":"Oslo"}"#);
+    let (content, calls) = parse_split(
+        &tools,
+        "```json\n{\"name\": \"now\", \"arguments\": {}}\n```\n```json\n{\"name\": \"now\", \"arguments\": {}}\n```\nDone.",
+    );
+    assert_eq!((content.as_str(), calls.len()), ("\nDone.", 2));
+}
+
+/// Whether the lazy grammar of `tools` lets a model write `text` token by token and end
+/// there, on Qwen2.5's vocabulary (where `<tool_call>` is one token).
+fn lazy_allows(tools: &ToolSet, text: &str) -> bool {
+    use pyramid_grammar::GrammarVocab;
+    use std::sync::{Arc, OnceLock};
+    static VOCAB: OnceLock<(Arc<pyramid_tokenizer::Tokenizer>, GrammarVocab)> = OnceLock::new();
+    let (tok, vocab) = VOCAB.get_or_init(|| {
+        let path = pyramid_testdata::model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+        let file = pyramid_gguf::GgufFile::open(&path).unwrap();
+        let tok = Arc::new(pyramid_tokenizer::Tokenizer::from_gguf(file.metadata()).unwrap());
+        let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
+        (tok, vocab)
+    });
+    let Some(grammar) = reply_grammar(Some(tools), None) else {
+        panic!("no grammar for auto")
+    };
+    let mut constraint = vocab.compile(&grammar).unwrap();
+    for id in tok.encode(text, false).unwrap() {
+        if !constraint.allowed().unwrap().is_allowed(id) {
+            return false;
+        }
+        constraint.accept(id).unwrap();
+    }
+    let end = tok.end_of_generation_ids()[0];
+    constraint.allowed().unwrap().is_allowed(end)
+}
+
+#[test]
+fn under_auto_text_is_free_and_a_call_once_begun_is_a_valid_one() {
+    let tools = weather_tools("");
+    for text in [
+        "",
+        "Plain prose with { braces, <tags> and \"name\" in it.",
+        "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call> done",
+        "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n{\"name\": \"now\", \"arguments\": {}}",
+        "```json\n{\"name\": \"now\", \"arguments\": {}}\n```",
+        "{\"name\": \"Alice\", \"age\": 3}",
+    ] {
+        assert!(lazy_allows(&tools, text), "{text:?}");
+        // What the grammar lets through, the parser reads the same way.
+        let (_, calls) = parse_split(&tools, text);
+        assert_eq!(calls.len(), text.matches("\"arguments\"").count(), "{text:?}");
+    }
+    for text in [
+        // An undeclared function, arguments against the schema, a call left open.
+        "<tool_call>\n{\"name\": \"read-file-notes.txt\", \"arguments\": {}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 7}}\n</tool_call>",
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Oslo\"}}\n```",
+        "Sure. <tool_call>\n{\"name\": \"now\", \"arguments\": {}}",
+    ] {
+        assert!(!lazy_allows(&tools, text), "{text:?}");
+    }
 }
