@@ -153,6 +153,7 @@ fn openai_client_api_errors_and_fuzz() {
     server.run_script("test_errors.py", &[]);
     // Anthropic's Messages API on the same server, with the anthropic client.
     server.run_script("test_anthropic.py", &[]);
+    server.run_script("test_responses.py", &[]);
 }
 
 #[test]
@@ -264,6 +265,38 @@ fn survive_restarts(name: &str, route: &[&str]) {
     let _ = std::fs::remove_dir_all(&home);
 }
 
+/// `test_responses.py`'s restart halves: a conversation kept by the Responses API on one
+/// server is continued by `previous_response_id` on another started on the same
+/// `--session-dir`, from the session store, with an uninterrupted server's reply.
+#[test]
+fn responses_continue_across_a_restart() {
+    let home = std::env::temp_dir().join(format!("pyramid-responses-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let dir = home.join("sessions");
+    let state = home.join("state.json");
+    let with_dir = ["--session-dir", dir.to_str().unwrap()];
+    let phase = |server: &Server, phase: &str, fresh: Option<&Server>| {
+        let mut env = vec![
+            ("PYRAMID_PERSIST_STATE", state.to_str().unwrap()),
+            ("PYRAMID_RESPONSES_PHASE", phase),
+        ];
+        if let Some(fresh) = fresh {
+            env.push(("PYRAMID_FRESH_BASE_URL", &fresh.url));
+        }
+        server.run_script("test_responses.py", &env);
+    };
+    let server = Server::start(&with_dir);
+    phase(&server, "first", None);
+    assert!(server.terminate().success());
+    assert_eq!(std::fs::read_dir(dir.join("responses")).unwrap().count(), 1);
+    let (server, fresh) = (Server::start(&with_dir), Server::start(&[]));
+    phase(&server, "resume", Some(&fresh));
+    drop(fresh);
+    assert!(server.terminate().success());
+    let _ = std::fs::remove_dir_all(&home);
+}
+
 #[test]
 fn concurrent_streams_equal_solo_ones_and_cancellation_frees_them() {
     let server = Server::start(&[]);
@@ -285,6 +318,8 @@ const OV_CPU: [&str; 6] = ["--device", "ov:CPU", "--precision", "f32", "--kv", "
 fn openai_client_api_on_ov_cpu() {
     let server = Server::start(&OV_CPU);
     server.run_script("test_api.py", &[("PYRAMID_EXPECT_DEVICE", "ov:CPU")]);
+    server.run_script("test_anthropic.py", &[]);
+    server.run_script("test_responses.py", &[]);
 }
 
 /// The public reference prompts answered greedily through ov:CPU equal the native f32

@@ -416,37 +416,48 @@ fn response_format(obj: &Map<String, Value>) -> Result<Option<Grammar>, ApiError
                 .get("json_schema")
                 .and_then(Value::as_object)
                 .ok_or_else(|| ApiError::bad_param(at, format!("'{at}' must be an object")))?;
-            match spec.get("name") {
-                Some(Value::String(n)) if !n.is_empty() => {}
-                _ => {
-                    return Err(ApiError::bad_param(
-                        format!("{at}.name"),
-                        format!("'{at}.name' is required"),
-                    ))
-                }
-            }
-            if let Some(field) = spec
-                .keys()
-                .find(|k| !["name", "schema", "strict", "description"].contains(&k.as_str()))
-            {
-                return Err(ApiError::bad_param(
-                    format!("{at}.{field}"),
-                    format!("'{at}.{field}' is not a field of a JSON schema format"),
-                ));
-            }
-            match spec.get("schema") {
-                Some(schema @ Value::Object(_)) => Ok(Some(Grammar::JsonSchema(schema.clone()))),
-                // OpenAI takes a missing schema as any JSON object.
-                None | Some(Value::Null) => Ok(Some(Grammar::any_json_object())),
-                Some(_) => Err(ApiError::bad_param(
-                    format!("{at}.schema"),
-                    format!("'{at}.schema' must be a JSON schema object"),
-                )),
-            }
+            json_schema_format(spec, &[], at).map(Some)
         }
         _ => Err(ApiError::bad_param(
             "response_format.type",
             "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}
+
+/// A JSON schema format's fields (`name`, `schema`, `strict`, `description`, and the
+/// `also` fields of the object they sit in), found at `at`, as the grammar it enforces.
+/// The schema is always enforced, `strict` or not.
+pub(crate) fn json_schema_format(
+    spec: &Map<String, Value>,
+    also: &[&str],
+    at: &str,
+) -> Result<Grammar, ApiError> {
+    match spec.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => {}
+        _ => {
+            return Err(ApiError::bad_param(
+                format!("{at}.name"),
+                format!("'{at}.name' is required"),
+            ))
+        }
+    }
+    if let Some(field) = spec.keys().find(|k| {
+        !["name", "schema", "strict", "description"].contains(&k.as_str())
+            && !also.contains(&k.as_str())
+    }) {
+        return Err(ApiError::bad_param(
+            format!("{at}.{field}"),
+            format!("'{at}.{field}' is not a field of a JSON schema format"),
+        ));
+    }
+    match spec.get("schema") {
+        Some(schema @ Value::Object(_)) => Ok(Grammar::JsonSchema(schema.clone())),
+        // OpenAI takes a missing schema as any JSON object.
+        None | Some(Value::Null) => Ok(Grammar::any_json_object()),
+        Some(_) => Err(ApiError::bad_param(
+            format!("{at}.schema"),
+            format!("'{at}.schema' must be a JSON schema object"),
         )),
     }
 }

@@ -117,6 +117,15 @@ impl ApiError {
         )
     }
 
+    /// A stored response that is not (or no longer) kept.
+    pub fn response_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("Response with id '{id}' not found."),
+        )
+    }
+
     pub fn method_not_allowed() -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,

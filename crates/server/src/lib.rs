@@ -8,6 +8,7 @@
 //!   log-probabilities.
 //! - [`routes`]: axum handlers, server-sent events, authentication.
 //! - [`anthropic`]: Anthropic's Messages API in the same engine requests as chat.
+//! - [`responses`]: OpenAI's Responses API likewise, with the responses it keeps.
 //! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
 //! - `stop`: stop strings matched across token boundaries, on the engine thread's text.
 //! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
@@ -27,6 +28,7 @@ pub mod extensions;
 pub mod listen;
 pub mod metrics;
 pub mod outbox;
+pub mod responses;
 pub mod routes;
 mod sse;
 mod stop;

@@ -290,7 +290,10 @@ impl ToolSet {
             if let Value::Object(fields) = &mut arguments {
                 fields.insert("x-guidance".to_string(), json_layout());
             }
-            let head = lark_string(&format!("{{\"name\": {}", python_json(&json!(self.names[i]))));
+            let head = lark_string(&format!(
+                "{{\"name\": {}",
+                python_json(&json!(self.names[i]))
+            ));
             rules.push_str(&format!(
                 "bare_hd_{i}[lazy]: /([ \\t\\r\\n]|```[a-zA-Z]*)*/ {head}\n\
                  bare_{i}: bare_hd_{i} \", \\\"arguments\\\": \" %json {arguments} \"}}\"\n"

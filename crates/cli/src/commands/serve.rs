@@ -249,7 +249,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         args.max_queue,
         Arc::clone(&metrics),
     )?;
-    let state = Arc::new(AppState::new(
+    let state = AppState::new(
         engine,
         tokenizer,
         template,
@@ -274,7 +274,13 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             ..Limits::default()
         },
         metrics,
-    ));
+    );
+    let state = Arc::new(match &args.session_dir {
+        Some(dir) => state
+            .keep_responses_in(dir)
+            .with_context(|| format!("cannot keep responses in {}", dir.display()))?,
+        None => state,
+    });
     state.prepare_grammars();
     let route_name = route.name();
     let grace = Duration::from_secs_f64(args.shutdown_grace);

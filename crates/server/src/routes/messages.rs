@@ -26,12 +26,15 @@ pub(super) async fn messages(
 ) -> Response {
     let max_tools = state.limits.max_tools;
     let answered = async {
-        let Submitted {
-            request,
-            events,
-            n_prompt,
-        } = submit(&state, key, &headers, body, move |body| {
-            parse(body, Purpose::Generate, max_tools)
+        let (
+            Submitted {
+                request,
+                events,
+                n_prompt,
+            },
+            (),
+        ) = submit(&state, key, &headers, body, move |body| {
+            Ok((parse(body, Purpose::Generate, max_tools)?, ()))
         })
         .await?;
         let reply = MessageReply::new(state.model_id.clone(), n_prompt, request.tools.as_ref());

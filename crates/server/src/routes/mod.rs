@@ -6,11 +6,14 @@
 //! - [`render`]: engine events as one JSON response or as server-sent events.
 //! - [`messages`]: Anthropic's Messages endpoints (`crate::anthropic` reads and writes
 //!   their shapes).
+//! - [`responses`]: OpenAI's Responses endpoints (`crate::responses` reads, writes and
+//!   keeps them).
 
 mod auth;
 mod messages;
 mod prepare;
 mod render;
+mod responses;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -52,6 +55,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -64,7 +72,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -175,13 +183,15 @@ pub(super) struct Submitted {
 /// rendering, tokenising and compiling a grammar are CPU work that grows with the body:
 /// kept off the async workers, a few at a time. The blocking task holds its permit to
 /// the end, so a client that leaves frees its slot only once its work stops.
-pub(super) async fn submit(
+/// `parse` may read more than the engine's request: what else it returns comes back
+/// beside the submission.
+pub(super) async fn submit<T: Send + 'static>(
     state: &Arc<AppState>,
     key: KeyPriority,
     headers: &HeaderMap,
     body: Body,
-    parse: impl FnOnce(&[u8]) -> Result<GenerationRequest, ApiError> + Send + 'static,
-) -> Result<Submitted, ApiError> {
+    parse: impl FnOnce(&[u8]) -> Result<(GenerationRequest, T), ApiError> + Send + 'static,
+) -> Result<(Submitted, T), ApiError> {
     let header_priority = match headers.get(PRIORITY_HEADER) {
         None => None,
         Some(v) => {
@@ -195,18 +205,21 @@ pub(super) async fn submit(
         .await
         .map_err(|_| ApiError::shutting_down())?;
     let task_state = Arc::clone(state);
-    let Prepared {
-        request,
-        prompt,
-        prompt_param,
-        constraint,
-        prediction,
-        priority,
-        speculation,
-    } = tokio::task::spawn_blocking(move || {
+    let (
+        Prepared {
+            request,
+            prompt,
+            prompt_param,
+            constraint,
+            prediction,
+            priority,
+            speculation,
+        },
+        extra,
+    ) = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        let request = parse(&body)?;
-        prepare(&task_state, request, key, header_priority)
+        let (request, extra) = parse(&body)?;
+        Ok::<_, ApiError>((prepare(&task_state, request, key, header_priority)?, extra))
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
@@ -238,11 +251,14 @@ pub(super) async fn submit(
         speculation,
         prediction,
     })?;
-    Ok(Submitted {
-        request,
-        events: rx,
-        n_prompt,
-    })
+    Ok((
+        Submitted {
+            request,
+            events: rx,
+            n_prompt,
+        },
+        extra,
+    ))
 }
 
 async fn generate(
@@ -253,12 +269,15 @@ async fn generate(
     body: Body,
 ) -> Result<Response, ApiError> {
     let max_tools = state.limits.max_tools;
-    let Submitted {
-        request,
-        events: rx,
-        n_prompt,
-    } = submit(&state, key, headers, body, move |body| {
-        api::parse(endpoint, body, max_tools)
+    let (
+        Submitted {
+            request,
+            events: rx,
+            n_prompt,
+        },
+        (),
+    ) = submit(&state, key, headers, body, move |body| {
+        Ok((api::parse(endpoint, body, max_tools)?, ()))
     })
     .await?;
     let id = format!(

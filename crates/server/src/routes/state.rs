@@ -12,6 +12,7 @@ use super::auth::{ApiKey, Keys};
 use super::unix_now;
 use crate::listen::Limits;
 use crate::metrics::Metrics;
+use crate::responses::ResponseStore;
 use crate::worker::EngineThread;
 
 /// What every handler shares.
@@ -33,6 +34,8 @@ pub struct AppState {
     /// The vocabulary prepared for grammars (half a second for a 150k vocabulary), built
     /// in the background at start; a request needing it earlier waits for it.
     pub(super) grammar_vocab: OnceLock<Result<GrammarVocab, String>>,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub responses: Arc<ResponseStore>,
 }
 
 impl AppState {
@@ -61,7 +64,15 @@ impl AppState {
             started,
             next_id: AtomicU64::new(started << 20),
             grammar_vocab: OnceLock::new(),
+            responses: Arc::new(ResponseStore::in_memory()),
         }
+    }
+
+    /// Keeps responses under the session directory, so they outlive a restart as the
+    /// conversations' KV does.
+    pub fn keep_responses_in(mut self, session_dir: &std::path::Path) -> std::io::Result<Self> {
+        self.responses = Arc::new(ResponseStore::in_dir(session_dir)?);
+        Ok(self)
     }
 
     /// The vocabulary prepared for grammars, built on first use.

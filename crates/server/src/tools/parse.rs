@@ -173,6 +173,11 @@ impl ToolCallParser {
     fn step(&mut self, out: &mut Vec<Piece>) -> bool {
         match &mut self.state {
             State::Text { bare: true } => {
+                if self.calls > 0 {
+                    // After bare calls, the whitespace between is neither's.
+                    let blank = self.pending.len() - self.pending.trim_start().len();
+                    self.pending.drain(..blank);
+                }
                 let head = self.pending.trim_start();
                 let skip = self.pending.len() - head.len();
                 if head.is_empty() || (head.len() < 3 && "```".starts_with(head)) {
@@ -346,7 +351,11 @@ impl ToolCallParser {
         };
         match state {
             State::Text { bare: true } if self.calls > 0 && rest.trim().is_empty() => Vec::new(),
-            State::Text { .. } | State::Head { form: Form::Bare { .. }, .. } => text(rest),
+            State::Text { .. }
+            | State::Head {
+                form: Form::Bare { .. },
+                ..
+            } => text(rest),
             State::Arguments { .. } => vec![Piece::CallEnd],
             State::Head { .. } | State::Tail(_) | State::Fence => Vec::new(),
             State::Whole => self.whole_call(&rest).unwrap_or_else(|| text(rest)),
@@ -383,5 +392,8 @@ impl ToolCallParser {
 
 /// The largest char boundary of `text` at or below `at`.
 fn floor_char_boundary(text: &str, at: usize) -> usize {
-    (0..=at).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0)
+    (0..=at)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0)
 }

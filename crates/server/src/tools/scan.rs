@@ -54,9 +54,7 @@ pub(super) fn read_head(text: &str, names: &[String]) -> Head {
                     };
                 };
                 match quoted.find('"') {
-                    None if names.iter().any(|n| n.starts_with(quoted)) => {
-                        return Head::Incomplete
-                    }
+                    None if names.iter().any(|n| n.starts_with(quoted)) => return Head::Incomplete,
                     None => return Head::NotACall,
                     Some(end) if names.iter().any(|n| n == &quoted[..end]) => {
                         name = &quoted[..end];
@@ -150,11 +148,7 @@ mod tests {
         let head = "{\n  \"name\" : \"get_weather\",\"arguments\":  {\"city\": 1}}";
         let start = head.find("{\"city").unwrap();
         for cut in 0..start {
-            assert_eq!(
-                read_head(&head[..cut], &names()),
-                Head::Incomplete,
-                "{cut}"
-            );
+            assert_eq!(read_head(&head[..cut], &names()), Head::Incomplete, "{cut}");
         }
         assert_eq!(
             read_head(head, &names()),

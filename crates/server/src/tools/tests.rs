@@ -340,7 +340,10 @@ fn a_call_cut_off_ends_where_it_stopped_and_never_leaves_its_tag_in_the_answer()
         &tools,
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": }\n</tool_call>",
     );
-    assert_eq!((content.as_str(), calls[0].arguments.as_str()), ("", r#"{"city":}"#));
+    assert_eq!(
+        (content.as_str(), calls[0].arguments.as_str()),
+        ("", r#"{"city":}"#)
+    );
 }
 
 #[test]
@@ -357,7 +360,7 @@ fn bare_calls_one_per_line_are_calls() {
         &tools,
         "```json\n{\"name\": \"now\", \"arguments\": {}}\n```\n```json\n{\"name\": \"now\", \"arguments\": {}}\n```\nDone.",
     );
-    assert_eq!((content.as_str(), calls.len()), ("\nDone.", 2));
+    assert_eq!((content.as_str(), calls.len()), ("Done.", 2));
 }
 
 /// Whether the lazy grammar of `tools` lets a model write `text` token by token and end
