@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::extensions::{self, Extensions};
+use crate::reasoning::Thinking;
 use crate::tools::ToolSet;
 
 /// At most this many stop strings, as in OpenAI's API.
@@ -130,6 +131,9 @@ pub struct GenerationRequest {
     pub prediction: Option<String>,
     /// The local-server extensions beyond the sampler's settings.
     pub extensions: Extensions,
+    /// Where the reply starts with respect to a thought: set once the prompt is
+    /// rendered ([`crate::reasoning`]).
+    pub thinking: Thinking,
 }
 
 /// A request body as the JSON object every endpoint takes.
@@ -317,6 +321,7 @@ pub fn parse(
             Endpoint::Completion => None,
         },
         extensions,
+        thinking: Thinking::Off,
     })
 }
 

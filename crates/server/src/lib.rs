@@ -9,6 +9,8 @@
 //! - [`routes`]: axum handlers, server-sent events, authentication.
 //! - [`anthropic`]: Anthropic's Messages API in the same engine requests as chat.
 //! - [`responses`]: OpenAI's Responses API likewise, with the responses it keeps.
+//! - [`tools`]: tool calls read from replies and constrained by grammars;
+//!   [`reasoning`]: thinking models' thoughts kept apart from their answers.
 //! - [`listen`]: the accept loop with header and body timeouts and a connection limit.
 //! - `stop`: stop strings matched across token boundaries, on the engine thread's text.
 //! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
@@ -28,10 +30,13 @@ pub mod extensions;
 pub mod listen;
 pub mod metrics;
 pub mod outbox;
+pub mod reasoning;
 pub mod responses;
 pub mod routes;
 mod sse;
 mod stop;
+#[cfg(test)]
+mod test_vocab;
 pub mod tools;
 pub mod worker;
 

@@ -301,12 +301,12 @@ impl ToolSet {
             bare.push(format!("bare_{i}"));
         }
         let start = if self.parallel {
-            "start: bare* tagged* TEXT"
+            "reply: bare* tagged* TEXT"
         } else {
-            "start: (bare | tagged)? TEXT"
+            "reply: (bare | tagged)? TEXT"
         };
         format!(
-            "%llguidance {{}}\n{start}\nTEXT: /(.|\\n)*/\n\
+            "start: reply\n{start}\nTEXT: /(.|\\n)*/\n\
              tag_hd[lazy]: TEXT {open}\n\
              tagged: tag_hd \"\\n\" %json {schema} {close}\n\
              bare: {bare}\n{rules}",
@@ -318,15 +318,17 @@ impl ToolSet {
     }
 }
 
-/// What constrains a chat reply, given its tools and `response_format` schema: calls only
+/// What constrains a chat reply (its top rule `reply`, for [`crate::reasoning::with_thought`]),
+/// given its tools and `response_format` schema: calls only
 /// (`required`, named), calls or the schema's JSON (`auto` with a format), free text with
 /// calls constrained once begun (`auto`), or the JSON alone.
 pub fn reply_grammar(tools: Option<&ToolSet>, format: Option<&Grammar>) -> Option<Grammar> {
     let calls = tools.filter(|t| t.parses_calls());
     match (calls, format) {
-        (Some(t), _) if t.forces_calls() => {
-            Some(Grammar::Lark(format!("start: calls\n{}", t.calls_rule())))
-        }
+        (Some(t), _) if t.forces_calls() => Some(Grammar::Lark(format!(
+            "start: reply\nreply: calls\n{}",
+            t.calls_rule()
+        ))),
         (Some(t), None) => Some(Grammar::Lark(t.lazy_grammar())),
         (Some(t), Some(Grammar::JsonSchema(schema))) => {
             let mut schema = schema.clone();
@@ -334,7 +336,7 @@ pub fn reply_grammar(tools: Option<&ToolSet>, format: Option<&Grammar>) -> Optio
                 fields.insert("x-guidance".to_string(), json_layout());
             }
             Some(Grammar::Lark(format!(
-                "start: calls | answer\nanswer: %json {schema}\n{}",
+                "start: reply\nreply: calls | answer\nanswer: %json {schema}\n{}",
                 t.calls_rule()
             )))
         }

@@ -11,6 +11,7 @@ use clap::Args;
 use pyramid_engine::{Arm, EngineConfig, PyramidConfig, Speculation};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::{Metrics, PriorityLabels};
+use pyramid_server::reasoning::ReasoningFormat;
 use pyramid_server::{ApiKey, AppState, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
@@ -102,6 +103,11 @@ pub struct ServeArgs {
     pub priority_aging: f64,
     #[command(flatten)]
     pub speculation: SpeculativeArgs,
+    /// Thinking models' thoughts (templates with `<think>`): `auto` returns them apart
+    /// from the answer (`reasoning_content`, `thinking` blocks, `reasoning` items);
+    /// `none` leaves the raw text, tags and all, in the answer.
+    #[arg(long, default_value = "auto", value_parser = parse_reasoning_format)]
+    pub reasoning_format: ReasoningFormat,
     /// Keep conversations in this directory: written when they leave memory and at
     /// shutdown (SIGTERM, Ctrl-C), and resumed from there instead of prefilled, also by
     /// a restarted server. Files of other models, precisions or routes are skipped.
@@ -138,6 +144,14 @@ fn parse_aging(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(0.0) => Ok(0.0),
         _ => parse_seconds(s),
+    }
+}
+
+fn parse_reasoning_format(s: &str) -> Result<ReasoningFormat, String> {
+    match s {
+        "auto" => Ok(ReasoningFormat::Split),
+        "none" => Ok(ReasoningFormat::None),
+        _ => Err(format!("'{s}' is not a reasoning format: auto or none")),
     }
 }
 
@@ -274,7 +288,8 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             ..Limits::default()
         },
         metrics,
-    );
+    )
+    .with_reasoning_format(args.reasoning_format);
     let state = Arc::new(match &args.session_dir {
         Some(dir) => state
             .keep_responses_in(dir)

@@ -12,6 +12,7 @@ use tokio::sync::mpsc::Receiver;
 use super::error_body;
 use crate::api::random_seed;
 use crate::error::ApiError;
+use crate::reasoning::Thinking;
 use crate::sse::{event_stream, EventWriter};
 use crate::tools::{Piece, ReplyReader, ToolSet};
 use crate::worker::Event;
@@ -26,13 +27,19 @@ pub struct MessageReply {
 }
 
 impl MessageReply {
-    /// A reply to a request with `tools` (read for calls when they may be made).
-    pub fn new(model: String, n_prompt: usize, tools: Option<&ToolSet>) -> Self {
+    /// A reply to a request with `tools` (read for calls when they may be made), whose
+    /// model may think.
+    pub fn new(
+        model: String,
+        n_prompt: usize,
+        tools: Option<&ToolSet>,
+        thinking: Thinking,
+    ) -> Self {
         Self {
             id: format!("msg_{:016x}{:08x}", random_seed(), random_seed() as u32),
             model,
             n_prompt,
-            reader: ReplyReader::new(tools),
+            reader: ReplyReader::new(tools, thinking),
         }
     }
 }
@@ -82,6 +89,15 @@ pub async fn collect(
     let mut add = |pieces: Vec<Piece>, content: &mut Vec<Value>| {
         for piece in pieces {
             match piece {
+                Piece::Reasoning(text) => match content.last_mut() {
+                    Some(Value::Object(block)) if block["type"] == "thinking" => {
+                        let joined = format!("{}{text}", block["thinking"].as_str().unwrap_or(""));
+                        block.insert("thinking".into(), json!(joined));
+                    }
+                    _ => {
+                        content.push(json!({"type": "thinking", "thinking": text, "signature": ""}))
+                    }
+                },
                 Piece::Text(text) => match content.last_mut() {
                     Some(Value::Object(block)) if block["type"] == "text" => {
                         let joined = format!("{}{text}", block["text"].as_str().unwrap_or(""));
@@ -148,12 +164,20 @@ fn event(kind: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
+/// The kinds of content block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+    ToolUse,
+}
+
 /// A streamed reply's events: which block is open, and what is ready to send.
 struct EventsWriter {
     reply: MessageReply,
     pending: Vec<Bytes>,
-    /// The open block's index, and whether it is a text block.
-    open: Option<(usize, bool)>,
+    /// The open block's index and kind.
+    open: Option<(usize, Block)>,
     next_index: usize,
 }
 
@@ -167,7 +191,7 @@ impl EventsWriter {
         }
     }
 
-    fn start_block(&mut self, block: Value, text: bool) -> usize {
+    fn start_block(&mut self, block: Value, kind: Block) -> usize {
         self.close_block();
         let index = self.next_index;
         self.next_index += 1;
@@ -175,8 +199,27 @@ impl EventsWriter {
             "content_block_start",
             &json!({"type": "content_block_start", "index": index, "content_block": block}),
         ));
-        self.open = Some((index, text));
+        self.open = Some((index, kind));
         index
+    }
+
+    /// A delta to the open block of `kind`, which is started first if need be.
+    fn delta(&mut self, kind: Block, delta: Value) {
+        let index = match self.open {
+            Some((index, open)) if open == kind => index,
+            _ => {
+                let block = match kind {
+                    Block::Text => json!({"type": "text", "text": ""}),
+                    Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    Block::ToolUse => return,
+                };
+                self.start_block(block, kind)
+            }
+        };
+        self.pending.push(event(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        ));
     }
 
     fn send(&mut self, pieces: Vec<Piece>) {
@@ -184,28 +227,19 @@ impl EventsWriter {
             match piece {
                 Piece::Text(text) if text.is_empty() => {}
                 Piece::Text(text) => {
-                    let index = match self.open {
-                        Some((index, true)) => index,
-                        _ => self.start_block(json!({"type": "text", "text": ""}), true),
-                    };
-                    self.pending.push(event(
-                        "content_block_delta",
-                        &json!({"type": "content_block_delta", "index": index,
-                                "delta": {"type": "text_delta", "text": text}}),
-                    ));
+                    self.delta(Block::Text, json!({"type": "text_delta", "text": text}));
                 }
+                Piece::Reasoning(text) => self.delta(
+                    Block::Thinking,
+                    json!({"type": "thinking_delta", "thinking": text}),
+                ),
                 Piece::CallStart(name) => {
-                    self.start_block(tool_use(&name), false);
+                    self.start_block(tool_use(&name), Block::ToolUse);
                 }
-                Piece::Arguments(part) => {
-                    if let Some((index, false)) = self.open {
-                        self.pending.push(event(
-                            "content_block_delta",
-                            &json!({"type": "content_block_delta", "index": index,
-                                    "delta": {"type": "input_json_delta", "partial_json": part}}),
-                        ));
-                    }
-                }
+                Piece::Arguments(part) => self.delta(
+                    Block::ToolUse,
+                    json!({"type": "input_json_delta", "partial_json": part}),
+                ),
                 Piece::CallEnd => self.close_block(),
             }
         }

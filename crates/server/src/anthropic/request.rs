@@ -162,6 +162,7 @@ pub fn parse(
             template_kwargs: thinking(obj.get("thinking"))?,
             ..Extensions::default()
         },
+        thinking: crate::reasoning::Thinking::Off,
     })
 }
 

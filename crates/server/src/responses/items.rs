@@ -191,7 +191,7 @@ mod tests {
                 "input[0].call_id",
             ),
         ] {
-            let err = messages(&[item.clone()], "input").unwrap_err();
+            let err = messages(std::slice::from_ref(&item), "input").unwrap_err();
             assert_eq!(err.param.as_deref(), Some(param), "{item}");
         }
     }

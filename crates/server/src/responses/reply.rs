@@ -12,12 +12,14 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use pyramid_engine::{FinishReason, Usage};
+use pyramid_tokenizer::Tokenizer;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::Receiver;
 
 use super::store::{ResponseStore, Stored};
 use crate::api::random_seed;
 use crate::error::ApiError;
+use crate::reasoning::Thinking;
 use crate::sse::{event_stream, EventWriter};
 use crate::tools::{Piece, ReplyReader, ToolSet};
 use crate::worker::Event;
@@ -34,11 +36,13 @@ pub struct ResponseReply {
     /// Where the finished response is kept (`store`), if anywhere.
     pub store: Option<Arc<ResponseStore>>,
     pub n_prompt: usize,
+    /// Counts the thought's tokens for `reasoning_tokens`.
+    pub tokenizer: Arc<Tokenizer>,
 }
 
 impl ResponseReply {
     /// The response object with `status`, `output` and the rest.
-    fn object(&self, status: &str, output: &[Value], usage: Option<&Usage>) -> Value {
+    fn object(&self, status: &str, output: &[Value], usage: Option<Value>) -> Value {
         let mut object = json!({
             "id": self.id,
             "object": "response",
@@ -46,7 +50,7 @@ impl ResponseReply {
             "status": status,
             "model": self.model,
             "output": output,
-            "usage": usage.map_or(Value::Null, usage_json),
+            "usage": usage,
             "error": null,
             "incomplete_details": null,
             "background": false,
@@ -58,13 +62,14 @@ impl ResponseReply {
     }
 }
 
-/// Usage in the Responses names; cached tokens are the prefix cache's and session store's.
-fn usage_json(u: &Usage) -> Value {
+/// Usage in the Responses names; cached tokens are the prefix cache's and session store's,
+/// and the thought's tokens are counted by tokenising it again.
+fn usage_json(u: &Usage, reasoning_tokens: usize) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
         "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens.min(u.completion_tokens)},
         "total_tokens": u.prompt_tokens + u.completion_tokens,
     })
 }
@@ -75,6 +80,10 @@ fn hex_id(prefix: &str) -> String {
 
 /// The item being written.
 enum Open {
+    Reasoning {
+        id: String,
+        text: String,
+    },
     Message {
         id: String,
         text: String,
@@ -99,9 +108,9 @@ struct OutputBuilder {
 }
 
 impl OutputBuilder {
-    fn new(tools: Option<&ToolSet>) -> Self {
+    fn new(tools: Option<&ToolSet>, thinking: Thinking) -> Self {
         Self {
-            reader: ReplyReader::new(tools),
+            reader: ReplyReader::new(tools, thinking),
             open: None,
             held: String::new(),
             output: Vec::new(),
@@ -116,6 +125,7 @@ impl OutputBuilder {
     fn add(&mut self, pieces: Vec<Piece>) {
         for piece in pieces {
             match piece {
+                Piece::Reasoning(text) => self.reasoning(text),
                 Piece::Text(text) => self.text(text),
                 Piece::CallStart(name) => {
                     self.close();
@@ -148,7 +158,39 @@ impl OutputBuilder {
         }
     }
 
+    /// Thought text: into the open reasoning item, or a new one.
+    fn reasoning(&mut self, text: String) {
+        if !matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close();
+            let id = hex_id("rs");
+            let index = self.index();
+            self.events.push(json!({
+                "type": "response.output_item.added", "output_index": index,
+                "item": {"id": id, "type": "reasoning", "status": "in_progress", "summary": [], "content": []},
+            }));
+            self.events.push(json!({
+                "type": "response.content_part.added", "item_id": id, "output_index": index,
+                "content_index": 0, "part": {"type": "reasoning_text", "text": ""},
+            }));
+            self.open = Some(Open::Reasoning {
+                id,
+                text: String::new(),
+            });
+        }
+        let index = self.index();
+        if let Some(Open::Reasoning { id, text: all }) = &mut self.open {
+            all.push_str(&text);
+            self.events.push(json!({
+                "type": "response.reasoning_text.delta", "item_id": id, "output_index": index,
+                "content_index": 0, "delta": text,
+            }));
+        }
+    }
+
     fn text(&mut self, text: String) {
+        if matches!(self.open, Some(Open::Reasoning { .. })) {
+            self.close();
+        }
         let index = self.index();
         if let Some(Open::Message { id, text: all }) = &mut self.open {
             all.push_str(&text);
@@ -184,6 +226,18 @@ impl OutputBuilder {
         let index = self.index();
         let item = match self.open.take() {
             None => return,
+            Some(Open::Reasoning { id, text }) => {
+                let part = json!({"type": "reasoning_text", "text": text});
+                self.events.push(json!({
+                    "type": "response.reasoning_text.done", "item_id": id, "output_index": index,
+                    "content_index": 0, "text": text,
+                }));
+                self.events.push(json!({
+                    "type": "response.content_part.done", "item_id": id, "output_index": index,
+                    "content_index": 0, "part": part,
+                }));
+                json!({"id": id, "type": "reasoning", "status": "completed", "summary": [], "content": [part]})
+            }
             Some(Open::Message { id, text }) => {
                 let part =
                     json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
@@ -228,6 +282,16 @@ impl OutputBuilder {
 /// The finished response: `completed`, or `incomplete` when `max_output_tokens` cut it;
 /// kept in the store when asked.
 fn finished(reply: &ResponseReply, output: &[Value], finish: FinishReason, usage: &Usage) -> Value {
+    let thought: String = output
+        .iter()
+        .filter(|item| item["type"] == "reasoning")
+        .filter_map(|item| item["content"][0]["text"].as_str())
+        .collect();
+    let reasoning_tokens = reply
+        .tokenizer
+        .encode(&thought, false)
+        .map_or(0, |ids| ids.len());
+    let usage = usage_json(usage, reasoning_tokens);
     let mut response = if finish == FinishReason::Length {
         let mut r = reply.object("incomplete", output, Some(usage));
         r["incomplete_details"] = json!({"reason": "max_output_tokens"});
@@ -253,9 +317,10 @@ fn finished(reply: &ResponseReply, output: &[Value], finish: FinishReason, usage
 pub async fn collect(
     reply: ResponseReply,
     tools: Option<&ToolSet>,
+    thinking: Thinking,
     mut rx: Receiver<Event>,
 ) -> Result<Response, ApiError> {
-    let mut builder = OutputBuilder::new(tools);
+    let mut builder = OutputBuilder::new(tools, thinking);
     loop {
         match rx.recv().await {
             Some(Event::Delta { text, .. }) => {
@@ -354,9 +419,14 @@ impl EventsWriter {
 }
 
 /// Server-sent events in the Responses sequence.
-pub fn stream(reply: ResponseReply, tools: Option<&ToolSet>, rx: Receiver<Event>) -> Response {
+pub fn stream(
+    reply: ResponseReply,
+    tools: Option<&ToolSet>,
+    thinking: Thinking,
+    rx: Receiver<Event>,
+) -> Response {
     let mut writer = EventsWriter {
-        builder: OutputBuilder::new(tools),
+        builder: OutputBuilder::new(tools, thinking),
         sequence: 0,
         pending: Vec::new(),
         reply,

@@ -231,6 +231,7 @@ pub fn parse(
             speculation: None,
             prediction: None,
             extensions,
+            thinking: crate::reasoning::Thinking::Off,
         },
         conversation,
         echo,

@@ -37,7 +37,12 @@ pub(super) async fn messages(
             Ok((parse(body, Purpose::Generate, max_tools)?, ()))
         })
         .await?;
-        let reply = MessageReply::new(state.model_id.clone(), n_prompt, request.tools.as_ref());
+        let reply = MessageReply::new(
+            state.model_id.clone(),
+            n_prompt,
+            request.tools.as_ref(),
+            request.thinking,
+        );
         if request.stream {
             Ok(reply::stream(reply, events))
         } else {
@@ -69,7 +74,7 @@ pub(super) async fn count_tokens(
                 &task_state.model_id,
             ));
         }
-        let ids = tokenize(
+        let (ids, _) = tokenize(
             &task_state,
             &request.prompt,
             request.tools.as_ref(),

@@ -11,6 +11,7 @@ use super::AppState;
 use crate::api::{GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::listen::Limits;
+use crate::reasoning::{with_thought, Thinking};
 use crate::tools::{self, ToolSet};
 
 /// The whole body, within the size limit and the body timeout.
@@ -94,17 +95,19 @@ pub(super) fn prepare(
     // The prompt's text is needed only to tokenise it: moved, not copied.
     let prompt_param = request.prompt.param();
     let text = std::mem::replace(&mut request.prompt, Prompt::Text(String::new()));
-    let prompt = tokenize(
+    let (prompt, thinking) = tokenize(
         state,
         &text,
         request.tools.as_ref(),
         &request.extensions.template_kwargs,
     )?;
     drop(text);
+    request.thinking = thinking;
     let constraint = constrain(
         state,
         request.tools.as_ref(),
         request.response_format.as_ref(),
+        thinking,
     )?;
     let prediction = match request.prediction.take() {
         Some(text) => tokenize_prediction(state, &text)?,
@@ -144,10 +147,12 @@ fn constrain(
     state: &AppState,
     tools: Option<&ToolSet>,
     format: Option<&pyramid_grammar::Grammar>,
+    thinking: Thinking,
 ) -> Result<Option<Constraint>, ApiError> {
     let Some(grammar) = tools::reply_grammar(tools, format) else {
         return Ok(None);
     };
+    let grammar = with_thought(grammar, thinking);
     let vocab = state
         .grammar_vocab()
         .map_err(|e| ApiError::internal(e.to_string()))?;
@@ -163,16 +168,18 @@ fn constrain(
         .map_err(|e| ApiError::bad_param(param, format!("'{param}' cannot be enforced: {e}")))
 }
 
-/// The prompt's ids; tokenising stops once the prompt and one generated token no longer
-/// fit the largest window, so an oversized prompt costs little.
+/// The prompt's ids, and where its reply starts with respect to a thought; tokenising
+/// stops once the prompt and one generated token no longer fit the largest window, so
+/// an oversized prompt costs little.
 pub(super) fn tokenize(
     state: &AppState,
     prompt: &Prompt,
     tools: Option<&ToolSet>,
     template_kwargs: &serde_json::Map<String, serde_json::Value>,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(Vec<u32>, Thinking), ApiError> {
     let limit = state.max_context.saturating_sub(1);
     let param = prompt.param();
+    let mut thinking = Thinking::Off;
     let ids = match prompt {
         Prompt::Chat(messages) => {
             let template = state.template.as_ref().ok_or_else(|| {
@@ -195,6 +202,7 @@ pub(super) fn tokenize(
                     format!("the chat template rejected the messages: {e}"),
                 )
             })?;
+            thinking = Thinking::of(state.splits_thoughts(), &text);
             // The template carries its own BOS if it wants one; nothing is added on top.
             state.tokenizer.encode_within(&text, true, limit)
         }
@@ -222,5 +230,5 @@ pub(super) fn tokenize(
     if ids.is_empty() {
         return Err(ApiError::bad_param(param, "the prompt is empty"));
     }
-    Ok(ids)
+    Ok((ids, thinking))
 }

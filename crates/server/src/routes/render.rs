@@ -28,7 +28,7 @@ impl Reply {
 
     /// The reader of the reply, for tool calls when they may be made.
     fn reader(&self) -> ReplyReader {
-        ReplyReader::new(self.request.tools.as_ref())
+        ReplyReader::new(self.request.tools.as_ref(), self.request.thinking)
     }
 
     /// One streamed chunk around `choice` (or `usage` with no choice).
@@ -148,6 +148,7 @@ impl ChunkWriter {
         let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
         for piece in pieces {
             let delta = match piece {
+                Piece::Reasoning(text) => json!({"reasoning_content": text}),
                 Piece::Text(text) => json!({"content": text}),
                 Piece::CallStart(name) => {
                     self.calls_sent += 1;
@@ -250,12 +251,15 @@ pub(super) async fn collect_response(
     let choice = if reply.is_chat() {
         let mut reader = reply.reader();
         let mut gathered = Gathered::default();
-        gathered.add(reader.push(text.clone()));
+        gathered.add(reader.push(text));
         gathered.add(reader.finish());
         let content = gathered.text;
         let calls: Vec<Value> = gathered.calls.iter().map(|c| call_json(c, None)).collect();
         let n_calls = calls.len();
-        let mut message = json!({"role": "assistant", "content": text});
+        let mut message = json!({"role": "assistant", "content": content});
+        if !gathered.reasoning.is_empty() {
+            message["reasoning_content"] = json!(gathered.reasoning);
+        }
         if !calls.is_empty() {
             // Only whitespace around the calls is no answer.
             message["content"] = if content.trim().is_empty() {

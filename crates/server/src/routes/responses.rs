@@ -57,12 +57,13 @@ pub(super) async fn create(
             conversation,
             store: store.then(|| Arc::clone(&state.responses)),
             n_prompt,
+            tokenizer: Arc::clone(&state.tokenizer),
         };
         let tools = request.tools.as_ref();
         let mut response = if request.stream {
-            reply::stream(reply, tools, events)
+            reply::stream(reply, tools, request.thinking, events)
         } else {
-            reply::collect(reply, tools, events).await?
+            reply::collect(reply, tools, request.thinking, events).await?
         };
         if !skipped_tools.is_empty() {
             if let Ok(value) = HeaderValue::from_str(&skipped_tools.join(", ")) {

@@ -12,6 +12,7 @@ use super::auth::{ApiKey, Keys};
 use super::unix_now;
 use crate::listen::Limits;
 use crate::metrics::Metrics;
+use crate::reasoning::{template_thinks, ReasoningFormat};
 use crate::responses::ResponseStore;
 use crate::worker::EngineThread;
 
@@ -36,6 +37,8 @@ pub struct AppState {
     pub(super) grammar_vocab: OnceLock<Result<GrammarVocab, String>>,
     /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
     pub responses: Arc<ResponseStore>,
+    /// Whether thoughts are split from answers (`--reasoning-format`).
+    pub reasoning: ReasoningFormat,
 }
 
 impl AppState {
@@ -65,7 +68,24 @@ impl AppState {
             next_id: AtomicU64::new(started << 20),
             grammar_vocab: OnceLock::new(),
             responses: Arc::new(ResponseStore::in_memory()),
+            reasoning: ReasoningFormat::default(),
         }
+    }
+
+    /// Thoughts split from answers, or not (`--reasoning-format none`).
+    pub fn with_reasoning_format(mut self, format: ReasoningFormat) -> Self {
+        self.reasoning = format;
+        self
+    }
+
+    /// Whether a chat reply's thought goes apart from its answer: the template thinks,
+    /// and the server splits thoughts.
+    pub fn splits_thoughts(&self) -> bool {
+        self.reasoning == ReasoningFormat::Split
+            && self
+                .template
+                .as_ref()
+                .is_some_and(|t| template_thinks(t.source()))
     }
 
     /// Keeps responses under the session directory, so they outlive a restart as the

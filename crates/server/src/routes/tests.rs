@@ -12,7 +12,7 @@ use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvType, Model};
 use pyramid_runtime::{CpuBackend, WindowLadder};
-use pyramid_tokenizer::Tokenizer;
+use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -23,12 +23,17 @@ use crate::Limits;
 
 /// SmolLM2 served on the CPU from two windows.
 fn smollm2() -> Arc<AppState> {
+    smollm2_with(None)
+}
+
+/// SmolLM2 served with `template` instead of its own.
+fn smollm2_with(template: Option<ChatTemplate>) -> Arc<AppState> {
     let file = GgufFile::open(pyramid_testdata::model_path(
         "smollm2-135m-instruct-q4_1.gguf",
     ))
     .unwrap();
     let tokenizer = Arc::new(Tokenizer::from_gguf(file.metadata()).unwrap());
-    let template = tokenizer.chat_template().ok();
+    let template = template.or_else(|| tokenizer.chat_template().ok());
     let model = Arc::new(Model::from_gguf(&file).unwrap());
     let config = EngineConfig {
         pyramid: PyramidConfig {
@@ -202,4 +207,55 @@ async fn the_local_server_extensions_shape_the_reply() {
     let (status, refused) = call(&state, "POST", "/v1/chat/completions", body).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(refused["error"]["param"], "chat_template_kwargs");
+}
+
+/// A template that opens the thought in the prompt, as DeepSeek-R1's does: SmolLM2's
+/// reply is then all thought (it never closes it in 8 tokens).
+const THINKING_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thinking_templates_thought_stays_out_of_the_answer_in_every_protocol() {
+    let template = ChatTemplate::new(THINKING_TEMPLATE, "", "<|im_end|>").unwrap();
+    let state = smollm2_with(Some(template));
+    let ask = json!({"model": "smollm2", "max_tokens": 8, "temperature": 0,
+                     "messages": [{"role": "user", "content": "What is 17 times 3?"}]});
+    let (status, chat) = call(&state, "POST", "/v1/chat/completions", ask.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{chat}");
+    let message = &chat["choices"][0]["message"];
+    let thought = message["reasoning_content"].as_str().unwrap();
+    assert!(!thought.is_empty() && message["content"] == "", "{message}");
+
+    let (status, anthropic) = call(&state, "POST", "/v1/messages", ask.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{anthropic}");
+    assert_eq!(
+        anthropic["content"].as_array().unwrap().len(),
+        1,
+        "{anthropic}"
+    );
+    assert_eq!(anthropic["content"][0]["type"], "thinking");
+    assert_eq!(anthropic["content"][0]["thinking"], thought);
+
+    let responses = json!({"model": "smollm2", "max_output_tokens": 8, "temperature": 0,
+                           "input": "What is 17 times 3?"});
+    let (status, response) = call(&state, "POST", "/v1/responses", responses).await;
+    assert_eq!(status, StatusCode::OK, "{response}");
+    let output = response["output"].as_array().unwrap();
+    assert_eq!(output.len(), 1, "{response}");
+    assert_eq!(output[0]["type"], "reasoning");
+    assert_eq!(output[0]["content"][0]["text"], thought);
+    assert!(response["usage"]["output_tokens_details"]["reasoning_tokens"].as_u64() > Some(0));
+
+    // --reasoning-format none: the raw text is the answer.
+    let raw = Arc::new(
+        Arc::try_unwrap(smollm2_with(Some(
+            ChatTemplate::new(THINKING_TEMPLATE, "", "<|im_end|>").unwrap(),
+        )))
+        .ok()
+        .unwrap()
+        .with_reasoning_format(crate::reasoning::ReasoningFormat::None),
+    );
+    let (_, chat) = call(&raw, "POST", "/v1/chat/completions", ask).await;
+    let message = &chat["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{message}");
+    assert_eq!(message["content"].as_str().map(str::trim), Some(thought));
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::scan::{read_head, CompactJson, Head};
 use super::{ToolSet, CLOSE, OPEN};
+use crate::reasoning::{Thinking, ThoughtSplitter};
 
 /// A call read whole.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,8 @@ pub struct ParsedCall {
 /// What the parser lets through, in the reply's order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
+    /// Text of a thinking model's thought ([`crate::reasoning`]).
+    Reasoning(String),
     /// Text of the answer.
     Text(String),
     /// A call of the named function begins.
@@ -34,6 +37,7 @@ pub enum Piece {
 /// A reply's text and calls, gathered from its pieces.
 #[derive(Debug, Default, PartialEq)]
 pub struct Gathered {
+    pub reasoning: String,
     pub text: String,
     pub calls: Vec<ParsedCall>,
 }
@@ -42,6 +46,7 @@ impl Gathered {
     pub fn add(&mut self, pieces: Vec<Piece>) {
         for piece in pieces {
             match piece {
+                Piece::Reasoning(text) => self.reasoning.push_str(&text),
                 Piece::Text(text) => self.text.push_str(&text),
                 Piece::CallStart(name) => self.calls.push(ParsedCall {
                     name,
@@ -58,19 +63,35 @@ impl Gathered {
     }
 }
 
-/// A reply read as it streams in: through a [`ToolCallParser`] when the request's tools
-/// may be called, as plain text otherwise. Every protocol's reply reads it so.
+/// A reply read as it streams in: its thought split off when the model thinks, its
+/// answer through a [`ToolCallParser`] when the request's tools may be called, as plain
+/// text otherwise. Every protocol's reply reads it so.
 #[derive(Debug)]
-pub struct ReplyReader(Option<ToolCallParser>);
+pub struct ReplyReader {
+    thought: Option<ThoughtSplitter>,
+    calls: Option<ToolCallParser>,
+}
 
 impl ReplyReader {
-    pub fn new(tools: Option<&ToolSet>) -> Self {
-        Self(tools.filter(|t| t.parses_calls()).map(ToolCallParser::new))
+    pub fn new(tools: Option<&ToolSet>, thinking: Thinking) -> Self {
+        Self {
+            thought: ThoughtSplitter::new(thinking),
+            calls: tools.filter(|t| t.parses_calls()).map(ToolCallParser::new),
+        }
     }
 
     /// The pieces `text` completes (nothing for no text).
     pub fn push(&mut self, text: String) -> Vec<Piece> {
-        match self.0.as_mut() {
+        let (mut pieces, answer) = match self.thought.as_mut() {
+            Some(splitter) => splitter.push(&text),
+            None => (Vec::new(), text),
+        };
+        pieces.extend(self.answer(answer));
+        pieces
+    }
+
+    fn answer(&mut self, text: String) -> Vec<Piece> {
+        match self.calls.as_mut() {
             Some(parser) => parser.push(&text),
             None if text.is_empty() => Vec::new(),
             None => vec![Piece::Text(text)],
@@ -79,15 +100,24 @@ impl ReplyReader {
 
     /// What was held back, once the reply has ended.
     pub fn finish(&mut self) -> Vec<Piece> {
-        self.0
+        let (mut pieces, answer) = self
+            .thought
             .as_mut()
-            .map(ToolCallParser::finish)
-            .unwrap_or_default()
+            .map(ThoughtSplitter::finish)
+            .unwrap_or_default();
+        pieces.extend(self.answer(answer));
+        pieces.extend(
+            self.calls
+                .as_mut()
+                .map(ToolCallParser::finish)
+                .unwrap_or_default(),
+        );
+        pieces
     }
 
     /// Calls begun so far.
     pub fn n_calls(&self) -> usize {
-        self.0.as_ref().map_or(0, ToolCallParser::n_calls)
+        self.calls.as_ref().map_or(0, ToolCallParser::n_calls)
     }
 }
 
