@@ -277,43 +277,35 @@ impl ToolSet {
     }
 
     /// A lazy grammar for `tool_choice: "auto"`: text is free, but a call once begun —
-    /// a `<tool_call>` tag anywhere, or a bare `{"name": "<declared name>"` (in a code
-    /// fence or not) at the reply's start — must finish as a well-formed call of a
-    /// declared function with valid arguments, as [`ToolCallParser`] reads it. The
-    /// triggers are lazy lexemes: each matches as little as it can, so it fires at the
-    /// first tag, and plain text costs the matcher next to nothing.
+    /// a `<tool_call>` tag, or a JSON object opening a line (in a code fence or not) with
+    /// a `"name"` key — must finish as a well-formed call of a declared function with
+    /// valid arguments, in the form [`ToolCallParser`] reads. The triggers are lazy
+    /// lexemes: each matches as little as it can, so it fires at the first tag, and plain
+    /// text costs the matcher next to nothing. JSON with a `"name"` key inside a line
+    /// stays free.
     fn lazy_grammar(&self) -> String {
-        let mut bare = Vec::new();
+        let mut named = Vec::new();
         let mut rules = String::new();
         for i in self.callable() {
             let mut arguments = self.parameters[i].clone();
             if let Value::Object(fields) = &mut arguments {
                 fields.insert("x-guidance".to_string(), json_layout());
             }
-            let head = lark_string(&format!(
-                "{{\"name\": {}",
-                python_json(&json!(self.names[i]))
-            ));
-            rules.push_str(&format!(
-                "bare_hd_{i}[lazy]: /([ \\t\\r\\n]|```[a-zA-Z]*)*/ {head}\n\
-                 bare_{i}: bare_hd_{i} \", \\\"arguments\\\": \" %json {arguments} \"}}\"\n"
-            ));
-            bare.push(format!("bare_{i}"));
+            let rest = lark_string(&format!("{}\", \"arguments\": ", self.names[i]));
+            rules.push_str(&format!("bare_{i}: {rest} %json {arguments} \"}}\"\n"));
+            named.push(format!("bare_{i}"));
         }
-        let start = if self.parallel {
-            "reply: bare* tagged* TEXT"
-        } else {
-            "reply: (bare | tagged)? TEXT"
-        };
+        let segments = if self.parallel { "segment*" } else { "segment?" };
         format!(
-            "start: reply\n{start}\nTEXT: /(.|\\n)*/\n\
+            "start: reply\nreply: {segments} TEXT\nsegment: tagged | bare\nTEXT: /(.|\\n)*/\n\
              tag_hd[lazy]: TEXT {open}\n\
              tagged: tag_hd \"\\n\" %json {schema} {close}\n\
-             bare: {bare}\n{rules}",
+             bare_hd[lazy]: /((.|\\n)*\\n)?([ \\t]|```[a-zA-Z]*\\n)*\\{{[ \\t\\r\\n]*\"name\"[ \\t\\r\\n]*:[ \\t\\r\\n]*\"/\n\
+             bare: bare_hd ({named})\n{rules}",
             open = lark_string(OPEN),
             schema = self.call_schema(),
             close = lark_string(&format!("\n{CLOSE}")),
-            bare = bare.join(" | "),
+            named = named.join(" | "),
         )
     }
 }

@@ -1,5 +1,5 @@
 //! Reading a reply's tool calls as it streams in: `<tool_call>` blocks, or calls written
-//! bare (one JSON object per line, or in a Markdown code fence) from the reply's start.
+//! bare (a JSON object opening a line, perhaps in a Markdown code fence, one per line).
 //!
 //! A call's arguments stream out as the model writes them, compacted, so a client sees
 //! the first delta with the call's name and then fragments of its arguments, as
@@ -132,9 +132,9 @@ enum Form {
 
 #[derive(Debug)]
 enum State {
-    /// Answer text. `bare`: a bare call may begin here (at the reply's start, or after
-    /// a bare call).
-    Text { bare: bool },
+    /// Answer text. `line_start`: a bare call may begin here (at the start of the reply
+    /// or of a line).
+    Text { line_start: bool },
     /// A call's head is being read; the JSON starts `skip` bytes into the held text (after
     /// whitespace and a fence line).
     Head { form: Form, skip: usize },
@@ -156,9 +156,10 @@ enum State {
 /// dropped, never left in the answer.
 ///
 /// Small models often write calls without the tags: a JSON object
-/// `{"name": ..., "arguments": ...}` per line from the reply's start, bare or in a
-/// Markdown code fence. Those are read as calls too, as far as they go; the first text
-/// that is not one is the answer.
+/// `{"name": ..., "arguments": ...}` opening a line, bare or in a Markdown code fence,
+/// one per line. Those are read as calls too (the lazy grammar of
+/// [`super::ToolSet`] holds them to the same form); JSON that is not a call of a known
+/// function, and JSON inside a line, is text.
 #[derive(Debug)]
 pub struct ToolCallParser {
     names: Vec<String>,
@@ -168,6 +169,8 @@ pub struct ToolCallParser {
     state: State,
     /// A tagged call just ended: the newline between calls belongs to neither.
     after_call: bool,
+    /// A bare call just ended: the whitespace after it belongs to nothing.
+    after_bare: bool,
     calls: usize,
 }
 
@@ -177,8 +180,9 @@ impl ToolCallParser {
             names: tools.names.clone(),
             single: !tools.parallel,
             pending: String::new(),
-            state: State::Text { bare: true },
+            state: State::Text { line_start: true },
             after_call: false,
+            after_bare: false,
             calls: 0,
         }
     }
@@ -202,9 +206,8 @@ impl ToolCallParser {
     /// One move of the state machine; false when it needs more text.
     fn step(&mut self, out: &mut Vec<Piece>) -> bool {
         match &mut self.state {
-            State::Text { bare: true } => {
-                if self.calls > 0 {
-                    // After bare calls, the whitespace between is neither's.
+            State::Text { line_start: true } => {
+                if self.after_bare {
                     let blank = self.pending.len() - self.pending.trim_start().len();
                     self.pending.drain(..blank);
                 }
@@ -215,7 +218,7 @@ impl ToolCallParser {
                 }
                 let fence = head.strip_prefix("```").map(|t| t.find('\n'));
                 self.state = match fence {
-                    _ if !self.may_call() => State::Text { bare: false },
+                    _ if !self.may_call() => State::Text { line_start: false },
                     // The fence's language tag runs to the first newline.
                     Some(None) => return false,
                     Some(Some(line)) => State::Head {
@@ -226,11 +229,14 @@ impl ToolCallParser {
                         form: Form::Bare { fenced: false },
                         skip,
                     },
-                    None => State::Text { bare: false },
+                    None => State::Text { line_start: false },
                 };
+                if matches!(self.state, State::Text { .. }) {
+                    self.after_bare = false;
+                }
                 true
             }
-            State::Text { bare: false } => self.text(out),
+            State::Text { line_start: false } => self.text(out),
             State::Head { form, skip } => {
                 let (form, skip) = (*form, *skip);
                 match read_head(&self.pending[skip..], &self.names) {
@@ -250,7 +256,7 @@ impl ToolCallParser {
                         true
                     }
                     _ => {
-                        self.state = State::Text { bare: false };
+                        self.state = State::Text { line_start: false };
                         true
                     }
                 }
@@ -280,7 +286,7 @@ impl ToolCallParser {
                 };
                 self.pending.drain(..end + CLOSE.len());
                 self.after_call = true;
-                self.state = State::Text { bare: false };
+                self.state = State::Text { line_start: false };
                 true
             }
             State::Tail(Form::Bare { fenced }) => {
@@ -292,13 +298,14 @@ impl ToolCallParser {
                 if rest.starts_with('}') {
                     let used = self.pending.len() - rest.len() + 1;
                     self.pending.drain(..used);
+                    self.after_bare = true;
                     self.state = if fenced {
                         State::Fence
                     } else {
-                        State::Text { bare: true }
+                        State::Text { line_start: true }
                     };
                 } else {
-                    self.state = State::Text { bare: false };
+                    self.state = State::Text { line_start: false };
                 }
                 true
             }
@@ -310,9 +317,9 @@ impl ToolCallParser {
                 if rest.starts_with("```") {
                     let used = self.pending.len() - rest.len() + 3;
                     self.pending.drain(..used);
-                    self.state = State::Text { bare: true };
+                    self.state = State::Text { line_start: true };
                 } else {
-                    self.state = State::Text { bare: false };
+                    self.state = State::Text { line_start: false };
                 }
                 true
             }
@@ -328,7 +335,7 @@ impl ToolCallParser {
                     }
                     None => out.push(Piece::Text(format!("{OPEN}{body}"))),
                 }
-                self.state = State::Text { bare: false };
+                self.state = State::Text { line_start: false };
                 true
             }
         }
@@ -343,7 +350,15 @@ impl ToolCallParser {
             }
         }
         let may_call = self.may_call();
-        if let Some(start) = self.pending.find(OPEN).filter(|_| may_call) {
+        let tag = self.pending.find(OPEN).filter(|_| may_call);
+        let line = self.pending.find('\n').filter(|_| may_call);
+        if let Some(end) = line.filter(|&l| tag.is_none_or(|t| l < t)) {
+            // A new line may open with a bare call.
+            out.push(Piece::Text(self.pending.drain(..=end).collect()));
+            self.state = State::Text { line_start: true };
+            return true;
+        }
+        if let Some(start) = tag {
             if start > 0 {
                 out.push(Piece::Text(self.pending.drain(..start).collect()));
             }
@@ -371,7 +386,7 @@ impl ToolCallParser {
     /// is answer text.
     pub fn finish(&mut self) -> Vec<Piece> {
         let rest = std::mem::take(&mut self.pending);
-        let state = std::mem::replace(&mut self.state, State::Text { bare: false });
+        let state = std::mem::replace(&mut self.state, State::Text { line_start: false });
         let text = |text: String| {
             if text.is_empty() {
                 Vec::new()
@@ -380,7 +395,9 @@ impl ToolCallParser {
             }
         };
         match state {
-            State::Text { bare: true } if self.calls > 0 && rest.trim().is_empty() => Vec::new(),
+            State::Text { line_start: true } if self.after_bare && rest.trim().is_empty() => {
+                Vec::new()
+            }
             State::Text { .. }
             | State::Head {
                 form: Form::Bare { .. },

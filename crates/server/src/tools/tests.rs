@@ -364,6 +364,13 @@ fn bare_calls_one_per_line_are_calls() {
         "```json\n{\"name\": \"now\", \"arguments\": {}}\n```\n```json\n{\"name\": \"now\", \"arguments\": {}}\n```\nDone.",
     );
     assert_eq!((content.as_str(), calls.len()), ("Done.", 2));
+    // A call may open any line; inside a line, JSON is text.
+    let (content, calls) = parse_split(
+        &tools,
+        "Let me check.\n```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Oslo\"}\n}\n```\nIt is sunny.\nSee {\"name\": \"now\", \"arguments\": {}} too.",
+    );
+    assert_eq!(content, "Let me check.\nIt is sunny.\nSee {\"name\": \"now\", \"arguments\": {}} too.");
+    assert_eq!(calls.len(), 1);
 }
 
 /// Whether the lazy grammar of `tools` lets a model write `text` and end there.
@@ -382,7 +389,8 @@ fn under_auto_text_is_free_and_a_call_once_begun_is_a_valid_one() {
         "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call> done",
         "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Rome\"}}\n{\"name\": \"now\", \"arguments\": {}}",
         "```json\n{\"name\": \"now\", \"arguments\": {}}\n```",
-        "{\"name\": \"Alice\", \"age\": 3}",
+        "Let me run it:\n```json\n{\n  \"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n```\nDone.",
+        "Data: {\"name\": \"Alice\", \"age\": 3}",
     ] {
         assert!(lazy_allows(&tools, text), "{text:?}");
         // What the grammar lets through, the parser reads the same way.
@@ -395,6 +403,9 @@ fn under_auto_text_is_free_and_a_call_once_begun_is_a_valid_one() {
         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 7}}\n</tool_call>",
         "```json\n{\"name\": \"get_weather\", \"arguments\": {\"town\": \"Oslo\"}}\n```",
         "Sure. <tool_call>\n{\"name\": \"now\", \"arguments\": {}}",
+        // A JSON object opening a line with a name key is a call: of a declared function.
+        "Here:\n```json\n{\n  \"name\": \"cat notes.txt\", \"arguments\": {}}\n```",
+        "{\"name\": \"Alice\", \"age\": 3}",
     ] {
         assert!(!lazy_allows(&tools, text), "{text:?}");
     }
