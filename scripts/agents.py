@@ -55,6 +55,13 @@ class Recorder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.records: list[dict] = []
+        self.seen = 0
+
+    def next_number(self) -> int:
+        """A number for each request the proxy forwards, in order."""
+        with self.lock:
+            self.seen += 1
+            return self.seen
 
     def add(self, record: dict) -> None:
         with self.lock:
@@ -114,11 +121,25 @@ def proxy(upstream: str, recorder: Recorder, temperature: float | None,
             body = self.rfile.read(length) if length else None
             if method == "POST":
                 body = pin_sampling(body, temperature, max_output)
+            number = recorder.next_number()
+            if dump is not None:
+                (dump / f"{number:03d}-request.json").write_bytes(body or b"")
             headers = {k: v for k, v in self.headers.items()
                        if k.lower() not in ("host", "accept-encoding", "connection", "content-length")}
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=3600)
-            conn.request(method, self.path, body=body, headers=headers)
-            upstream_reply = conn.getresponse()
+            try:
+                conn.request(method, self.path, body=body, headers=headers)
+                upstream_reply = conn.getresponse()
+            except OSError as e:
+                message = json.dumps({"error": {"message": f"the server is unreachable: {e}"}}).encode()
+                self.send_response(502)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(message)))
+                self.end_headers()
+                self.wfile.write(message)
+                recorder.add({"path": self.path, "status": 502, "prompt_tokens": None, "cached_tokens": None,
+                              "ttft_s": None, "tool_call": False, "total_s": time.monotonic() - started})
+                return
             record = {"path": self.path, "status": upstream_reply.status, "prompt_tokens": None,
                       "cached_tokens": None, "ttft_s": None, "tool_call": False}
             self.send_response(upstream_reply.status)
@@ -160,12 +181,10 @@ def proxy(upstream: str, recorder: Recorder, temperature: float | None,
                     pass
             record["total_s"] = time.monotonic() - started
             if dump is not None:
-                n = len(recorder.records)
-                (dump / f"{n:03d}-request.json").write_bytes(body or b"")
-                (dump / f"{n:03d}-reply.txt").write_bytes(bytes(seen))
-            if self.path.rstrip("/").endswith(("/messages", "/responses")) and method == "POST":
-                recorder.add(record)
-            elif record["status"] >= 400:
+                (dump / f"{number:03d}-reply.txt").write_bytes(bytes(seen))
+            # Only the protocol's requests: Claude Code also probes `HEAD /`, which may 404.
+            path = urllib.parse.urlparse(self.path).path.rstrip("/")
+            if method == "POST" and path.endswith(("/messages", "/responses")):
                 recorder.add(record)
 
         def do_POST(self) -> None:

@@ -75,6 +75,57 @@ pub fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
+/// Keywords of the draft the grammar engine does not enforce.
+const UNENFORCED: &[&str] = &[
+    "not",
+    "if",
+    "then",
+    "else",
+    "dependentRequired",
+    "dependentSchemas",
+    "dependencies",
+    "propertyNames",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contentEncoding",
+    "contentMediaType",
+    "contentSchema",
+];
+
+/// `schema` without the keywords the grammar engine cannot enforce, wherever a subschema
+/// may stand (property names are left alone): the part of a schema it can hold text to,
+/// for constraining what the client did not ask to be exact. Every text valid against
+/// `schema` is valid against the result.
+pub fn enforceable(schema: &Value) -> Value {
+    let Value::Object(fields) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(fields.len());
+    for (key, value) in fields {
+        if UNENFORCED.contains(&key.as_str()) {
+            continue;
+        }
+        let value = match (key.as_str(), value) {
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(map)) => {
+                Value::Object(map.iter().map(|(k, v)| (k.clone(), enforceable(v))).collect())
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
+                Value::Array(list.iter().map(enforceable).collect())
+            }
+            ("items" | "additionalProperties" | "additionalItems", v @ Value::Object(_)) => {
+                enforceable(v)
+            }
+            (_, v) => v.clone(),
+        };
+        out.insert(key.clone(), value);
+    }
+    Value::Object(out)
+}
+
 /// A model's vocabulary, prepared for compiling grammars against it.
 #[derive(Clone)]
 pub struct GrammarVocab {

@@ -231,8 +231,9 @@ impl ToolSet {
     }
 
     /// The JSON schema of one call `{"name": ..., "arguments": {...}}` of a function it
-    /// may call, with arguments valid against that function's schema.
-    fn call_schema(&self) -> Value {
+    /// may call, with arguments valid against that function's schema (`relaxed`: against
+    /// what the grammar engine can enforce of it).
+    fn call_schema(&self, relaxed: bool) -> Value {
         // Each function's definitions move to the root of the combined schema, where
         // its `$ref`s (renamed apart) still find them.
         let mut defs = Map::new();
@@ -240,8 +241,12 @@ impl ToolSet {
             .callable()
             .into_iter()
             .map(|i| {
-                let arguments =
-                    hoist_definitions(&self.parameters[i], &format!("f{i}_"), &mut defs);
+                let parameters = if relaxed {
+                    pyramid_grammar::enforceable(&self.parameters[i])
+                } else {
+                    self.parameters[i].clone()
+                };
+                let arguments = hoist_definitions(&parameters, &format!("f{i}_"), &mut defs);
                 json!({
                     "type": "object",
                     "properties": {
@@ -271,7 +276,7 @@ impl ToolSet {
         format!(
             "calls: call{repeat}\ncall: {open} %json {schema} {close}\n",
             open = lark_string(&format!("{OPEN}\n")),
-            schema = self.call_schema(),
+            schema = self.call_schema(!self.forces_calls()),
             close = lark_string(&format!("\n{CLOSE}")),
         )
     }
@@ -282,17 +287,21 @@ impl ToolSet {
     /// valid arguments, in the form [`ToolCallParser`] reads. The triggers are lazy
     /// lexemes: each matches as little as it can, so it fires at the first tag, and plain
     /// text costs the matcher next to nothing. JSON with a `"name"` key inside a line
-    /// stays free.
+    /// stays free. Schema keywords the grammar engine cannot enforce are left out here
+    /// (the client asked for no enforcement), where a forced call refuses them.
     fn lazy_grammar(&self) -> String {
         let mut named = Vec::new();
         let mut rules = String::new();
         for i in self.callable() {
-            let mut arguments = self.parameters[i].clone();
+            let mut arguments = pyramid_grammar::enforceable(&self.parameters[i]);
             if let Value::Object(fields) = &mut arguments {
                 fields.insert("x-guidance".to_string(), json_layout());
             }
-            let rest = lark_string(&format!("{}\", \"arguments\": ", self.names[i]));
-            rules.push_str(&format!("bare_{i}: {rest} %json {arguments} \"}}\"\n"));
+            // Whitespace between the tokens as the model likes it (pretty-printed calls).
+            let name = lark_string(&format!("{}\"", self.names[i]));
+            rules.push_str(&format!(
+                "bare_{i}: {name} /[ \\t\\r\\n]*,[ \\t\\r\\n]*\"arguments\"[ \\t\\r\\n]*:[ \\t\\r\\n]*/ %json {arguments} /[ \\t\\r\\n]*\\}}/\n"
+            ));
             named.push(format!("bare_{i}"));
         }
         let segments = if self.parallel { "segment*" } else { "segment?" };
@@ -303,7 +312,7 @@ impl ToolSet {
              bare_hd[lazy]: /((.|\\n)*\\n)?([ \\t]|```[a-zA-Z]*\\n)*\\{{[ \\t\\r\\n]*\"name\"[ \\t\\r\\n]*:[ \\t\\r\\n]*\"/\n\
              bare: bare_hd ({named})\n{rules}",
             open = lark_string(OPEN),
-            schema = self.call_schema(),
+            schema = self.call_schema(true),
             close = lark_string(&format!("\n{CLOSE}")),
             named = named.join(" | "),
         )

@@ -391,6 +391,7 @@ fn under_auto_text_is_free_and_a_call_once_begun_is_a_valid_one() {
         "```json\n{\"name\": \"now\", \"arguments\": {}}\n```",
         "Let me run it:\n```json\n{\n  \"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n```\nDone.",
         "Data: {\"name\": \"Alice\", \"age\": 3}",
+        "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Oslo\"}\n}\n```",
     ] {
         assert!(lazy_allows(&tools, text), "{text:?}");
         // What the grammar lets through, the parser reads the same way.
