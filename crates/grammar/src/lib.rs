@@ -111,7 +111,11 @@ pub fn enforceable(schema: &Value) -> Value {
         }
         let value = match (key.as_str(), value) {
             ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(map)) => {
-                Value::Object(map.iter().map(|(k, v)| (k.clone(), enforceable(v))).collect())
+                Value::Object(
+                    map.iter()
+                        .map(|(k, v)| (k.clone(), enforceable(v)))
+                        .collect(),
+                )
             }
             ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
                 Value::Array(list.iter().map(enforceable).collect())

@@ -304,7 +304,11 @@ impl ToolSet {
             ));
             named.push(format!("bare_{i}"));
         }
-        let segments = if self.parallel { "segment*" } else { "segment?" };
+        let segments = if self.parallel {
+            "segment*"
+        } else {
+            "segment?"
+        };
         format!(
             "start: reply\nreply: {segments} TEXT\nsegment: tagged | bare\nTEXT: /(.|\\n)*/\n\
              tag_hd[lazy]: TEXT {open}\n\

@@ -369,7 +369,10 @@ fn bare_calls_one_per_line_are_calls() {
         &tools,
         "Let me check.\n```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Oslo\"}\n}\n```\nIt is sunny.\nSee {\"name\": \"now\", \"arguments\": {}} too.",
     );
-    assert_eq!(content, "Let me check.\nIt is sunny.\nSee {\"name\": \"now\", \"arguments\": {}} too.");
+    assert_eq!(
+        content,
+        "Let me check.\nIt is sunny.\nSee {\"name\": \"now\", \"arguments\": {}} too."
+    );
     assert_eq!(calls.len(), 1);
 }
 
