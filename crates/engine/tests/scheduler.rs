@@ -417,3 +417,52 @@ fn a_prompt_sharing_only_a_prefix_forks_the_cached_conversation_and_leaves_it_wh
         assert_eq!(stats.cached_sessions, 2);
     }
 }
+
+#[test]
+fn requests_with_one_prompt_prefill_it_once_and_share_it() {
+    let pool = ThreadPool::new(1).unwrap();
+    // Natively (mixed passes) and on a static route.
+    for mixed in [true, false] {
+        let fake = Fake::new(Duration::ZERO, mixed);
+        let n_vocab = fake.model.config.n_vocab;
+        let mut engine = engine(&fake, config(Arm::OnDemand, &[64, 128], 8, 4));
+        let shared = prompt(3, 40);
+        for id in 0..3 {
+            engine.add_request(Request::greedy(id, shared.clone(), 4));
+        }
+        // A request with its own prompt is not held back.
+        engine.add_request(Request::greedy(3, prompt(7, 12), 4));
+        if mixed {
+            // (A static route first waits for its artifacts.)
+            let s = engine.schedule();
+            assert_eq!(
+                s.prefills,
+                [(0, 4), (3, 4)],
+                "the copies of a prompt wait for the first to prefill it"
+            );
+        }
+        let mut cached = vec![None; 4];
+        let mut tokens = vec![Vec::new(); 4];
+        while engine.has_work() {
+            for event in engine.step(&pool) {
+                match event {
+                    Event::Token { id, token, .. } => tokens[id as usize].push(token),
+                    Event::Finished { id, usage, .. } => {
+                        cached[id as usize] = Some(usage.cached_tokens)
+                    }
+                    Event::Failed { id, error } => panic!("request {id} failed: {error}"),
+                    Event::Started { .. } => {}
+                }
+            }
+        }
+        // Each copy's cache held exactly its history (the fake backend checks it).
+        for (id, t) in tokens.iter().enumerate().take(3) {
+            assert_eq!(t, &expected(&shared, 4, n_vocab), "request {id}");
+        }
+        assert_eq!(
+            cached,
+            [Some(0), Some(39), Some(39), Some(0)],
+            "the copies took all but the last prompt position from the first"
+        );
+    }
+}

@@ -151,6 +151,10 @@ impl Scheduler {
         queued
             .chain(paused)
             .filter(|&c| self.candidate(c).status() != SequenceStatus::Loading)
+            .filter(|&c| match c {
+                Candidate::Queued(i) => !self.waits_for_shared_prefill(&self.waiting[i].input),
+                Candidate::Paused(_) => true,
+            })
             .min_by_key(|&c| self.candidate_level(c, now))
     }
 
@@ -406,8 +410,14 @@ impl Scheduler {
             .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
         let restored = seq.restored.take();
-        let (mut session, reused, forked) =
-            self.reuse_for(&seq.input, seq.request.max_tokens, restored);
+        let running = restored
+            .is_none()
+            .then(|| self.fork_running(&seq.input, seq.request.max_tokens))
+            .flatten();
+        let (mut session, reused, forked) = match running {
+            Some((fork, shared)) => (fork, shared, true),
+            None => self.reuse_for(&seq.input, seq.request.max_tokens, restored),
+        };
         session.truncate(reused);
         if session.is_empty() {
             let reply = seq
@@ -470,7 +480,7 @@ impl Scheduler {
     /// and reply need (an agent branching off a long conversation's system prompt does not
     /// hold the long one's window), if its artifacts are compiled; the parent's otherwise,
     /// whose artifacts the fork shares, rather than waiting for a compile.
-    fn fork_window(&self, parent: usize, prompt_len: usize, max_tokens: usize) -> usize {
+    pub(super) fn fork_window(&self, parent: usize, prompt_len: usize, max_tokens: usize) -> usize {
         self.first_window(prompt_len, max_tokens)
             .filter(|&own| own == parent || self.mixed || self.artifacts.window_ready(own))
             .unwrap_or(parent)

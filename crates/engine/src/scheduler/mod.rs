@@ -18,6 +18,7 @@
 mod admission;
 mod constrain;
 mod plan;
+mod shared_prefill;
 #[cfg(test)]
 mod tests;
 mod update;

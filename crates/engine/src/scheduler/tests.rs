@@ -49,8 +49,11 @@ fn scheduler(mixed: bool, table: Arc<Table>, edit: impl FnOnce(&mut EngineConfig
     Scheduler::new(cfg, mixed, table, kv, model.config.n_vocab)
 }
 
+/// Request `id`: a prompt of `len` tokens all its own (requests sharing a prompt would
+/// wait for each other's prefill).
 fn request(id: RequestId, len: usize, priority: i32) -> Request {
-    let mut r = Request::greedy(id, (1..=len as u32).collect(), 4);
+    let first = 1 + 1000 * id as u32;
+    let mut r = Request::greedy(id, (first..first + len as u32).collect(), 4);
     r.priority = priority;
     r
 }
