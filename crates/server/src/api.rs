@@ -134,7 +134,13 @@ pub struct GenerationRequest {
     /// Where the reply starts with respect to a thought: set once the prompt is
     /// rendered ([`crate::reasoning`]).
     pub thinking: Thinking,
+    /// Choices to generate (`n`): each its own sequence, sampled with its own seed, the
+    /// prompt prefilled once and shared (the engine forks it).
+    pub n: usize,
 }
+
+/// The most choices (`n`) a request may ask for.
+pub const MAX_CHOICES: u64 = 16;
 
 /// A request body as the JSON object every endpoint takes.
 pub(crate) fn json_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -185,10 +191,15 @@ pub fn parse(
         Endpoint::Chat => Prompt::Chat(messages(&obj)?),
         Endpoint::Completion => completion_prompt(&obj)?,
     };
-    let n = opt_u64(&obj, "n")?.unwrap_or(1);
-    if n != 1 {
-        return Err(ApiError::bad_param("n", "only n = 1 is supported"));
-    }
+    let n = match opt_u64(&obj, "n")?.unwrap_or(1) {
+        n @ 1..=MAX_CHOICES => n as usize,
+        _ => {
+            return Err(ApiError::bad_param(
+                "n",
+                format!("'n' must be between 1 and {MAX_CHOICES}"),
+            ))
+        }
+    };
     let max_tokens = match endpoint {
         Endpoint::Chat => opt_u64(&obj, "max_completion_tokens")?
             .map(|v| ("max_completion_tokens", v))
@@ -322,6 +333,7 @@ pub fn parse(
         },
         extensions,
         thinking: Thinking::Off,
+        n,
     })
 }
 
@@ -812,7 +824,7 @@ mod tests {
                 "max_tokens",
             ),
             (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}"#,
+                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 17}"#,
                 "n",
             ),
             (

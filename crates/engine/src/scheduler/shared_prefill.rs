@@ -23,7 +23,9 @@ impl Scheduler {
     /// Whether queued `prompt` should wait for a running sequence to finish prefilling
     /// the prefix they share, rather than prefill it a second time.
     pub(super) fn waits_for_shared_prefill(&self, prompt: &[u32]) -> bool {
-        let worth = SHARED_PREFILL_MIN.min(prompt.len().saturating_sub(1)).max(1);
+        let worth = SHARED_PREFILL_MIN
+            .min(prompt.len().saturating_sub(1))
+            .max(1);
         let cached = self.cache.longest(prompt).map_or(0, |(_, n)| n);
         self.running.iter().any(|s| {
             let shared = shareable(s, prompt);

@@ -247,6 +247,8 @@ impl EventsWriter {
 }
 
 impl EventWriter for EventsWriter {
+    type Input = Event;
+
     fn pending(&mut self) -> &mut Vec<Bytes> {
         &mut self.pending
     }

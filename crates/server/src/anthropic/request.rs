@@ -163,6 +163,7 @@ pub fn parse(
             ..Extensions::default()
         },
         thinking: crate::reasoning::Thinking::Off,
+        n: 1,
     })
 }
 

@@ -232,6 +232,7 @@ pub fn parse(
             prediction: None,
             extensions,
             thinking: crate::reasoning::Thinking::Off,
+            n: 1,
         },
         conversation,
         echo,

@@ -31,6 +31,7 @@ pub(super) async fn messages(
                 request,
                 events,
                 n_prompt,
+                ..
             },
             (),
         ) = submit(&state, key, &headers, body, move |body| {

@@ -174,7 +174,10 @@ pub const PRIORITY_HEADER: &str = "x-priority";
 /// events for it arrive on `events`.
 pub(super) struct Submitted {
     pub(super) request: GenerationRequest,
+    /// The first choice's events.
     pub(super) events: Receiver<Event>,
+    /// The other choices' events, in order (`n` > 1, chat and text completions only).
+    pub(super) more_choices: Vec<Receiver<Event>>,
     /// Tokens of the prompt as rendered.
     pub(super) n_prompt: usize,
 }
@@ -210,7 +213,7 @@ pub(super) async fn submit<T: Send + 'static>(
             request,
             prompt,
             prompt_param,
-            constraint,
+            constraints,
             prediction,
             priority,
             speculation,
@@ -223,38 +226,48 @@ pub(super) async fn submit<T: Send + 'static>(
     })
     .await
     .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
-    let (events, rx) = outbox();
     let n_prompt = prompt.len();
     let single_call = request
         .tools
         .as_ref()
         .is_some_and(|t| t.parses_calls() && !t.parallel);
-    state.engine.submit(Job {
-        prompt,
-        max_tokens: request.max_tokens,
-        sampler: request.sampler.clone(),
-        stop: request.stop.clone(),
-        end_after: if single_call {
-            vec![tools::CLOSE.to_string()]
-        } else {
-            Vec::new()
-        },
-        ignore_eos: request.extensions.ignore_eos,
-        stop_token_ids: request.extensions.stop_token_ids.clone(),
-        min_tokens: request.extensions.min_tokens,
-        logprobs: request.logprobs,
-        constraint,
-        prompt_param,
-        events,
-        submitted: Instant::now(),
-        priority,
-        speculation,
-        prediction,
-    })?;
+    let mut receivers = Vec::with_capacity(constraints.len());
+    for (choice, constraint) in constraints.into_iter().enumerate() {
+        let (events, rx) = outbox();
+        let mut sampler = request.sampler.clone();
+        // Each choice samples on its own; one seed still repeats them all.
+        sampler.seed = sampler.seed.wrapping_add(choice as u64);
+        state.engine.submit(Job {
+            prompt: prompt.clone(),
+            max_tokens: request.max_tokens,
+            sampler,
+            stop: request.stop.clone(),
+            end_after: if single_call {
+                vec![tools::CLOSE.to_string()]
+            } else {
+                Vec::new()
+            },
+            ignore_eos: request.extensions.ignore_eos,
+            stop_token_ids: request.extensions.stop_token_ids.clone(),
+            min_tokens: request.extensions.min_tokens,
+            logprobs: request.logprobs,
+            constraint,
+            prompt_param,
+            events,
+            submitted: Instant::now(),
+            priority,
+            speculation,
+            prediction: prediction.clone(),
+        })?;
+        receivers.push(rx);
+    }
+    let mut receivers = receivers.into_iter();
+    let rx = receivers.next().expect("a request has at least one choice");
     Ok((
         Submitted {
             request,
             events: rx,
+            more_choices: receivers.collect(),
             n_prompt,
         },
         extra,
@@ -272,7 +285,8 @@ async fn generate(
     let (
         Submitted {
             request,
-            events: rx,
+            events,
+            more_choices,
             n_prompt,
         },
         (),
@@ -294,9 +308,10 @@ async fn generate(
         model: state.model_id.clone(),
         request,
     };
+    let choices: Vec<Receiver<Event>> = std::iter::once(events).chain(more_choices).collect();
     if reply.request.stream {
-        Ok(stream_response(reply, rx))
+        Ok(stream_response(reply, choices))
     } else {
-        collect_response(reply, rx, n_prompt).await
+        collect_response(reply, choices, n_prompt).await
     }
 }

@@ -39,7 +39,8 @@ pub(super) struct Prepared {
     pub prompt: Vec<u32>,
     /// The request field the prompt came in (`messages` or `prompt`).
     pub prompt_param: &'static str,
-    pub constraint: Option<Constraint>,
+    /// Each choice's grammar state (one per `n`), all compiled from the one grammar.
+    pub constraints: Vec<Option<Constraint>>,
     /// `prediction` as ids (empty without one).
     pub prediction: Vec<u32>,
     pub priority: i32,
@@ -103,12 +104,16 @@ pub(super) fn prepare(
     )?;
     drop(text);
     request.thinking = thinking;
-    let constraint = constrain(
-        state,
-        request.tools.as_ref(),
-        request.response_format.as_ref(),
-        thinking,
-    )?;
+    let constraints = (0..request.n)
+        .map(|_| {
+            constrain(
+                state,
+                request.tools.as_ref(),
+                request.response_format.as_ref(),
+                thinking,
+            )
+        })
+        .collect::<Result<_, _>>()?;
     let prediction = match request.prediction.take() {
         Some(text) => tokenize_prediction(state, &text)?,
         None => Vec::new(),
@@ -117,7 +122,7 @@ pub(super) fn prepare(
         request,
         prompt,
         prompt_param,
-        constraint,
+        constraints,
         prediction,
         priority,
         speculation,

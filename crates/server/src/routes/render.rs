@@ -9,7 +9,7 @@ use tokio::sync::mpsc::Receiver;
 
 use crate::api::{self, Endpoint, GenerationRequest};
 use crate::error::ApiError;
-use crate::sse::{event_stream, EventWriter};
+use crate::sse::{event_stream, merge_choices, EventWriter};
 use crate::tools::{Gathered, ParsedCall, Piece, ReplyReader};
 use crate::worker::{Event, TokenLogprob};
 
@@ -46,17 +46,23 @@ impl Reply {
         chunk
     }
 
-    fn delta_choice(&self, delta: Value, logprobs: &[TokenLogprob], finish: Option<&str>) -> Value {
+    fn delta_choice(
+        &self,
+        index: usize,
+        delta: Value,
+        logprobs: &[TokenLogprob],
+        finish: Option<&str>,
+    ) -> Value {
         if self.is_chat() {
             json!({
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": self.logprobs_json(logprobs),
                 "finish_reason": finish,
             })
         } else {
             let text = delta.get("content").cloned().unwrap_or(json!(""));
-            json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+            json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
         }
     }
 
@@ -116,117 +122,171 @@ fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// Server-sent events: a chunk per event, `data: [DONE]` at the end. A tool call's first
-/// delta carries its index, id, type and name; its arguments follow in fragments as the
-/// model writes them.
-pub(super) fn stream_response(reply: Reply, rx: Receiver<Event>) -> Response {
-    let first = reply.is_chat().then(|| {
-        let role = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
-        sse(&reply.chunk(Some(role), None))
-    });
+/// The usage of a request's choices together: its prompt once (prefilled once, the other
+/// choices forked from it), every choice's tokens.
+fn joint_usage(choices: &[Usage]) -> Usage {
+    let mut all = choices.first().copied().unwrap_or_default();
+    for u in choices.iter().skip(1) {
+        all.completion_tokens += u.completion_tokens;
+        let (s, t) = (&mut all.speculative, &u.speculative);
+        s.drafted_tokens += t.drafted_tokens;
+        s.accepted_tokens += t.accepted_tokens;
+        s.decode_passes += t.decode_passes;
+        s.verify_passes += t.verify_passes;
+    }
+    all
+}
+
+/// Server-sent events: a chunk per event (each choice's under its `index`), `data:
+/// [DONE]` once every choice has finished. A tool call's first delta carries its index,
+/// id, type and name; its arguments follow in fragments as the model writes them.
+pub(super) fn stream_response(reply: Reply, choices: Vec<Receiver<Event>>) -> Response {
+    let mut pending = Vec::new();
+    if reply.is_chat() {
+        for index in 0..choices.len() {
+            let role = json!({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+            pending.push(sse(&reply.chunk(Some(role), None)));
+        }
+    }
     let writer = ChunkWriter {
-        reader: reply.reader(),
+        choices: (0..choices.len())
+            .map(|_| ChoiceState {
+                reader: reply.reader(),
+                calls_sent: 0,
+                usage: None,
+            })
+            .collect(),
         reply,
-        pending: first.into_iter().collect(),
-        calls_sent: 0,
+        pending,
     };
-    event_stream(writer, rx)
+    event_stream(writer, merge_choices(choices))
+}
+
+/// One streamed choice.
+struct ChoiceState {
+    reader: ReplyReader,
+    /// Tool calls sent so far: the next one's `index`.
+    calls_sent: usize,
+    /// Once it has finished.
+    usage: Option<Usage>,
 }
 
 /// A streamed OpenAI reply's chunks.
 struct ChunkWriter {
-    reader: ReplyReader,
+    choices: Vec<ChoiceState>,
     reply: Reply,
     pending: Vec<Bytes>,
-    /// Tool calls sent so far: the next one's `index`.
-    calls_sent: usize,
 }
 
 impl ChunkWriter {
-    /// Chunks for `pieces`; `logprobs` go with the first (or alone, if none).
-    fn send(&mut self, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
+    /// Chunks for choice `index`'s `pieces`; `logprobs` go with the first (or alone).
+    fn send(&mut self, index: usize, pieces: Vec<Piece>, logprobs: &[TokenLogprob]) {
         let mut logprobs = Some(logprobs).filter(|l| !l.is_empty());
         for piece in pieces {
+            let choice = &mut self.choices[index];
             let delta = match piece {
                 Piece::Reasoning(text) => json!({"reasoning_content": text}),
                 Piece::Text(text) => json!({"content": text}),
                 Piece::CallStart(name) => {
-                    self.calls_sent += 1;
+                    choice.calls_sent += 1;
                     let call = ParsedCall {
                         name,
                         arguments: String::new(),
                     };
-                    json!({"tool_calls": [call_json(&call, Some(self.calls_sent - 1))]})
+                    json!({"tool_calls": [call_json(&call, Some(choice.calls_sent - 1))]})
                 }
                 Piece::Arguments(part) => json!({"tool_calls": [{
-                    "index": self.calls_sent.saturating_sub(1),
+                    "index": choice.calls_sent.saturating_sub(1),
                     "function": {"arguments": part},
                 }]}),
                 Piece::CallEnd => continue,
             };
-            let choice = self
-                .reply
-                .delta_choice(delta, logprobs.take().unwrap_or(&[]), None);
+            let choice =
+                self.reply
+                    .delta_choice(index, delta, logprobs.take().unwrap_or(&[]), None);
             self.pending
                 .push(sse(&self.reply.chunk(Some(choice), None)));
         }
         if let Some(logprobs) = logprobs {
             let choice = self
                 .reply
-                .delta_choice(json!({"content": ""}), logprobs, None);
+                .delta_choice(index, json!({"content": ""}), logprobs, None);
             self.pending
                 .push(sse(&self.reply.chunk(Some(choice), None)));
         }
     }
+
+    fn fail(&mut self, err: &ApiError) {
+        self.pending.push(sse(&err.body()));
+    }
 }
 
 impl EventWriter for ChunkWriter {
+    type Input = (usize, Option<Event>);
+
     fn pending(&mut self) -> &mut Vec<Bytes> {
         &mut self.pending
     }
 
-    fn write(&mut self, event: Option<Event>) -> bool {
+    fn write(&mut self, event: Option<(usize, Option<Event>)>) -> bool {
+        let stopped = || ApiError::internal("the engine stopped before finishing this request");
         match event {
-            Some(Event::Delta { text, logprobs }) => {
-                let pieces = self.reader.push(text);
-                self.send(pieces, &logprobs);
-                return false;
+            Some((index, Some(Event::Delta { text, logprobs }))) => {
+                let pieces = self.choices[index].reader.push(text);
+                self.send(index, pieces, &logprobs);
+                false
             }
-            Some(Event::Done {
-                finish_reason,
-                usage,
-                ..
-            }) => {
-                let rest = self.reader.finish();
-                self.send(rest, &[]);
-                let finish = finish_name(finish_reason, self.reader.n_calls());
-                let choice = self.reply.delta_choice(json!({}), &[], Some(finish));
+            Some((
+                index,
+                Some(Event::Done {
+                    finish_reason,
+                    usage,
+                    ..
+                }),
+            )) => {
+                let rest = self.choices[index].reader.finish();
+                self.send(index, rest, &[]);
+                let finish = finish_name(finish_reason, self.choices[index].reader.n_calls());
+                let choice = self.reply.delta_choice(index, json!({}), &[], Some(finish));
                 self.pending
                     .push(sse(&self.reply.chunk(Some(choice), None)));
+                self.choices[index].usage = Some(usage);
+                let Some(all) = self
+                    .choices
+                    .iter()
+                    .map(|c| c.usage)
+                    .collect::<Option<Vec<Usage>>>()
+                else {
+                    return false;
+                };
                 if self.reply.request.include_usage {
+                    let usage = joint_usage(&all);
                     self.pending
                         .push(sse(&self.reply.chunk(None, Some(&usage))));
                 }
                 self.pending.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                true
             }
-            Some(Event::Failed(err)) => self.pending.push(sse(&err.body())),
-            None => {
-                let err = ApiError::internal("the engine stopped before finishing this request");
-                self.pending.push(sse(&err.body()));
+            Some((_, Some(Event::Failed(err)))) => {
+                self.fail(&err);
+                true
+            }
+            Some((_, None)) | None => {
+                self.fail(&stopped());
+                true
             }
         }
-        true
     }
 }
 
-pub(super) async fn collect_response(
-    reply: Reply,
+/// One choice's text, log-probabilities, finish reason and usage, once it is done.
+async fn collect_choice(
     mut rx: Receiver<Event>,
     n_prompt: usize,
-) -> Result<Response, ApiError> {
+) -> Result<(String, Vec<TokenLogprob>, FinishReason, Usage), ApiError> {
     let mut text = String::new();
     let mut logprobs = Vec::new();
-    let (finish_reason, usage) = loop {
+    loop {
         match rx.recv().await {
             Some(Event::Delta {
                 text: t,
@@ -239,7 +299,7 @@ pub(super) async fn collect_response(
                 finish_reason,
                 usage,
                 ..
-            }) => break (finish_reason, usage),
+            }) => return Ok((text, logprobs, finish_reason, usage)),
             Some(Event::Failed(err)) => return Err(err),
             None => {
                 return Err(ApiError::internal(format!(
@@ -247,44 +307,70 @@ pub(super) async fn collect_response(
                 )))
             }
         }
-    };
-    let choice = if reply.is_chat() {
-        let mut reader = reply.reader();
-        let mut gathered = Gathered::default();
-        gathered.add(reader.push(text));
-        gathered.add(reader.finish());
-        let content = gathered.text;
-        let calls: Vec<Value> = gathered.calls.iter().map(|c| call_json(c, None)).collect();
-        let n_calls = calls.len();
-        let mut message = json!({"role": "assistant", "content": content});
-        if !gathered.reasoning.is_empty() {
-            message["reasoning_content"] = json!(gathered.reasoning);
-        }
-        if !calls.is_empty() {
-            // Only whitespace around the calls is no answer.
-            message["content"] = if content.trim().is_empty() {
-                Value::Null
-            } else {
-                json!(content.trim())
-            };
-            message["tool_calls"] = json!(calls);
-        }
-        json!({
-            "index": 0,
-            "message": message,
-            "logprobs": reply.logprobs_json(&logprobs),
-            "finish_reason": finish_name(finish_reason, n_calls),
-        })
-    } else {
-        json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason})
-    };
+    }
+}
+
+pub(super) async fn collect_response(
+    reply: Reply,
+    choices: Vec<Receiver<Event>>,
+    n_prompt: usize,
+) -> Result<Response, ApiError> {
+    let done =
+        futures_util::future::join_all(choices.into_iter().map(|rx| collect_choice(rx, n_prompt)))
+            .await;
+    let mut rendered = Vec::with_capacity(done.len());
+    let mut usages = Vec::with_capacity(done.len());
+    for (index, choice) in done.into_iter().enumerate() {
+        let (text, logprobs, finish_reason, usage) = choice?;
+        rendered.push(render_choice(&reply, index, text, &logprobs, finish_reason));
+        usages.push(usage);
+    }
     Ok(Json(json!({
         "id": reply.id,
         "object": if reply.is_chat() { "chat.completion" } else { "text_completion" },
         "created": reply.created,
         "model": reply.model,
-        "choices": [choice],
-        "usage": usage_json(&usage),
+        "choices": rendered,
+        "usage": usage_json(&joint_usage(&usages)),
     }))
     .into_response())
+}
+
+/// A finished choice as the response's `choices[index]`.
+fn render_choice(
+    reply: &Reply,
+    index: usize,
+    text: String,
+    logprobs: &[TokenLogprob],
+    finish_reason: FinishReason,
+) -> Value {
+    if !reply.is_chat() {
+        return json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish_reason});
+    }
+    let mut reader = reply.reader();
+    let mut gathered = Gathered::default();
+    gathered.add(reader.push(text));
+    gathered.add(reader.finish());
+    let content = gathered.text;
+    let calls: Vec<Value> = gathered.calls.iter().map(|c| call_json(c, None)).collect();
+    let n_calls = calls.len();
+    let mut message = json!({"role": "assistant", "content": content});
+    if !gathered.reasoning.is_empty() {
+        message["reasoning_content"] = json!(gathered.reasoning);
+    }
+    if !calls.is_empty() {
+        // Only whitespace around the calls is no answer.
+        message["content"] = if content.trim().is_empty() {
+            Value::Null
+        } else {
+            json!(content.trim())
+        };
+        message["tool_calls"] = json!(calls);
+    }
+    json!({
+        "index": index,
+        "message": message,
+        "logprobs": reply.logprobs_json(logprobs),
+        "finish_reason": finish_name(finish_reason, n_calls),
+    })
 }

@@ -43,6 +43,7 @@ pub(super) async fn create(
             request,
             events,
             n_prompt,
+            ..
         } = submitted;
         let (conversation, echo, store, skipped_tools) = read;
         let reply = ResponseReply {

@@ -259,3 +259,85 @@ async fn a_thinking_templates_thought_stays_out_of_the_answer_in_every_protocol(
     assert!(message.get("reasoning_content").is_none(), "{message}");
     assert_eq!(message["content"].as_str().map(str::trim), Some(thought));
 }
+
+/// A counter's value in `/metrics`.
+async fn counter(state: &Arc<AppState>, name: &str) -> f64 {
+    let request = Request::builder()
+        .uri("/metrics")
+        .body(Body::empty())
+        .unwrap();
+    let response = router(Arc::clone(state)).oneshot(request).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_share_one_prefill_and_count_the_prompt_once() {
+    let state = smollm2();
+    let ask = |stream: bool| {
+        json!({"model": "smollm2", "max_tokens": 6, "temperature": 1.0, "seed": 7, "n": 3,
+               "stream": stream, "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+               "messages": [{"role": "user", "content": "Write one sentence about the sea and the sky above it, please."}]})
+    };
+    let before = counter(&state, "pyramid_prefilled_tokens_total").await;
+    let (status, whole) = call(&state, "POST", "/v1/chat/completions", ask(false)).await;
+    assert_eq!(status, StatusCode::OK, "{whole}");
+    let choices = whole["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert!(
+            c["message"]["content"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty()),
+            "{c}"
+        );
+    }
+    let usage = &whole["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        usage["completion_tokens"].as_u64().unwrap() > 6,
+        "every choice's tokens: {usage}"
+    );
+    let prefilled = counter(&state, "pyramid_prefilled_tokens_total").await - before;
+    assert!(
+        prefilled < 2.0 * prompt as f64,
+        "the prompt ({prompt} tokens) was prefilled once, not per choice: {prefilled}"
+    );
+    // One seed repeats every choice, streamed too, each under its index.
+    let request = Request::builder()
+        .method("POST")
+        .uri("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(ask(true).to_string()))
+        .unwrap();
+    let response = router(Arc::clone(&state)).oneshot(request).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let mut streamed = vec![String::new(); 3];
+    let mut last_usage = Value::Null;
+    let body = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        for c in chunk["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+        }
+        if !chunk["usage"].is_null() {
+            last_usage = chunk["usage"].clone();
+        }
+    }
+    for (i, text) in streamed.iter().enumerate() {
+        assert_eq!(
+            Some(text.as_str()),
+            choices[i]["message"]["content"].as_str(),
+            "choice {i}"
+        );
+    }
+    assert_eq!(last_usage["completion_tokens"], usage["completion_tokens"]);
+}
