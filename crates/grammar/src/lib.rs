@@ -23,8 +23,8 @@
 //! `patternProperties`, `minProperties`, `maxProperties`, `items`, `prefixItems`,
 //! `additionalItems`, `minItems`, `maxItems`, `minLength`, `maxLength`, `pattern`,
 //! `format`, `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf`.
-//! Annotations (`title`, `description`, `default`, `examples`, ...) constrain nothing and
-//! are accepted; any other keyword of the draft (`not`, `uniqueItems`, `if`,
+//! OpenAPI's `nullable: true` is read as the alternative of `null`. Annotations (`title`,
+//! `description`, `default`, `examples`, ...) constrain nothing and are accepted; any other keyword of the draft (`not`, `uniqueItems`, `if`,
 //! `dependentRequired`, `propertyNames`, ...) is an error naming it.
 
 use std::sync::Arc;
@@ -64,6 +64,12 @@ pub enum Grammar {
 }
 
 impl Grammar {
+    /// A JSON schema as clients write it: OpenAPI's `nullable: true` (which the grammar
+    /// engine would pass over) read as JSON Schema's alternative of `null`.
+    pub fn json_schema(schema: &Value) -> Grammar {
+        Grammar::JsonSchema(honour_nullable(schema))
+    }
+
     /// Any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
     pub fn any_json_object() -> Grammar {
         Grammar::JsonSchema(json!({"type": "object"}))
@@ -73,6 +79,65 @@ impl Grammar {
 /// How JSON inside a grammar is laid out: no free whitespace, Python's separators.
 pub fn json_layout() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
+}
+
+/// `schema` with every `nullable: true` (OpenAPI's, which pydantic and many clients
+/// write) turned into `anyOf` the schema or `null`, wherever a subschema may stand, and
+/// `nullable: false` dropped: honoured, never silently ignored.
+pub fn honour_nullable(schema: &Value) -> Value {
+    map_subschemas(schema, &|mut fields| {
+        let Some(nullable) = fields.remove("nullable") else {
+            return Value::Object(fields);
+        };
+        if nullable != Value::Bool(true) {
+            return Value::Object(fields);
+        }
+        // Definitions stay at this level, where references find them.
+        let mut outer = serde_json::Map::new();
+        for key in ["$defs", "definitions"] {
+            if let Some(defs) = fields.remove(key) {
+                outer.insert(key.to_string(), defs);
+            }
+        }
+        outer.insert(
+            "anyOf".to_string(),
+            json!([Value::Object(fields), {"type": "null"}]),
+        );
+        Value::Object(outer)
+    })
+}
+
+/// `schema` with `visit` applied to every schema object in it, innermost first (the
+/// subschemas of `properties`, `items`, `anyOf`, `$defs`, … are rewritten before the
+/// object holding them). Property names are never taken for keywords.
+fn map_subschemas(
+    schema: &Value,
+    visit: &dyn Fn(serde_json::Map<String, Value>) -> Value,
+) -> Value {
+    let Value::Object(fields) = schema else {
+        return schema.clone();
+    };
+    let mut out = serde_json::Map::with_capacity(fields.len());
+    for (key, value) in fields {
+        let value = match (key.as_str(), value) {
+            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(map)) => {
+                Value::Object(
+                    map.iter()
+                        .map(|(k, v)| (k.clone(), map_subschemas(v, visit)))
+                        .collect(),
+                )
+            }
+            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
+                Value::Array(list.iter().map(|v| map_subschemas(v, visit)).collect())
+            }
+            ("items" | "additionalProperties" | "additionalItems", v @ Value::Object(_)) => {
+                map_subschemas(v, visit)
+            }
+            (_, v) => v.clone(),
+        };
+        out.insert(key.clone(), value);
+    }
+    visit(out)
 }
 
 /// Keywords of the draft the grammar engine does not enforce.
@@ -101,33 +166,10 @@ const UNENFORCED: &[&str] = &[
 /// for constraining what the client did not ask to be exact. Every text valid against
 /// `schema` is valid against the result.
 pub fn enforceable(schema: &Value) -> Value {
-    let Value::Object(fields) = schema else {
-        return schema.clone();
-    };
-    let mut out = serde_json::Map::with_capacity(fields.len());
-    for (key, value) in fields {
-        if UNENFORCED.contains(&key.as_str()) {
-            continue;
-        }
-        let value = match (key.as_str(), value) {
-            ("properties" | "patternProperties" | "$defs" | "definitions", Value::Object(map)) => {
-                Value::Object(
-                    map.iter()
-                        .map(|(k, v)| (k.clone(), enforceable(v)))
-                        .collect(),
-                )
-            }
-            ("anyOf" | "oneOf" | "allOf" | "prefixItems" | "items", Value::Array(list)) => {
-                Value::Array(list.iter().map(enforceable).collect())
-            }
-            ("items" | "additionalProperties" | "additionalItems", v @ Value::Object(_)) => {
-                enforceable(v)
-            }
-            (_, v) => v.clone(),
-        };
-        out.insert(key.clone(), value);
-    }
-    Value::Object(out)
+    map_subschemas(schema, &|mut fields| {
+        fields.retain(|key, _| !UNENFORCED.contains(&key.as_str()));
+        Value::Object(fields)
+    })
 }
 
 /// A model's vocabulary, prepared for compiling grammars against it.
@@ -231,12 +273,11 @@ impl GrammarVocab {
     fn compile_here(&self, grammar: &Grammar) -> Result<Constraint> {
         let top = match grammar {
             Grammar::JsonSchema(schema) => {
-                let Value::Object(fields) = schema else {
+                let Value::Object(mut fields) = honour_nullable(schema) else {
                     return Err(GrammarError::Invalid(
                         "a JSON schema must be an object".to_string(),
                     ));
                 };
-                let mut fields = fields.clone();
                 fields.insert("x-guidance".to_string(), json_layout());
                 TopLevelGrammar::from_json_schema(Value::Object(fields))
             }

@@ -301,3 +301,43 @@ fn deep_wide_and_unsatisfiable_schemas_never_overflow_the_callers_stack() {
         assert!(!err.contains("<state>"), "the parser's state leaks: {err}");
     }
 }
+
+#[test]
+fn nullable_is_honoured() {
+    let tok = tokenizer(MODELS[1]);
+    let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "string", "nullable": true}},
+                        "required": ["a"], "additionalProperties": false});
+    let accepts = |text: &str| {
+        let mut c = vocab.compile(&Grammar::JsonSchema(schema.clone())).unwrap();
+        for id in tok.encode(text, false).unwrap() {
+            if !c.allowed().unwrap().is_allowed(id) {
+                return false;
+            }
+            c.accept(id).unwrap();
+        }
+        c.is_finished()
+            || c.allowed()
+                .unwrap()
+                .is_allowed(tok.end_of_generation_ids()[0])
+    };
+    assert!(accepts(r#"{"a": "x"}"#));
+    assert!(
+        accepts(r#"{"a": null}"#),
+        "OpenAPI's nullable lets the value be null"
+    );
+    assert!(!accepts(r#"{"a": 1}"#));
+}
+
+#[test]
+fn nullable_becomes_a_null_alternative_where_subschemas_stand() {
+    let schema = json!({"type": "object", "nullable": true,
+        "properties": {"nullable": {"type": "integer", "nullable": false}},
+        "$defs": {"P": {"type": "string", "nullable": true}}});
+    assert_eq!(
+        pyramid_grammar::honour_nullable(&schema),
+        json!({"$defs": {"P": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+               "anyOf": [{"type": "object", "properties": {"nullable": {"type": "integer"}}},
+                         {"type": "null"}]})
+    );
+}

@@ -469,7 +469,7 @@ pub(crate) fn json_schema_format(
         ));
     }
     match spec.get("schema") {
-        Some(schema @ Value::Object(_)) => Ok(Grammar::JsonSchema(schema.clone())),
+        Some(schema @ Value::Object(_)) => Ok(Grammar::json_schema(schema)),
         // OpenAI takes a missing schema as any JSON object.
         None | Some(Value::Null) => Ok(Grammar::any_json_object()),
         Some(_) => Err(ApiError::bad_param(

@@ -45,7 +45,8 @@ pub struct ToolSet {
     /// Each tool as the client sent it (`{"type": "function", "function": {...}}`).
     definitions: Vec<Value>,
     names: Vec<String>,
-    /// Each function's `parameters` schema (`{"type": "object"}` when absent).
+    /// Each function's `parameters` schema (`{"type": "object"}` when absent), with
+    /// `nullable` read as JSON Schema says it ([`pyramid_grammar::honour_nullable`]).
     parameters: Vec<Value>,
     pub choice: ToolChoice,
     pub parallel: bool,
@@ -129,7 +130,9 @@ impl ToolSet {
             })?;
             tools.definitions.push(tool.clone());
             tools.names.push(name);
-            tools.parameters.push(parameters);
+            tools
+                .parameters
+                .push(pyramid_grammar::honour_nullable(&parameters));
         }
         tools.choice = match obj.get("tool_choice") {
             None | Some(Value::Null) => ToolChoice::Auto,

@@ -132,7 +132,7 @@ pub(super) fn output_config(value: Option<&Value>) -> Result<Option<Grammar>, Ap
             format.get("schema"),
         ) {
             (Some("json_schema"), Some(schema @ Value::Object(_))) => {
-                Ok(Some(Grammar::JsonSchema(schema.clone())))
+                Ok(Some(Grammar::json_schema(schema)))
             }
             _ => Err(bad(
                 "output_config.format",
