@@ -222,6 +222,7 @@ cpu_key() { # identifies the CPU a GGML_NATIVE build was tuned for
 LLAMA_DIR=""
 LLAMA_BENCH=""
 LLAMA_QUANTIZE=""
+LLAMA_SERVER=""
 LLAMA_COMMIT=""
 BUILD_SECONDS=""
 
@@ -255,9 +256,10 @@ ensure_llama() {
     LLAMA_DIR="$PEERS_DIR/llama.cpp-$LLAMA_CPP_PYTHON_VERSION"
     LLAMA_BENCH="$LLAMA_DIR/bin/llama-bench"
     LLAMA_QUANTIZE="$LLAMA_DIR/bin/llama-quantize"
+    LLAMA_SERVER="$LLAMA_DIR/bin/llama-server"
     local stamp="$LLAMA_DIR/build-info.json" key
     key="$(cpu_key)"
-    if [[ -x "$LLAMA_BENCH" && -x "$LLAMA_QUANTIZE" && -f "$stamp" ]] \
+    if [[ -x "$LLAMA_BENCH" && -x "$LLAMA_QUANTIZE" && -x "$LLAMA_SERVER" && -f "$stamp" ]] \
         && grep -q "\"cpu_key\": \"$key\"" "$stamp"; then
         LLAMA_COMMIT="$(sed -n 's/.*"llama_cpp_commit": "\([^"]*\)".*/\1/p' "$stamp")"
         log "llama.cpp from llama-cpp-python $LLAMA_CPP_PYTHON_VERSION already built ($LLAMA_DIR)"
@@ -305,13 +307,13 @@ ensure_llama() {
     # build outside any (GIT_CEILING_DIRECTORIES) so the version is not misread.
     GIT_CEILING_DIRECTORIES="$LLAMA_DIR" nice -n 19 "$CMAKE" "${flags[@]}" >"$LLAMA_DIR/build.log" 2>&1 \
         || { tail -n 30 "$LLAMA_DIR/build.log" >&2; die "cmake configure failed (see $LLAMA_DIR/build.log)"; }
-    log "building llama-bench and llama-quantize (nice -n 19, -j$JOBS); this takes a while"
-    nice -n 19 "$CMAKE" --build "$build" --target llama-bench llama-quantize -j "$JOBS" >>"$LLAMA_DIR/build.log" 2>&1 \
+    log "building llama-bench, llama-quantize and llama-server (nice -n 19, -j$JOBS); this takes a while"
+    nice -n 19 "$CMAKE" --build "$build" --target llama-bench llama-quantize llama-server -j "$JOBS" >>"$LLAMA_DIR/build.log" 2>&1 \
         || { tail -n 30 "$LLAMA_DIR/build.log" >&2; die "llama.cpp build failed (see $LLAMA_DIR/build.log)"; }
     t1=$(date +%s)
     BUILD_SECONDS=$((t1 - t0))
     local b
-    for b in llama-bench llama-quantize; do
+    for b in llama-bench llama-quantize llama-server; do
         [[ -x "$build/bin/$b" ]] || die "the build did not produce $build/bin/$b"
         cp "$build/bin/$b" "$LLAMA_DIR/bin/$b"
     done

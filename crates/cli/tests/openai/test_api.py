@@ -324,6 +324,25 @@ def check_seed():
     ok(f"seed 1234 at temperature 0.8 reproduces {a[:40]!r} (seed 4321 {'differs' if other != a else 'same'})")
 
 
+def check_choices():
+    """`n` choices: each its own seed (`seed + i`), the prompt counted once."""
+    messages = user("Invent a name for a new colour and describe it.")
+    params = dict(max_tokens=12, temperature=0.8, top_p=0.95, seed=77)
+    one = chat(messages, **params)
+    three = chat(messages, n=3, **params)
+    expect_eq([c.index for c in three.choices], [0, 1, 2], "choice indices")
+    expect_eq(three.choices[0].message.content, one.choices[0].message.content, "choice 0 is the seed's answer")
+    expect_eq(three.usage.prompt_tokens, one.usage.prompt_tokens, "the prompt counted once")
+    alone = [chat(messages, **{**params, "seed": 77 + i}) for i in range(3)]
+    expect_eq([c.message.content for c in three.choices], [a.choices[0].message.content for a in alone],
+              "each choice is the answer alone with seed + i")
+    expect_eq(three.usage.completion_tokens, sum(a.usage.completion_tokens for a in alone), "every choice's tokens")
+    texts = api.completions.create(model=MODEL, prompt="Once upon a time", n=2, max_tokens=8,
+                                      temperature=0.8, seed=5)
+    expect_eq([c.index for c in texts.choices], [0, 1], "completions choice indices")
+    ok(f"n=3: {[c.message.content[:20] for c in three.choices]}, prompt counted once")
+
+
 def check_session_cache():
     # A conversation no earlier request has seen (the nonce), sent twice.
     nonce = random.Random().randrange(10**9)
@@ -463,6 +482,7 @@ def main():
     check_stop_strings()
     check_logprobs()
     check_seed()
+    check_choices()
     check_session_cache()
     check_metrics(before)
     check_constrained()
