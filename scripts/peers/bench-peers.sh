@@ -292,7 +292,7 @@ ensure_llama() {
     local -a flags=(
         -S "$src" -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$NINJA"
         -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
         -DLLAMA_BUILD_TOOLS=ON -DGGML_CCACHE=OFF
     )
     # Network support is not needed; the option names changed across versions.
