@@ -6,9 +6,9 @@
 
 The agent (`@anthropic-ai/claude-code` in print mode over `/v1/messages`, or
 `@openai/codex` with `codex exec` over `/v1/responses`) is installed from npm into
-~/.cache/pyramid/agents on first use (PYRAMID_AGENTS_HOME elsewhere). It gets a scratch
-directory holding `notes.txt` and is asked to read the file with its tool and say the
-secret word in it. Its requests go through a
+~/.cache/pyramid/agents on first use (PYRAMID_AGENTS_HOME elsewhere). It runs in a
+project directory there (the same on every run, as a user's project would be) holding
+`notes.txt`, and is asked to read the file with its tool and say the secret word in it. Its requests go through a
 recording proxy that streams them on unchanged and notes, per request: the time to the
 first output event (a content block or output item: TTFT), the prompt tokens, how many
 of them the server read from its cache, and whether the reply made a tool call.
@@ -30,7 +30,6 @@ import shutil
 import socketserver
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -269,9 +268,12 @@ def main() -> int:
         args.dump.mkdir(parents=True, exist_ok=True)
     server = proxy(args.server.rstrip("/"), recorder, args.temperature, args.max_output_tokens, args.dump)
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    scratch = Path(tempfile.mkdtemp(prefix=f"pyramid-{args.agent}-"))
+    # One project directory per agent, as a user runs an agent again in the same place:
+    # the path is part of the agent's system prompt, so a new session shares its prefix.
+    scratch = AGENTS_HOME / f"run-{args.agent}"
+    shutil.rmtree(scratch, ignore_errors=True)
     workdir, home = scratch / "work", scratch / "home"
-    workdir.mkdir()
+    workdir.mkdir(parents=True)
     home.mkdir()
     (workdir / "notes.txt").write_text(f"Meeting notes.\nThe secret word is {SECRET}.\n")
     argv, env = command(args.agent, binary, base, args.model, workdir, home)
