@@ -9,13 +9,15 @@
 use pyramid_engine::Speculation;
 use pyramid_grammar::Grammar;
 use pyramid_runtime::SamplerConfig;
-use pyramid_tokenizer::{ChatMessage, ToolCall};
+use pyramid_tokenizer::ChatMessage;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::extensions::{self, Extensions};
 use crate::reasoning::Thinking;
 use crate::tools::ToolSet;
+
+mod messages;
 
 /// At most this many stop strings, as in OpenAI's API.
 const MAX_STOPS: usize = 4;
@@ -188,7 +190,7 @@ pub fn parse(
         Some(_) => return Err(ApiError::bad_param("model", "'model' must be a string")),
     };
     let prompt = match endpoint {
-        Endpoint::Chat => Prompt::Chat(messages(&obj)?),
+        Endpoint::Chat => Prompt::Chat(messages::messages(&obj)?),
         Endpoint::Completion => completion_prompt(&obj)?,
     };
     let n = match opt_u64(&obj, "n")?.unwrap_or(1) {
@@ -485,158 +487,6 @@ pub(crate) fn random_seed() -> u64 {
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
-fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let list = match obj.get("messages") {
-        Some(Value::Array(list)) => list,
-        None | Some(Value::Null) => {
-            return Err(ApiError::bad_param("messages", "'messages' is required"))
-        }
-        Some(_) => {
-            return Err(ApiError::bad_param(
-                "messages",
-                "'messages' must be an array",
-            ))
-        }
-    };
-    if list.is_empty() {
-        return Err(ApiError::bad_param(
-            "messages",
-            "'messages' must not be empty",
-        ));
-    }
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let at = |field: &str| format!("messages[{i}].{field}");
-            let Value::Object(m) = m else {
-                return Err(ApiError::bad_param(
-                    format!("messages[{i}]"),
-                    format!("messages[{i}] must be an object"),
-                ));
-            };
-            let role = match m.get("role") {
-                Some(Value::String(r)) => r.as_str(),
-                _ => {
-                    return Err(ApiError::bad_param(
-                        at("role"),
-                        format!("{} must be a string", at("role")),
-                    ))
-                }
-            };
-            // "developer" is OpenAI's newer name for the system role.
-            let role = match role {
-                "system" | "developer" => "system",
-                "user" | "assistant" | "tool" => role,
-                other => {
-                    return Err(ApiError::bad_param(
-                        at("role"),
-                        format!(
-                            "{} '{other}' is not one of system, developer, user, assistant, tool",
-                            at("role")
-                        ),
-                    ))
-                }
-            };
-            let content = match m.get("content") {
-                Some(Value::String(c)) => c.clone(),
-                // An assistant turn that only called tools has no content.
-                Some(Value::Null) | None if role == "assistant" => String::new(),
-                Some(Value::Array(parts)) => text_parts(parts, &at("content"))?,
-                _ => {
-                    return Err(ApiError::bad_param(
-                        at("content"),
-                        format!(
-                            "{} must be a string or an array of text parts",
-                            at("content")
-                        ),
-                    ))
-                }
-            };
-            let mut message = ChatMessage::new(role, content);
-            match m.get("tool_calls") {
-                None | Some(Value::Null) => {}
-                Some(Value::Array(calls)) if role == "assistant" => {
-                    message.tool_calls = calls
-                        .iter()
-                        .enumerate()
-                        .map(|(j, c)| tool_call(c, &at(&format!("tool_calls[{j}]"))))
-                        .collect::<Result<_, _>>()?;
-                }
-                Some(_) => {
-                    return Err(ApiError::bad_param(
-                        at("tool_calls"),
-                        format!(
-                            "{} must be an array, on assistant messages",
-                            at("tool_calls")
-                        ),
-                    ))
-                }
-            }
-            match m.get("tool_call_id") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(id)) if role == "tool" => {
-                    message.tool_call_id = Some(id.clone())
-                }
-                Some(_) => {
-                    return Err(ApiError::bad_param(
-                        at("tool_call_id"),
-                        format!("{} must be a string, on tool messages", at("tool_call_id")),
-                    ))
-                }
-            }
-            Ok(message)
-        })
-        .collect()
-}
-
-/// `{"id", "type": "function", "function": {"name", "arguments"}}`, the arguments a JSON
-/// object in a string as OpenAI sends them (templates print them as JSON).
-fn tool_call(call: &Value, at: &str) -> Result<ToolCall, ApiError> {
-    let bad = |field: &str, what: &str| {
-        ApiError::bad_param(format!("{at}.{field}"), format!("{at}.{field} {what}"))
-    };
-    let function = call
-        .get("function")
-        .and_then(Value::as_object)
-        .ok_or_else(|| bad("function", "must be an object"))?;
-    let name = function
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("function.name", "must be a string"))?;
-    let arguments = match function.get("arguments") {
-        Some(Value::String(text)) => serde_json::from_str(text)
-            .map_err(|e| bad("function.arguments", &format!("is not valid JSON: {e}")))?,
-        Some(v @ Value::Object(_)) => v.clone(),
-        None | Some(Value::Null) => Value::Object(Map::new()),
-        Some(_) => return Err(bad("function.arguments", "must be a JSON string")),
-    };
-    Ok(ToolCall {
-        id: call
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        name: name.to_string(),
-        arguments,
-    })
-}
-
-fn text_parts(parts: &[Value], at: &str) -> Result<String, ApiError> {
-    let mut text = String::new();
-    for (j, part) in parts.iter().enumerate() {
-        match (part.get("type"), part.get("text")) {
-            (Some(Value::String(t)), Some(Value::String(s))) if t == "text" => text.push_str(s),
-            _ => {
-                return Err(ApiError::bad_param(
-                    format!("{at}[{j}]"),
-                    format!("{at}[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}); this model reads text only"),
-                ))
-            }
-        }
-    }
-    Ok(text)
-}
-
 /// A string, one string in an array, token ids, or one array of token ids.
 fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
     let bad = || {
@@ -768,145 +618,4 @@ fn opt_bool(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiErr
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
-        parse(Endpoint::Chat, body.as_bytes(), DEFAULT_MAX_TOOLS)
-    }
-
-    #[test]
-    fn a_full_request_parses() {
-        let r = chat(r#"{"model": "m", "messages": [{"role": "developer", "content": "be brief"},
-            {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-            "max_completion_tokens": 5, "temperature": 0, "stop": ["\n", "END"], "seed": 7,
-            "stream": true, "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 2}"#)
-        .unwrap();
-        let Prompt::Chat(m) = &r.prompt else { panic!() };
-        assert_eq!(
-            (m[0].role.as_str(), m[1].content.as_str()),
-            ("system", "hi")
-        );
-        assert_eq!(r.max_tokens, Some(5));
-        assert_eq!(r.sampler.temperature, 0.0);
-        assert_eq!(r.sampler.seed, 7);
-        assert_eq!(r.stop, ["\n", "END"]);
-        assert!(r.stream && r.include_usage);
-        assert_eq!(r.logprobs, Some(2));
-    }
-
-    #[test]
-    fn bad_values_name_their_parameter() {
-        for (body, param) in [
-            (r#"{"model": "m", "messages": []}"#, "messages"),
-            (
-                r#"{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}"#,
-                "messages[0].role",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user"}]}"#,
-                "messages[0].content",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}"#,
-                "temperature",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_p": 0}"#,
-                "top_p",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#,
-                "max_tokens",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 17}"#,
-                "n",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["a","b","c","d","e"]}"#,
-                "stop",
-            ),
-            (
-                r#"{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#,
-                "top_logprobs",
-            ),
-            (
-                r#"{"messages": [{"role": "user", "content": "x"}]}"#,
-                "model",
-            ),
-        ] {
-            let err = chat(body).unwrap_err();
-            assert_eq!(err.status, 400, "{body}");
-            assert_eq!(err.param.as_deref(), Some(param), "{body}: {err}");
-        }
-    }
-
-    #[test]
-    fn parameters_beyond_f32_range_sample_safely() {
-        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
-        for (top_p, temperature) in [("1e-50", "1"), ("1", "1e-40"), ("1e-300", "1e-300")] {
-            let body = format!(
-                r#"{{"model": "m", {msgs}, "top_p": {top_p}, "temperature": {temperature}}}"#
-            );
-            let request = chat(&body).unwrap();
-            request.sampler.validate().unwrap();
-            let mut sampler = pyramid_runtime::Sampler::new(request.sampler).unwrap();
-            assert_eq!(sampler.sample(&mut [0.0, 2.0, 1.0], &[]), 1, "{body}");
-        }
-    }
-
-    #[test]
-    fn every_field_is_implemented_or_refused_by_name() {
-        let msgs = r#""messages": [{"role": "user", "content": "hi"}]"#;
-        for field in ["functions", "function_call", "echo", "whatever"] {
-            let body = format!(r#"{{"model": "m", {msgs}, "{field}": {{}}}}"#);
-            let err = chat(&body).unwrap_err();
-            assert_eq!(
-                (err.status.as_u16(), err.param.as_deref()),
-                (400, Some(field))
-            );
-        }
-        // The template's variables are a chat field.
-        let err = parse(
-            Endpoint::Completion,
-            br#"{"model": "m", "prompt": "x", "chat_template_kwargs": {}}"#,
-            DEFAULT_MAX_TOOLS,
-        )
-        .unwrap_err();
-        assert_eq!(err.param.as_deref(), Some("chat_template_kwargs"));
-        assert!(err.message.contains("/v1/chat/completions only"), "{err}");
-        // null is absent, as clients that fill every field with defaults send it.
-        chat(&format!(
-            r#"{{"model": "m", {msgs}, "tools": null, "user": "u"}}"#
-        ))
-        .unwrap();
-        let ids = parse(
-            Endpoint::Completion,
-            br#"{"model": "m", "prompt": [1, 2, 3]}"#,
-            DEFAULT_MAX_TOOLS,
-        )
-        .unwrap();
-        assert!(matches!(ids.prompt, Prompt::Ids(ref v) if v == &[1, 2, 3]));
-        let bias = chat(&format!(
-            r#"{{"model": "m", {msgs}, "logit_bias": {{"5": -100}}}}"#
-        ));
-        assert_eq!(bias.unwrap().sampler.logit_bias, vec![(5, -100.0)]);
-    }
-
-    #[test]
-    fn malformed_json_is_a_400_without_param() {
-        for body in ["", "{", "[1, 2]", "{\"model\": \"m\", \"messages\": [1}"] {
-            let err = chat(body).unwrap_err();
-            assert_eq!(
-                (err.status.as_u16(), err.param.clone()),
-                (400, None),
-                "{body}"
-            );
-        }
-    }
-}
+mod tests;
