@@ -26,11 +26,16 @@ impl Scheduler {
         let worth = SHARED_PREFILL_MIN
             .min(prompt.len().saturating_sub(1))
             .max(1);
-        let cached = self.cache.longest(prompt).map_or(0, |(_, n)| n);
-        self.running.iter().any(|s| {
-            let shared = shareable(s, prompt);
-            shared >= worth && shared > cached && s.session.len() < shared
-        })
+        // Only a sequence still prefilling can be waited for: most steps have none.
+        let pending = self
+            .running
+            .iter()
+            .filter(|s| s.prefilling())
+            .map(|s| (shareable(s, prompt), s.session.len()))
+            .filter(|&(shared, done)| shared >= worth && done < shared)
+            .map(|(shared, _)| shared)
+            .max();
+        pending.is_some_and(|shared| shared > self.cache.longest(prompt).map_or(0, |(_, n)| n))
     }
 
     /// A copy of the longest prefix of `prompt` a running sequence's cache holds, if it
