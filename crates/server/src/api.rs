@@ -218,17 +218,7 @@ pub fn parse(
         Some((_, v)) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
         None => None,
     };
-    let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::bad_param(
-            "temperature",
-            "'temperature' must be between 0 and 2",
-        ));
-    }
-    let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad_param("top_p", "'top_p' must be in (0, 1]"));
-    }
+    let (temperature, top_p) = temperature_and_top_p(&obj)?;
     for name in ["presence_penalty", "frequency_penalty"] {
         if let Some(v) = opt_f64(&obj, name)? {
             if !(-2.0..=2.0).contains(&v) {
@@ -245,23 +235,10 @@ pub fn parse(
             }
         }
     }
-    let seed = match obj.get("seed") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => Some(
-            n.as_u64()
-                .or_else(|| n.as_i64().map(|v| v as u64))
-                .ok_or_else(|| ApiError::bad_param("seed", "'seed' must be an integer"))?,
-        ),
-        Some(_) => return Err(ApiError::bad_param("seed", "'seed' must be an integer")),
-    };
+    let seed = opt_seed(&obj)?;
     let mut sampler = SamplerConfig {
         logit_bias: logit_bias(&obj)?,
-        temperature: temperature as f32,
-        // A top_p below f32's range keeps only the top token, as the smallest f32 does.
-        top_p: (top_p as f32).max(f32::MIN_POSITIVE),
-        // Without a seed every request samples differently, as clients expect.
-        seed: seed.unwrap_or_else(random_seed),
-        ..SamplerConfig::greedy()
+        ..openai_sampler(temperature, top_p, seed)
     };
     let extensions = extensions::parse(&obj, &mut sampler, max_tokens)?;
     let stop = stops(&obj)?;
@@ -478,6 +455,48 @@ pub(crate) fn json_schema_format(
             format!("{at}.schema"),
             format!("'{at}.schema' must be a JSON schema object"),
         )),
+    }
+}
+
+/// `temperature` (0 to 2) and `top_p` ((0, 1]), each 1 when absent, as OpenAI's
+/// endpoints take them.
+pub(crate) fn temperature_and_top_p(obj: &Map<String, Value>) -> Result<(f64, f64), ApiError> {
+    let temperature = opt_f64(obj, "temperature")?.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad_param(
+            "temperature",
+            "'temperature' must be between 0 and 2",
+        ));
+    }
+    let top_p = opt_f64(obj, "top_p")?.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_param("top_p", "'top_p' must be in (0, 1]"));
+    }
+    Ok((temperature, top_p))
+}
+
+/// `seed`: an integer (a negative one taken as its bits); `None` when absent.
+pub(crate) fn opt_seed(obj: &Map<String, Value>) -> Result<Option<u64>, ApiError> {
+    match obj.get("seed") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .or_else(|| n.as_i64().map(|v| v as u64))
+            .map(Some)
+            .ok_or_else(|| ApiError::bad_param("seed", "'seed' must be an integer")),
+        Some(_) => Err(ApiError::bad_param("seed", "'seed' must be an integer")),
+    }
+}
+
+/// The sampler for OpenAI's settings, the rest greedy's defaults.
+pub(crate) fn openai_sampler(temperature: f64, top_p: f64, seed: Option<u64>) -> SamplerConfig {
+    SamplerConfig {
+        temperature: temperature as f32,
+        // A top_p below f32's range keeps only the top token, as the smallest f32 does.
+        top_p: (top_p as f32).max(f32::MIN_POSITIVE),
+        // Without a seed every request samples differently, as clients expect.
+        seed: seed.unwrap_or_else(random_seed),
+        ..SamplerConfig::greedy()
     }
 }
 

@@ -12,7 +12,7 @@
 use pyramid_grammar::{json_layout, Grammar};
 use serde_json::Value;
 
-use crate::tools::Piece;
+use crate::tools::{lark_string, Piece};
 
 pub const THINK_OPEN: &str = "<think>";
 pub const THINK_CLOSE: &str = "</think>";
@@ -189,10 +189,6 @@ pub fn with_thought(grammar: Grammar, thinking: Thinking) -> Grammar {
         "start: {thought} reply\nTHOUGHT: /(.|\\n)*/\nthought[lazy]: THOUGHT {close}\nANSWER_GAP: /[ \\t\\r\\n]*/\n{rest}",
         close = lark_string(THINK_CLOSE),
     ))
-}
-
-fn lark_string(text: &str) -> String {
-    serde_json::to_string(text).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -389,7 +389,7 @@ fn hoist_definitions(schema: &Value, prefix: &str, defs: &mut Map<String, Value>
 }
 
 /// A Lark string literal for `text`.
-fn lark_string(text: &str) -> String {
+pub(crate) fn lark_string(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_default()
 }
 

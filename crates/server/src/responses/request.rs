@@ -11,10 +11,11 @@
 //! `client_metadata`) are validated and have nothing to choose between; every other
 //! field is read or refused by name.
 
-use pyramid_runtime::SamplerConfig;
 use serde_json::{json, Map, Value};
 
-use crate::api::{json_object, json_schema_format, opt_f64, random_seed};
+use crate::api::{
+    json_object, json_schema_format, openai_sampler, opt_seed, temperature_and_top_p,
+};
 use crate::api::{Endpoint, GenerationRequest, Prompt};
 use crate::error::ApiError;
 use crate::extensions;
@@ -160,27 +161,8 @@ pub fn parse(
             }
         },
     };
-    let temperature = opt_f64(&obj, "temperature")?.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(bad("temperature", "'temperature' must be between 0 and 2"));
-    }
-    let top_p = opt_f64(&obj, "top_p")?.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(bad("top_p", "'top_p' must be in (0, 1]"));
-    }
-    let seed = match obj.get("seed") {
-        None | Some(Value::Null) => random_seed(),
-        Some(v) => v
-            .as_u64()
-            .or_else(|| v.as_i64().map(|s| s as u64))
-            .ok_or_else(|| bad("seed", "'seed' must be an integer"))?,
-    };
-    let mut sampler = SamplerConfig {
-        temperature: temperature as f32,
-        top_p: (top_p as f32).max(f32::MIN_POSITIVE),
-        seed,
-        ..SamplerConfig::greedy()
-    };
+    let (temperature, top_p) = temperature_and_top_p(&obj)?;
+    let mut sampler = openai_sampler(temperature, top_p, opt_seed(&obj)?);
     let mut extensions = extensions::parse(&obj, &mut sampler, max_tokens)?;
     if let Some(thinking) = reasoning_effort(obj.get("reasoning"))? {
         extensions
