@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::KvCache;
+use pyramid_model::{KvCache, Pooling};
 use pyramid_runtime::{ArtifactShape, Backend, WindowLadder};
 use serde::Serialize;
 
@@ -113,7 +113,7 @@ impl Engine {
             executor.runs_mixed(),
             artifacts,
             kv,
-            model.config.n_vocab,
+            &model.config,
         );
         Ok(Self {
             config,
@@ -138,6 +138,12 @@ impl Engine {
     /// verify them.
     pub fn speculates(&self) -> bool {
         self.config().speculative.max_draft > 0 && self.executor.runs_mixed()
+    }
+
+    /// Whether embedding requests can run: their passes return hidden states, which
+    /// only mixed passes do (static artifacts return logits).
+    pub fn embeds(&self) -> bool {
+        self.executor.runs_mixed()
     }
 
     /// The largest context a request can reach.
@@ -298,7 +304,7 @@ impl Engine {
                         })
                     }
                     Event::Failed { error, .. } => return Err(error),
-                    Event::Started { .. } => {}
+                    Event::Started { .. } | Event::Embedding { .. } => {}
                 }
             }
             if !self.has_work() {
@@ -308,6 +314,43 @@ impl Engine {
                 )));
             }
         }
+    }
+
+    /// The embeddings of `texts`, pooled as `pooling` says, each request `first_id + i`
+    /// (ids the engine does not hold), batched like any prefill. For callers that own the
+    /// engine alone (`pyramid bench`, tests); the server steps it with other requests.
+    pub fn embed(
+        &mut self,
+        pool: &ThreadPool,
+        first_id: RequestId,
+        texts: Vec<Vec<u32>>,
+        pooling: Pooling,
+    ) -> Result<Vec<Vec<f32>>> {
+        let n = texts.len();
+        for (i, text) in texts.into_iter().enumerate() {
+            self.add_request(Request::embedding(first_id + i as u64, text, pooling));
+        }
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; n];
+        let mut done = 0;
+        while done < n {
+            if !self.has_work() {
+                return Err(EngineError::Pass(
+                    "an embedding left the engine unfinished".into(),
+                ));
+            }
+            for event in self.step(pool) {
+                let slot = event.id().checked_sub(first_id).map(|i| i as usize);
+                match (event, slot) {
+                    (Event::Embedding { embedding, .. }, Some(i)) if i < n => {
+                        out[i] = Some(embedding);
+                        done += 1;
+                    }
+                    (Event::Failed { error, .. }, Some(i)) if i < n => return Err(error),
+                    _ => {}
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
     }
 
     /// What a session file must match to be resumed here: the model file, the weights'

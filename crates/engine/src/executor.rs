@@ -105,10 +105,12 @@ impl Executor {
                     .filter_map(|id| {
                         let slot = batch.iter().position(|s| s.id == id)?;
                         let s = &batch[slot];
-                        Some(Feed {
-                            slot,
-                            n_logits: if s.prefill { 1 } else { s.tokens.len() },
-                        })
+                        let n_logits = match (&s.pooled, s.prefill) {
+                            (Some(_), _) => 0,
+                            (None, true) => 1,
+                            (None, false) => s.tokens.len(),
+                        };
+                        Some(Feed { slot, n_logits })
                     })
                     .collect::<Vec<Feed>>()
             };
@@ -228,8 +230,17 @@ impl Executor {
                 let mut segments = Vec::with_capacity(slots.len());
                 let mut placed = Ok(());
                 for (slot, f) in slots.into_iter().zip(&feeds) {
-                    match kv_of(slot.session) {
-                        Ok(kv) => segments.push(Segment::with_logits(&slot.tokens, kv, f.n_logits)),
+                    let Slot {
+                        session,
+                        tokens,
+                        pooled,
+                        ..
+                    } = slot;
+                    match kv_of(session) {
+                        Ok(kv) => segments.push(match pooled {
+                            Some(p) => Segment::pooled(tokens, kv, p.rows.clone(), &mut *p.sum),
+                            None => Segment::with_logits(tokens, kv, f.n_logits),
+                        }),
                         Err(e) => {
                             placed = Err(e);
                             break;
@@ -268,7 +279,9 @@ impl Executor {
                 ));
                 continue;
             }
-            out.logits.push_rows(slot.id, pass, offset..offset + n);
+            if n > 0 {
+                out.logits.push_rows(slot.id, pass, offset..offset + n);
+            }
             offset += n;
             slot.session.extend(&slot.tokens);
             out.fed.push((slot.id, slot.tokens.len(), slot.prefill));
@@ -441,12 +454,14 @@ mod tests {
                 session: &mut a,
                 tokens: prompt.clone(),
                 prefill: true,
+                pooled: None,
             },
             Slot {
                 id: 2,
                 session: &mut b,
                 tokens: vec![9],
                 prefill: false,
+                pooled: None,
             },
         ];
         let executed = ex.execute(&pool, &schedule, batch);
@@ -482,6 +497,7 @@ mod tests {
             session: &mut a,
             tokens: vec![next],
             prefill: false,
+            pooled: None,
         }];
         let executed = ex.execute(&pool, &schedule, batch);
         assert!(executed.failed.is_empty());

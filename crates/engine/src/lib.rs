@@ -63,6 +63,7 @@ pub use persist::PersistStats;
 pub use predictor::GrowthPredictor;
 pub use prefix_cache::common_prefix;
 pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid};
+pub use pyramid_model::Pooling;
 pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
 pub use scheduler::{Artifacts, NoStore, PreemptionStats, Scheduler, Stored, StoredPrefixes};
 pub use sequence::SequenceStatus;

@@ -5,6 +5,7 @@
 //! belong to whoever drives the engine (the server, the CLI).
 
 use pyramid_grammar::Constraint;
+use pyramid_model::Pooling;
 use pyramid_runtime::SamplerConfig;
 use serde::Serialize;
 
@@ -42,6 +43,11 @@ pub struct Request {
     /// Tokens the reply is expected to contain (OpenAI's predicted outputs, e.g. a file
     /// being edited): drafts come from them too. Only speculation reads them.
     pub prediction: Vec<u32>,
+    /// An embedding rather than a reply: the prompt is prefilled on its own (no cached
+    /// prefix, no KV kept after), nothing is sampled, and the engine answers with the
+    /// pooled, L2-normalised hidden state ([`Event::Embedding`]) before `Finished`.
+    /// Runs on mixed passes only: static artifacts return logits.
+    pub pooling: Option<Pooling>,
 }
 
 impl Request {
@@ -59,7 +65,20 @@ impl Request {
             priority: 0,
             speculation: Speculation::Off,
             prediction: Vec::new(),
+            pooling: None,
         }
+    }
+
+    /// The embedding of `prompt`, pooled as `pooling` says.
+    pub fn embedding(id: RequestId, prompt: Vec<u32>, pooling: Pooling) -> Self {
+        Self {
+            pooling: Some(pooling),
+            ..Self::greedy(id, prompt, 0)
+        }
+    }
+
+    pub fn is_embedding(&self) -> bool {
+        self.pooling.is_some()
     }
 }
 
@@ -183,6 +202,9 @@ pub enum Event {
         usage: Usage,
         timings: Timings,
     },
+    /// An embedding request's vector (`[n_embd]`, unit length), just before its
+    /// `Finished`.
+    Embedding { id: RequestId, embedding: Vec<f32> },
     /// The request ended with an error; its other events stand.
     Failed { id: RequestId, error: EngineError },
 }
@@ -193,6 +215,7 @@ impl Event {
             Event::Started { id, .. }
             | Event::Token { id, .. }
             | Event::Finished { id, .. }
+            | Event::Embedding { id, .. }
             | Event::Failed { id, .. } => *id,
         }
     }

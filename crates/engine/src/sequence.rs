@@ -56,6 +56,8 @@ pub(crate) struct Sequence {
     pub cached_tokens: usize,
     /// The sampled token to feed next, once the prompt is in.
     pub next_input: Option<u32>,
+    /// An embedding's pooled hidden states so far (`[n_embd]`; empty otherwise).
+    pub pooled: Vec<f32>,
     pub sampler: Sampler,
     pub generated: usize,
     pub submitted: Instant,
@@ -101,6 +103,7 @@ impl Sequence {
             fed: 0,
             cached_tokens: 0,
             next_input: None,
+            pooled: Vec::new(),
             sampler,
             generated: 0,
             submitted: now,
@@ -140,6 +143,17 @@ impl Sequence {
 
     pub fn prefilling(&self) -> bool {
         self.fed < self.input.len()
+    }
+
+    /// Whether it is an embedding: prefilled alone, from no cached prefix.
+    pub fn embeds(&self) -> bool {
+        self.request.is_embedding()
+    }
+
+    /// The rows of its next prompt chunk of `n` tokens an embedding pools.
+    pub fn pooled_rows(&self, n: usize) -> Option<std::ops::Range<usize>> {
+        let pooling = self.request.pooling?;
+        Some(pooling.rows(self.fed, n, self.input.len()))
     }
 
     /// Admitted from the queue at `now`, its first `reused` prompt tokens already cached.
@@ -225,6 +239,8 @@ impl Sequence {
         }
         self.input = input;
         self.fed = 0;
+        // An embedding pools every row again.
+        self.pooled.iter_mut().for_each(|x| *x = 0.0);
         self.swapped_len = session.len();
         self.status = SequenceStatus::Swapped;
         self.asked_store = false;

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use pyramid_model::Pooled;
 use pyramid_runtime::ArtifactShape;
 
 use crate::request::RequestId;
@@ -88,6 +89,8 @@ pub struct Slot<'a> {
     /// A prompt chunk, or the next input followed by its draft.
     pub tokens: Vec<u32>,
     pub prefill: bool,
+    /// An embedding's rows to pool this pass, and its sum so far, lent like the session.
+    pub pooled: Option<Pooled<'a>>,
 }
 
 /// The scheduled sequences' slots, in no particular order.

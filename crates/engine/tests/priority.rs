@@ -47,7 +47,7 @@ impl Record {
                 }
                 Event::Finished { id, .. } => self.finished.push(*id),
                 Event::Failed { id, error } => panic!("request {id} failed: {error}"),
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Embedding { .. } => {}
             }
         }
         events

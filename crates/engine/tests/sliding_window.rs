@@ -44,7 +44,7 @@ fn run(engine: &mut Engine, pool: &ThreadPool, request: Request) -> (Vec<u32>, U
                 Event::Token { id, token, .. } => tokens.entry(id).or_default().push(token),
                 Event::Finished { usage: u, .. } => usage = Some(u),
                 Event::Failed { id, error } => panic!("request {id} failed: {error}"),
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Embedding { .. } => {}
             }
         }
     }

@@ -81,7 +81,7 @@ fn run_all(
                     done.insert(id, outcome);
                 }
                 Event::Failed { id, error } => panic!("request {id} failed: {error}"),
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Embedding { .. } => {}
             }
         }
     }

@@ -3,7 +3,7 @@
 use pyramid_gguf::{GgufFile, Metadata};
 use pyramid_kernels::ops::{rope_inv_freq, RopeStyle};
 
-use crate::{ModelError, Result};
+use crate::{ModelError, Pooling, Result};
 
 /// The tensor of per-frequency RoPE factors Llama 3.x GGUF files carry.
 const LLAMA3_ROPE_FACTORS: &str = "rope_freqs.weight";
@@ -96,6 +96,9 @@ pub struct ModelConfig {
     /// Llama 3 RoPE scaling: each frequency is divided by its factor (`rope_freqs.weight`,
     /// one per rotated pair).
     pub rope_factors: Option<Vec<f32>>,
+    /// How an embedding model pools its hidden states (GGUF's `pooling_type`,
+    /// sentence-transformers' `1_Pooling`); `None` for a generative model.
+    pub pooling: Option<Pooling>,
 }
 
 impl ModelConfig {
@@ -187,6 +190,11 @@ impl ModelConfig {
             activation,
             sliding_window,
             rope_factors: None,
+            pooling: md
+                .opt(&key("pooling_type"), |m, k| m.get_usize(k))?
+                .map(|v| Pooling::from_gguf(u32::try_from(v).unwrap_or(u32::MAX)))
+                .transpose()?
+                .flatten(),
         };
         cfg.validate()?;
         Ok(cfg)

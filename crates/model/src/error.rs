@@ -29,6 +29,13 @@ pub enum ModelError {
     EmptyInput,
     #[error("logits of {n_logits} rows asked of a segment of {n_real} real tokens (1..={n_real} allowed)")]
     BadLogitRows { n_logits: usize, n_real: usize },
+    #[error("pooled rows {rows:?} of a segment of {n_real} real tokens into a sum of {width} (the model's width is {n_embd}; a pooled segment returns no logits)")]
+    BadPooling {
+        rows: std::ops::Range<usize>,
+        n_real: usize,
+        width: usize,
+        n_embd: usize,
+    },
     /// Reading a cache's rows back (`KvCache::read_live`) failed or ran out of input.
     #[error("reading KV cache rows: {0}")]
     KvIo(#[source] std::io::Error),

@@ -20,6 +20,7 @@ mod forward;
 mod hf;
 mod kv_cache;
 pub mod linear;
+mod pooling;
 pub mod synthetic;
 mod weights;
 
@@ -32,10 +33,11 @@ pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
 use forward::Layers;
-pub use forward::{LogitsFor, Scratch, Segment, MAX_PASS_TOKENS};
+pub use forward::{LogitsFor, Pooled, Scratch, Segment, MAX_PASS_TOKENS};
 pub use hf::HfCheckpoint;
 pub use kv_cache::{KvCache, KvFootprint, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
+pub use pooling::Pooling;
 pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
 
 /// How projection weights are stored and multiplied, chosen at load.

@@ -7,8 +7,8 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::Site;
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::{
-    Architecture, Calibration, Checkpoint, KvType, LogitsFor, Model, ModelError, Precision,
-    Scratch, Segment,
+    Architecture, Calibration, Checkpoint, KvType, LogitsFor, Model, ModelError, Pooling,
+    Precision, Scratch, Segment,
 };
 
 fn build(spec: &SyntheticSpec) -> Model {
@@ -541,6 +541,7 @@ fn padded_chunks_equal_unpadded() {
                     n_padding,
                     kv,
                     n_logits: 1,
+                    pooled: None,
                 }];
                 model
                     .forward_batch(&pool, &mut seg, s, LogitsFor::Last)
@@ -857,4 +858,81 @@ fn sliding_window_layers_see_only_their_window() {
     assert_ne!(last_logits(&wide, 65), last_logits(&wide, 66));
     let with_global = SyntheticSpec::tiny(Architecture::Gemma3);
     assert_ne!(last_logits(&with_global, 65), last_logits(&with_global, 66));
+}
+
+/// A text's mean-pooled hidden states, summed through `chunks` passes of `chunk` tokens,
+/// each beside a decoding sequence when `beside` holds one.
+fn pooled_sum(
+    model: &Model,
+    pool: &ThreadPool,
+    tokens: &[u32],
+    chunk: usize,
+    mut beside: Option<&mut pyramid_model::KvCache>,
+) -> Vec<f32> {
+    let mut sum = vec![0.0f32; model.config.n_embd];
+    let mut kv = model.new_kv_cache(64);
+    let mut scratch = Scratch::default();
+    for (i, piece) in tokens.chunks(chunk).enumerate() {
+        let rows = Pooling::Mean.rows(i * chunk, piece.len(), tokens.len());
+        let mut segments = vec![Segment::pooled(piece, &mut kv, rows, &mut sum)];
+        if let Some(other) = beside.as_deref_mut() {
+            segments.push(Segment::new(&[5], other));
+        }
+        let logits = model
+            .forward_batch(pool, &mut segments, &mut scratch, LogitsFor::Last)
+            .unwrap();
+        assert_eq!(logits.len(), (segments.len() - 1) * model.config.n_vocab);
+    }
+    assert_eq!(kv.len(), tokens.len());
+    sum
+}
+
+#[test]
+fn pooled_hidden_states_are_the_same_in_chunks_batches_and_thread_counts() {
+    let model = build(&SyntheticSpec::tiny(Architecture::Qwen2));
+    let one = ThreadPool::new(1).unwrap();
+    let two = ThreadPool::new(2).unwrap();
+    let whole = pooled_sum(&model, &one, &PROMPT, PROMPT.len(), None);
+    assert!(whole.iter().any(|&x| x != 0.0));
+    assert_eq!(pooled_sum(&model, &two, &PROMPT, 5, None), whole);
+    let mut other = model.new_kv_cache(64);
+    let mut scratch = Scratch::default();
+    model
+        .forward(&two, &[7, 8, 9], &mut other, &mut scratch, LogitsFor::Last)
+        .unwrap();
+    assert_eq!(
+        pooled_sum(&model, &two, &PROMPT, 4, Some(&mut other)),
+        whole
+    );
+
+    // The last token's state pooled alone, against the mean of one token.
+    let last = pooled_sum(&model, &one, &PROMPT[11..], 1, None);
+    let mut sum = vec![0.0f32; model.config.n_embd];
+    let mut kv = model.new_kv_cache(64);
+    model
+        .forward_batch(
+            &one,
+            &mut [Segment::pooled(&PROMPT, &mut kv, 11..12, &mut sum)],
+            &mut scratch,
+            LogitsFor::Last,
+        )
+        .unwrap();
+    assert_ne!(sum, last, "the last token attends to the whole text");
+    assert_eq!(Pooling::Last.rows(0, 12, 12), 11..12);
+
+    // Rows beyond the segment, a sum of the wrong width, or logits asked too: errors.
+    let mut kv = model.new_kv_cache(64);
+    let mut short = vec![0.0f32; 3];
+    for (rows, sum) in [(0..13, &mut sum), (0..1, &mut short)] {
+        let err = model
+            .forward_batch(
+                &one,
+                &mut [Segment::pooled(&PROMPT, &mut kv, rows, sum)],
+                &mut scratch,
+                LogitsFor::Last,
+            )
+            .unwrap_err();
+        assert!(matches!(err, ModelError::BadPooling { .. }), "{err}");
+    }
+    assert_eq!(kv.len(), 0);
 }

@@ -406,6 +406,7 @@ pub fn prefill_chunked(
             n_padding: chunk - piece.len(),
             kv: &mut *kv,
             n_logits: 1,
+            pooled: None,
         }];
         if let Err(e) = executable.run(pool, &mut segments, logits) {
             // All or nothing: earlier chunks' positions leave with the failure.

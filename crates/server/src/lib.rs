@@ -25,6 +25,7 @@
 
 pub mod anthropic;
 pub mod api;
+pub mod embeddings;
 pub mod error;
 pub mod extensions;
 pub mod listen;
@@ -42,7 +43,7 @@ pub mod worker;
 
 pub use error::ApiError;
 pub use listen::{serve, Limits};
-pub use routes::{router, ApiKey, AppState};
+pub use routes::{router, ApiKey, AppState, EmbeddingSetup};
 pub use worker::EngineThread;
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

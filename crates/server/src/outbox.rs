@@ -113,6 +113,7 @@ mod tests {
             finish_reason: FinishReason::Length,
             usage: Usage::default(),
             stop_sequence: None,
+            embedding: None,
         });
         assert_eq!(rx.len(), QUEUE_EVENTS);
         assert_eq!(out.held.len(), 2, "one merged delta and the final event");

@@ -17,8 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pyramid_engine::{
-    Engine as Core, EngineError, Event as CoreEvent, FinishReason, Request, RequestId, Speculation,
-    TokenLogprobs, Usage,
+    Engine as Core, EngineError, Event as CoreEvent, FinishReason, Pooling, Request, RequestId,
+    Speculation, TokenLogprobs, Usage,
 };
 use pyramid_grammar::Constraint;
 use pyramid_kernels::ThreadPool;
@@ -63,6 +63,33 @@ pub struct Job {
     pub speculation: Speculation,
     /// Tokens the reply is expected to contain (`prediction`), drafted from.
     pub prediction: Vec<u32>,
+    /// An embedding of the prompt rather than a reply, pooled so.
+    pub pooling: Option<Pooling>,
+}
+
+impl Job {
+    /// The embedding of `prompt` (the request field `input`), its events on `events`.
+    pub fn embedding(prompt: Vec<u32>, pooling: Pooling, priority: i32, events: Outbox) -> Self {
+        Self {
+            prompt,
+            max_tokens: Some(0),
+            sampler: SamplerConfig::greedy(),
+            stop: Vec::new(),
+            end_after: Vec::new(),
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            min_tokens: 0,
+            logprobs: None,
+            constraint: None,
+            prompt_param: "input",
+            events,
+            submitted: Instant::now(),
+            priority,
+            speculation: Speculation::Off,
+            prediction: Vec::new(),
+            pooling: Some(pooling),
+        }
+    }
 }
 
 /// What the engine thread tells a request's handler.
@@ -78,6 +105,8 @@ pub enum Event {
         usage: Usage,
         /// The stop string that ended the reply, if one did.
         stop_sequence: Option<String>,
+        /// An embedding request's vector.
+        embedding: Option<Vec<f32>>,
     },
     Failed(ApiError),
 }
@@ -103,6 +132,8 @@ pub struct EngineThread {
     jobs: Mutex<Option<Sender<Job>>>,
     /// Whether the engine drafts for requests that ask (`--speculative`).
     speculates: bool,
+    /// Whether the route runs embedding requests.
+    embeds: bool,
     queued: Arc<AtomicUsize>,
     max_queue: usize,
     /// Set when the shutdown grace is over: every request still running ends.
@@ -125,6 +156,7 @@ impl EngineThread {
         metrics.watch_pyramid(Arc::clone(core.pyramid()));
         metrics.publish_engine(core.stats());
         let speculates = core.speculates();
+        let embeds = core.embeds();
         let worker = Worker {
             stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
             core,
@@ -143,6 +175,7 @@ impl EngineThread {
         Ok(Self {
             jobs: Mutex::new(Some(jobs)),
             speculates,
+            embeds,
             queued,
             max_queue,
             ending,
@@ -154,6 +187,16 @@ impl EngineThread {
     /// passes return logits for every drafted position.
     pub fn speculates(&self) -> bool {
         self.speculates
+    }
+
+    /// Whether embedding jobs can run on this route (see [`Core::embeds`]).
+    pub fn embeds(&self) -> bool {
+        self.embeds
+    }
+
+    /// The most jobs that can wait at once (`--max-queue`).
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
     }
 
     /// Queues a job, or refuses it when the queue is full (429) or the engine is gone.
@@ -230,6 +273,8 @@ struct Live {
     stopped: bool,
     /// The stop string that ended the reply.
     stop_sequence: Option<String>,
+    /// An embedding request's vector, sent with its `Done`.
+    embedding: Option<Vec<f32>>,
 }
 
 struct Worker {
@@ -327,20 +372,28 @@ impl Worker {
             self.stop_tokens.clone()
         };
         stop_tokens.extend(&job.stop_token_ids);
-        self.core.add_request(Request {
-            id,
-            // The core owns the prompt from here; the text side never reads it.
-            prompt: std::mem::take(&mut job.prompt),
-            max_tokens,
-            sampler: job.sampler.clone(),
-            stop_tokens,
-            min_tokens: job.min_tokens,
-            logprobs: job.logprobs,
-            constraint: job.constraint.take(),
-            priority: job.priority,
-            speculation: job.speculation,
-            prediction: std::mem::take(&mut job.prediction),
-        });
+        let request = match job.pooling {
+            Some(pooling) => Request {
+                priority: job.priority,
+                ..Request::embedding(id, std::mem::take(&mut job.prompt), pooling)
+            },
+            None => Request {
+                id,
+                // The core owns the prompt from here; the text side never reads it.
+                prompt: std::mem::take(&mut job.prompt),
+                max_tokens,
+                sampler: job.sampler.clone(),
+                stop_tokens,
+                min_tokens: job.min_tokens,
+                logprobs: job.logprobs,
+                constraint: job.constraint.take(),
+                priority: job.priority,
+                speculation: job.speculation,
+                prediction: std::mem::take(&mut job.prediction),
+                pooling: None,
+            },
+        };
+        self.core.add_request(request);
         self.live.insert(
             id,
             Live {
@@ -353,6 +406,7 @@ impl Worker {
                 last_token_at: None,
                 stopped: false,
                 stop_sequence: None,
+                embedding: None,
             },
         );
     }
@@ -449,6 +503,11 @@ impl Worker {
                     self.finish(live, reason, usage);
                 }
             }
+            CoreEvent::Embedding { id, embedding } => {
+                if let Some(live) = self.live.get_mut(&id) {
+                    live.embedding = Some(embedding);
+                }
+            }
             CoreEvent::Failed { id, error } => {
                 if let Some(mut live) = self.remove(id) {
                     let failure = api_error(&error, live.job.prompt_param);
@@ -537,6 +596,7 @@ impl Worker {
             finish_reason: reason,
             usage,
             stop_sequence: live.stop_sequence.take(),
+            embedding: live.embedding.take(),
         });
         self.retire(live.job.events);
     }

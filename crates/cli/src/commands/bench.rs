@@ -179,7 +179,7 @@ fn run_all(
             match event {
                 Event::Finished { .. } => left -= 1,
                 Event::Failed { error, .. } => return Err(error.into()),
-                Event::Started { .. } | Event::Token { .. } => {}
+                Event::Started { .. } | Event::Token { .. } | Event::Embedding { .. } => {}
             }
         }
     }

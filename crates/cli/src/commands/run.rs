@@ -170,6 +170,7 @@ impl SamplingArgs {
             // Drafts only where the engine makes them (see `SpeculativeArgs::config_on`).
             speculation: self.speculation.mode_or(Speculation::Ngram),
             prediction: Vec::new(),
+            pooling: None,
         })
     }
 }

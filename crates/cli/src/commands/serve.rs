@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use pyramid_engine::{Arm, EngineConfig, PyramidConfig, Speculation};
+use pyramid_engine::{Arm, EngineConfig, Pooling, PyramidConfig, Speculation};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::{Metrics, PriorityLabels};
 use pyramid_server::reasoning::ReasoningFormat;
-use pyramid_server::{ApiKey, AppState, EngineThread, Limits};
+use pyramid_server::{ApiKey, AppState, EmbeddingSetup, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
 use crate::route::{
@@ -116,8 +116,22 @@ pub struct ServeArgs {
     /// Disk space for --session-dir (e.g. 4GiB); the least recently used files go first.
     #[arg(long, value_parser = parse_bytes, requires = "session_dir")]
     pub session_disk_budget: Option<usize>,
+    /// Serve an embedding model: /v1/embeddings only (chat, completions, messages and
+    /// responses answer 400). Without it, any model answers /v1/embeddings as well.
+    /// Embeddings run on the native route.
+    #[arg(long)]
+    pub embedding: bool,
+    /// How /v1/embeddings pools a text's hidden states: `mean`, `cls` (first token) or
+    /// `last` (last token). Default: what the model file says (GGUF `pooling_type`,
+    /// sentence-transformers' `1_Pooling`), else `mean`.
+    #[arg(long, value_parser = parse_pooling)]
+    pub pooling: Option<Pooling>,
     #[command(flatten)]
     pub route: RouteArgs,
+}
+
+fn parse_pooling(s: &str) -> Result<Pooling, String> {
+    Pooling::from_name(s).ok_or_else(|| format!("'{s}' is not mean, cls or last"))
 }
 
 /// `KEY=N`: an API key and its requests' default priority (split at the last `=`, so a
@@ -199,6 +213,14 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         .place(&args.model.model, args.model.precision, None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
+    let embedding = EmbeddingSetup {
+        pooling: args
+            .pooling
+            .or(loaded.model.config.pooling)
+            .unwrap_or(Pooling::Mean),
+        width: loaded.model.config.n_embd,
+        only: args.embedding,
+    };
     let n_ctx = loaded.model.config.n_ctx_train;
     let ladder = match &args.windows {
         Some(text) => WindowLadder::parse(text, n_ctx)?,
@@ -213,6 +235,12 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     } else {
         args.prefill_chunk.min(ladder.windows()[0])
     };
+    if args.embedding && !route.backend.runs_mixed_passes() {
+        bail!(
+            "--embedding needs the native route (--device cpu): static-shape artifacts \
+             return logits, not hidden states"
+        );
+    }
     let mut core = route.engine(
         &loaded,
         EngineConfig {
@@ -289,7 +317,8 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         },
         metrics,
     )
-    .with_reasoning_format(args.reasoning_format);
+    .with_reasoning_format(args.reasoning_format)
+    .with_embedding(embedding);
     let state = Arc::new(match &args.session_dir {
         Some(dir) => state
             .keep_responses_in(dir)

@@ -66,7 +66,13 @@ impl Scheduler {
         let largest = self.config.pyramid.ladder.largest();
         if request.prompt.is_empty() {
             Some(EngineError::EmptyPrompt)
-        } else if request.max_tokens == 0 {
+        } else if request.is_embedding() && !self.mixed {
+            Some(EngineError::BadRequest(
+                "embeddings run on the native route (--device cpu): this route's compiled \
+                 artifacts return logits, not hidden states"
+                    .to_string(),
+            ))
+        } else if request.max_tokens == 0 && !request.is_embedding() {
             Some(EngineError::BadRequest(
                 "max_tokens must be at least 1".to_string(),
             ))
@@ -111,7 +117,7 @@ impl Scheduler {
     fn waits_for_stored(&mut self, c: Candidate, stored: &mut dyn StoredPrefixes) -> bool {
         let seq = self.candidate(c);
         let kept = seq.session.window().is_some();
-        if kept || seq.restored.is_some() || seq.asked_store {
+        if kept || seq.restored.is_some() || seq.asked_store || seq.embeds() {
             return false;
         }
         let cached = self.cache.longest(&seq.input).map_or(0, |(_, n)| n);
@@ -152,7 +158,10 @@ impl Scheduler {
             .chain(paused)
             .filter(|&c| self.candidate(c).status() != SequenceStatus::Loading)
             .filter(|&c| match c {
-                Candidate::Queued(i) => !self.waits_for_shared_prefill(&self.waiting[i].input),
+                Candidate::Queued(i) => {
+                    let seq = &self.waiting[i];
+                    seq.embeds() || !self.waits_for_shared_prefill(&seq.input)
+                }
                 Candidate::Paused(_) => true,
             })
             .min_by_key(|&c| self.candidate_level(c, now))
@@ -339,7 +348,14 @@ impl Scheduler {
     fn swap_out(&mut self, i: usize) {
         let session = self.paused[i].swap_out();
         self.preemption.n_swapped_out += 1;
-        self.cache.insert(session);
+        if self.paused[i].embeds() {
+            // It will prefill again, pooling every row: nothing of it is kept.
+            let mut session = session;
+            session.truncate(0);
+            self.evicted.push(session);
+        } else {
+            self.cache.insert(session);
+        }
     }
 
     /// Takes paused sequence `i` out of the paused list to run it; one without a
@@ -347,7 +363,8 @@ impl Scheduler {
     fn unpause(&mut self, i: usize) -> (Sequence, Reuse) {
         let mut seq = self.paused.swap_remove(i);
         let mut reuse = Reuse::default();
-        if seq.session.window().is_none() {
+        // A swapped-out embedding prefills from nothing, as it started.
+        if seq.session.window().is_none() && !seq.embeds() {
             let restored = seq.restored.take();
             let (session, reused, forked) =
                 self.reuse_for(&seq.input, seq.request.max_tokens, restored);
@@ -410,12 +427,13 @@ impl Scheduler {
             .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
         let restored = seq.restored.take();
-        let running = restored
-            .is_none()
+        let running = (restored.is_none() && !seq.embeds())
             .then(|| self.fork_running(&seq.input, seq.request.max_tokens))
             .flatten();
         let (mut session, reused, forked) = match running {
             Some((fork, shared)) => (fork, shared, true),
+            // An embedding pools every row: it prefills from nothing.
+            None if seq.embeds() => (Session::default(), 0, false),
             None => self.reuse_for(&seq.input, seq.request.max_tokens, restored),
         };
         session.truncate(reused);

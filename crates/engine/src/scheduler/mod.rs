@@ -27,6 +27,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pyramid_model::{ModelConfig, Pooled};
 use pyramid_runtime::{ArtifactShape, Sampler};
 
 pub use admission::PreemptionStats;
@@ -109,6 +110,8 @@ pub struct Scheduler {
     artifacts: Arc<dyn Artifacts>,
     kv: KvAllocator,
     n_vocab: usize,
+    /// The width of an embedding.
+    n_embd: usize,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     paused: Vec<Sequence>,
@@ -130,14 +133,15 @@ impl Scheduler {
         mixed: bool,
         artifacts: Arc<dyn Artifacts>,
         kv: KvAllocator,
-        n_vocab: usize,
+        model: &ModelConfig,
     ) -> Self {
         Self {
             config,
             mixed,
             artifacts,
             kv,
-            n_vocab,
+            n_vocab: model.n_vocab,
+            n_embd: model.n_embd,
             waiting: VecDeque::new(),
             running: Vec::new(),
             paused: Vec::new(),
@@ -209,7 +213,7 @@ impl Scheduler {
             }
         };
         let usage = seq.usage();
-        self.retire(seq.session);
+        self.release(seq);
         Some(usage)
     }
 
@@ -232,6 +236,7 @@ impl Scheduler {
     /// for one step.
     pub fn batch(&mut self, schedule: &Schedule) -> Batch<'_> {
         let mut batch = Vec::with_capacity(schedule.n_scheduled());
+        let n_embd = self.n_embd;
         for seq in &mut self.running {
             let id = seq.request.id;
             let tokens = if let Some(&(_, n)) = schedule.prefills.iter().find(|p| p.0 == id) {
@@ -246,11 +251,21 @@ impl Scheduler {
             } else {
                 continue;
             };
+            let prefill = seq.prefilling();
+            let rows = seq.pooled_rows(tokens.len());
+            if rows.is_some() {
+                seq.pooled.resize(n_embd, 0.0);
+            }
+            let pooled = rows.map(|rows| Pooled {
+                rows,
+                sum: &mut seq.pooled[..],
+            });
             batch.push(Slot {
                 id,
-                prefill: seq.prefilling(),
+                prefill,
                 session: &mut seq.session,
                 tokens,
+                pooled,
             });
         }
         batch
@@ -286,7 +301,7 @@ impl Scheduler {
             let bytes = self.kv.bytes(window);
             if bytes > budget {
                 let seq = self.running.swap_remove(i);
-                self.retire(seq.session);
+                self.release(seq);
                 self.events.push(Event::Failed {
                     id,
                     error: EngineError::OverBudget { bytes, budget },
@@ -327,7 +342,7 @@ impl Scheduler {
                 continue;
             };
             let seq = self.running.swap_remove(i);
-            self.retire(seq.session);
+            self.release(seq);
             let error = error.take().unwrap_or_else(|| EngineError::Unavailable {
                 window,
                 reason: reason.clone(),
@@ -377,6 +392,19 @@ impl Scheduler {
     /// budgets no longer allow.
     pub(crate) fn cache_restored(&mut self, session: Session) {
         self.retire(session);
+    }
+
+    /// Ends `seq`'s hold on its session: kept for reuse ([`Scheduler::retire`]), or, an
+    /// embedding's, dropped (off the engine thread, with the evicted).
+    pub(crate) fn release(&mut self, seq: Sequence) {
+        if seq.embeds() {
+            // A conversation of no tokens is freed, never written.
+            let mut session = seq.session;
+            session.truncate(0);
+            self.evicted.push(session);
+        } else {
+            self.retire(seq.session);
+        }
     }
 
     /// Keeps a session for reuse, then evicts what the session limit and the KV budget

@@ -46,7 +46,7 @@ fn scheduler(mixed: bool, table: Arc<Table>, edit: impl FnOnce(&mut EngineConfig
     edit(&mut cfg);
     let model = tiny();
     let kv = KvAllocator::new(&model.config, KvType::F32, 64);
-    Scheduler::new(cfg, mixed, table, kv, model.config.n_vocab)
+    Scheduler::new(cfg, mixed, table, kv, &model.config)
 }
 
 /// Request `id`: a prompt of `len` tokens all its own (requests sharing a prompt would

@@ -29,7 +29,7 @@ impl Scheduler {
             if let Some(i) = self.running.iter().position(|s| s.id() == id) {
                 // Its cache is left as before the pass, but the sequence ends here.
                 let seq = self.running.swap_remove(i);
-                self.retire(seq.session);
+                self.release(seq);
             }
             self.events.push(Event::Failed { id, error });
         }
@@ -38,6 +38,7 @@ impl Scheduler {
                 seq.fed_tokens(n, prefill);
             }
         }
+        self.finish_embeddings(&executed.fed);
         self.mask(pool, executed);
         let largest = self.config.pyramid.ladder.largest();
         let n_vocab = self.n_vocab;
@@ -78,7 +79,7 @@ impl Scheduler {
         for (id, error) in failed {
             if let Some(i) = self.running.iter().position(|s| s.id() == id) {
                 let seq = self.running.swap_remove(i);
-                self.retire(seq.session);
+                self.release(seq);
             }
             self.events.push(Event::Failed { id, error });
         }
@@ -106,13 +107,43 @@ impl Scheduler {
                 usage,
                 timings,
             });
-            self.retire(seq.session);
+            self.release(seq);
         }
         // Sliding-window layers give back what their windows left behind, between steps.
         for seq in &mut self.running {
             seq.session.release_out_of_window();
         }
         self.take_events()
+    }
+}
+
+impl Scheduler {
+    /// Ends the embeddings whose prompt went in whole this step, with their vectors.
+    fn finish_embeddings(&mut self, fed: &[(RequestId, usize, bool)]) {
+        for &(id, _, _) in fed {
+            let Some(i) = self
+                .running
+                .iter()
+                .position(|s| s.id() == id && s.embeds() && !s.prefilling())
+            else {
+                continue;
+            };
+            let mut seq = self.running.swap_remove(i);
+            let now = Instant::now();
+            seq.first_token = Some(now);
+            seq.last_token = Some(now);
+            seq.finish();
+            let pooling = seq.request.pooling.expect("an embedding has a pooling");
+            let embedding = pooling.finish(std::mem::take(&mut seq.pooled), seq.prompt_len);
+            self.events.push(Event::Embedding { id, embedding });
+            self.events.push(Event::Finished {
+                id,
+                reason: FinishReason::Stop,
+                usage: seq.usage(),
+                timings: seq.timings(),
+            });
+            self.release(seq);
+        }
     }
 }
 

@@ -187,7 +187,7 @@ pub fn drain(engine: &mut Engine, pool: &ThreadPool) -> Vec<(RequestId, Vec<u32>
                     done.push((id, t, reason));
                 }
                 Event::Failed { id, error } => panic!("request {id} failed: {error}"),
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Embedding { .. } => {}
             }
         }
     }

@@ -291,13 +291,27 @@ impl Model {
     }
 
     /// The last residual, the final norm and the output projection, only for the rows
-    /// whose logits are wanted.
+    /// whose logits are wanted; pooled rows are normed into `h`, where nothing reads them
+    /// until the pass is over.
     pub(super) fn finish(&self, team: &Team, pass: &Pass<'_, '_>) {
         let (cfg, w, b) = (&self.config, &self.weights, &pass.bufs);
         let e = cfg.n_embd;
         let n_rows = pass.logit_rows.len();
         let my_logit_rows = team.split(n_rows, 1);
+        // SAFETY: the last layer's barrier completed `x` and `o`; each thread norms only
+        // its own split of the logit rows and of the pooled rows (a pooled row is never a
+        // logit row), and nothing reads `h` again in this pass.
         unsafe {
+            for &r in &pass.pooled_rows[team.split(pass.pooled_rows.len(), 1)] {
+                let x = b.x.range_mut(r * e..(r + 1) * e);
+                add_in_place(x, b.o.range(r * e..(r + 1) * e));
+                rms_norm(
+                    b.h.range_mut(r * e..(r + 1) * e),
+                    x,
+                    &w.output_norm,
+                    cfg.rms_eps,
+                );
+            }
             for i in my_logit_rows.clone() {
                 let r = pass.logit_rows[i];
                 let x = b.x.range_mut(r * e..(r + 1) * e);

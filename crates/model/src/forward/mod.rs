@@ -21,9 +21,11 @@ mod attention;
 mod layer;
 mod scratch;
 
+use std::ops::Range;
 use std::sync::Mutex;
 
 use pyramid_kernels::attention::{meeting_len, MAX_ROWS};
+use pyramid_kernels::ops::add_in_place;
 use pyramid_kernels::{SharedSlice, ThreadPool};
 
 use crate::block::BlockPart;
@@ -58,8 +60,21 @@ pub struct Segment<'a> {
     pub n_padding: usize,
     pub kv: &'a mut KvCache,
     /// Real tokens, ending with the last, whose logits [`LogitsFor::Last`] returns: 1 to
-    /// generate, a draft's length plus one to verify it in one pass.
+    /// generate, a draft's length plus one to verify it in one pass; 0 for a pooled
+    /// segment, which returns none.
     pub n_logits: usize,
+    /// For an embedding: where the pass adds the hidden states of rows it pools.
+    pub pooled: Option<Pooled<'a>>,
+}
+
+/// Rows of a segment whose final-normed hidden states a pass adds to `sum`, one row after
+/// another in order (so chunks of a text sum what one pass would).
+#[derive(Debug)]
+pub struct Pooled<'a> {
+    /// Relative to the segment's tokens; real tokens only.
+    pub rows: Range<usize>,
+    /// `[n_embd]`.
+    pub sum: &'a mut [f32],
 }
 
 impl<'a> Segment<'a> {
@@ -69,6 +84,21 @@ impl<'a> Segment<'a> {
             n_padding: 0,
             kv,
             n_logits: 1,
+            pooled: None,
+        }
+    }
+
+    /// A segment of an embedding: no logits, the hidden states of `rows` added to `sum`.
+    pub fn pooled(
+        tokens: &'a [u32],
+        kv: &'a mut KvCache,
+        rows: Range<usize>,
+        sum: &'a mut [f32],
+    ) -> Self {
+        Self {
+            n_logits: 0,
+            pooled: Some(Pooled { rows, sum }),
+            ..Self::new(tokens, kv)
         }
     }
 
@@ -157,7 +187,14 @@ impl Model {
                     let end = (done + MAX_PASS_TOKENS).min(len);
                     let wanted = end.saturating_sub(len - s.n_logits).min(end - done);
                     let tokens = &s.tokens[done..end];
-                    let chunk = Segment::with_logits(tokens, &mut *s.kv, wanted.max(1));
+                    let chunk = match s.pooled.as_mut() {
+                        Some(p) => {
+                            let from = p.rows.start.clamp(done, end) - done;
+                            let to = p.rows.end.clamp(done, end) - done;
+                            Segment::pooled(tokens, &mut *s.kv, from..to.max(from), p.sum)
+                        }
+                        None => Segment::with_logits(tokens, &mut *s.kv, wanted.max(1)),
+                    };
                     ((i, wanted), chunk)
                 })
                 .unzip();
@@ -243,16 +280,18 @@ impl Model {
         }
         let rows = &mut scratch.logit_rows;
         rows.clear();
-        match which {
-            LogitsFor::All => rows.extend(0..n),
-            LogitsFor::Last => {
-                let mut start = 0;
-                for seg in segments.iter() {
-                    let end = start + seg.n_real();
-                    rows.extend(end - seg.n_logits..end);
-                    start += seg.tokens.len();
-                }
+        scratch.pooled_rows.clear();
+        let mut start = 0;
+        for seg in segments.iter() {
+            let end = start + seg.n_real();
+            match (&seg.pooled, which) {
+                (Some(p), _) => scratch
+                    .pooled_rows
+                    .extend(p.rows.clone().map(|r| start + r)),
+                (None, LogitsFor::All) => rows.extend(start..start + seg.tokens.len()),
+                (None, LogitsFor::Last) => rows.extend(end - seg.n_logits..end),
             }
+            start += seg.tokens.len();
         }
         let n_rows = rows.len();
         let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
@@ -285,6 +324,7 @@ impl Model {
             blocks: &s.blocks,
             single_rows: &s.single_rows,
             logit_rows: &s.logit_rows,
+            pooled_rows: &s.pooled_rows,
             segments: Segments::new(segments),
             scores: &s.scores,
             calibration: Mutex::new(s.calibration.as_mut()),
@@ -313,8 +353,16 @@ impl Model {
                 pool.run_team(&|team| self.finish(team, &pass));
             }
         }
+        drop(pass);
+        let mut pooled = s.pooled_rows.iter();
         for seg in segments.iter_mut() {
             seg.kv.advance(seg.n_real());
+            if let Some(p) = seg.pooled.as_mut() {
+                // In row order, as the chunks of a longer text continue the same sum.
+                for &r in pooled.by_ref().take(p.rows.len()) {
+                    add_in_place(p.sum, &s.h[r * e..(r + 1) * e]);
+                }
+            }
         }
         Ok(())
     }
@@ -330,11 +378,24 @@ impl Model {
             if seg.n_padding >= seg.tokens.len() {
                 return Err(ModelError::EmptyInput);
             }
-            if !(1..=seg.n_real()).contains(&seg.n_logits) {
-                return Err(ModelError::BadLogitRows {
-                    n_logits: seg.n_logits,
-                    n_real: seg.n_real(),
-                });
+            match &seg.pooled {
+                Some(p) => {
+                    if seg.n_logits != 0 || p.rows.end > seg.n_real() || p.sum.len() != cfg.n_embd {
+                        return Err(ModelError::BadPooling {
+                            rows: p.rows.clone(),
+                            n_real: seg.n_real(),
+                            width: p.sum.len(),
+                            n_embd: cfg.n_embd,
+                        });
+                    }
+                }
+                None if !(1..=seg.n_real()).contains(&seg.n_logits) => {
+                    return Err(ModelError::BadLogitRows {
+                        n_logits: seg.n_logits,
+                        n_real: seg.n_real(),
+                    });
+                }
+                None => {}
             }
             if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
                 return Err(ModelError::TokenOutOfRange {

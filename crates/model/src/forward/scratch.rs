@@ -34,8 +34,10 @@ pub struct Scratch {
     /// row's window starts at a different position.
     pub(super) single_rows: Vec<(usize, usize)>,
     pub(super) logit_rows: Vec<usize>, // [n_rows] rows whose logits are wanted
-    pub(super) normed: Vec<f32>,       // [n_rows, n_embd]
-    pub(super) logits: Vec<f32>,       // [n_rows, n_vocab]
+    /// Rows of pooled segments, in order: their final-normed states go to `h`.
+    pub(super) pooled_rows: Vec<usize>,
+    pub(super) normed: Vec<f32>, // [n_rows, n_embd]
+    pub(super) logits: Vec<f32>, // [n_rows, n_vocab]
     /// One attention-score buffer per pool thread: `[rows of a block, window, MAX_GROUP]`
     /// each (a block is at most `MAX_ROWS` rows of one segment).
     pub(super) scores: Vec<Mutex<Vec<f32>>>,
@@ -88,6 +90,7 @@ impl Scratch {
             blocks: Vec::with_capacity(n_tokens),
             single_rows: Vec::with_capacity(n_tokens),
             logit_rows: Vec::with_capacity(n_outputs),
+            pooled_rows: Vec::with_capacity(n_tokens),
             normed: with(n_outputs * e),
             logits: with(n_outputs * cfg.n_vocab),
             scores: (0..n_threads)
@@ -178,6 +181,7 @@ pub(super) struct Pass<'s, 'a> {
     pub(super) blocks: &'s [(usize, usize)],
     pub(super) single_rows: &'s [(usize, usize)],
     pub(super) logit_rows: &'s [usize],
+    pub(super) pooled_rows: &'s [usize],
     pub(super) segments: Segments<'s, 'a>,
     /// Per-thread attention-score buffers.
     pub(super) scores: &'s [Mutex<Vec<f32>>],

@@ -178,6 +178,7 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         activation,
         sliding_window,
         rope_factors: None,
+        pooling: None,
     };
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;

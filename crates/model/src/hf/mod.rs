@@ -19,7 +19,7 @@ use serde_json::Value;
 use self::safetensors::{Shard, TensorEntry};
 use crate::checkpoint::TensorSource;
 use crate::config::Architecture;
-use crate::{ModelConfig, ModelError, Result};
+use crate::{ModelConfig, ModelError, Pooling, Result};
 
 const CONFIG_FILE: &str = "config.json";
 const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -90,8 +90,15 @@ impl HfCheckpoint {
         let name = dir
             .file_name()
             .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
-        let config =
+        let mut config =
             config::model_config(&json, &name).map_err(|e| problem(&config_path, e.to_string()))?;
+        let pooling_path = dir.join("1_Pooling").join("config.json");
+        if pooling_path.is_file() {
+            config.pooling = Some(
+                sentence_transformers_pooling(&read_json(&pooling_path)?)
+                    .map_err(|reason| problem(&pooling_path, reason))?,
+            );
+        }
         // transformers' per-class defaults: Gemma ties, Llama and Qwen2 do not.
         let tied = match json.get("tie_word_embeddings") {
             None | Some(Value::Null) => config.arch == Architecture::Gemma3,
@@ -214,6 +221,29 @@ impl TensorSource for HfCheckpoint {
 }
 
 /// The weight files: those the index names, else every `*.safetensors` in the directory.
+/// The pooling a sentence-transformers directory names in `1_Pooling/config.json`:
+/// exactly one mode pyramid implements.
+fn sentence_transformers_pooling(json: &Value) -> std::result::Result<Pooling, String> {
+    let on = |key: &str| json.get(key).and_then(Value::as_bool) == Some(true);
+    let modes = [
+        ("pooling_mode_mean_tokens", Some(Pooling::Mean)),
+        ("pooling_mode_cls_token", Some(Pooling::Cls)),
+        ("pooling_mode_lasttoken", Some(Pooling::Last)),
+        ("pooling_mode_max_tokens", None),
+        ("pooling_mode_mean_sqrt_len_tokens", None),
+        ("pooling_mode_weightedmean_tokens", None),
+    ];
+    let chosen: Vec<_> = modes.iter().filter(|(key, _)| on(key)).collect();
+    match chosen.as_slice() {
+        [(_, Some(pooling))] => Ok(*pooling),
+        [(key, None)] => Err(format!(
+            "{key} is not implemented (mean, cls or last token)"
+        )),
+        [] => Err("no pooling mode is set".to_string()),
+        _ => Err("more than one pooling mode is set".to_string()),
+    }
+}
+
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join(INDEX_FILE);
     if index.is_file() {

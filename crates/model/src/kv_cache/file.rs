@@ -244,6 +244,7 @@ mod kv_file_tests {
             activation: Activation::Silu,
             sliding_window: None,
             rope_factors: None,
+            pooling: None,
         }
     }
 

@@ -129,6 +129,7 @@ pub async fn collect(
                 finish_reason,
                 usage,
                 stop_sequence,
+                ..
             }) => {
                 let pieces = reply.reader.finish();
                 add(pieces, &mut content);
@@ -264,6 +265,7 @@ impl EventWriter for EventsWriter {
                 finish_reason,
                 usage,
                 stop_sequence,
+                ..
             }) => {
                 let pieces = self.reply.reader.finish();
                 self.send(pieces);

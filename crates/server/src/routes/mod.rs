@@ -6,10 +6,12 @@
 //! - [`render`]: engine events as one JSON response or as server-sent events.
 //! - [`messages`]: Anthropic's Messages endpoints (`crate::anthropic` reads and writes
 //!   their shapes).
+//! - [`embeddings`]: `/v1/embeddings` (`crate::embeddings` reads and writes its shapes).
 //! - [`responses`]: OpenAI's Responses endpoints (`crate::responses` reads, writes and
 //!   keeps them).
 
 mod auth;
+mod embeddings;
 mod messages;
 mod prepare;
 mod render;
@@ -43,7 +45,7 @@ use crate::worker::{Event, Job};
 use tokio::sync::mpsc::Receiver;
 
 pub use auth::ApiKey;
-pub use state::AppState;
+pub use state::{AppState, EmbeddingSetup};
 
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
@@ -56,6 +58,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
@@ -126,6 +129,11 @@ fn model_card(state: &AppState) -> Value {
         "owned_by": "pyramid",
         "max_model_len": state.max_context,
         "route": state.metrics.route_audit(),
+        "embedding": state.embedding.filter(|_| state.engine.embeds()).map(|e| json!({
+            "pooling": e.pooling.name(),
+            "dimensions": e.width,
+            "only": e.only,
+        })),
     })
 }
 
@@ -170,6 +178,17 @@ async fn completions(
 /// API key's priority, never more.
 pub const PRIORITY_HEADER: &str = "x-priority";
 
+/// The priority the X-Priority header asks, if it is there.
+pub(super) fn header_priority(headers: &HeaderMap) -> Result<Option<i32>, ApiError> {
+    match headers.get(PRIORITY_HEADER) {
+        None => Ok(None),
+        Some(v) => {
+            let text = v.to_str().unwrap_or("not text");
+            api::opt_priority(Some(&Value::String(text.to_string())), "X-Priority")
+        }
+    }
+}
+
 /// A request taken in: parsed, prepared and submitted to the engine thread, whose
 /// events for it arrive on `events`.
 pub(super) struct Submitted {
@@ -195,13 +214,12 @@ pub(super) async fn submit<T: Send + 'static>(
     body: Body,
     parse: impl FnOnce(&[u8]) -> Result<(GenerationRequest, T), ApiError> + Send + 'static,
 ) -> Result<(Submitted, T), ApiError> {
-    let header_priority = match headers.get(PRIORITY_HEADER) {
-        None => None,
-        Some(v) => {
-            let text = v.to_str().unwrap_or("not text");
-            api::opt_priority(Some(&Value::String(text.to_string())), "X-Priority")?
-        }
-    };
+    if state.embedding.is_some_and(|e| e.only) {
+        return Err(ApiError::invalid_request(
+            "this server serves embeddings only (--embedding): use /v1/embeddings",
+        ));
+    }
+    let header_priority = header_priority(headers)?;
     let body = read_body(&state.limits, body).await?;
     let permit = Arc::clone(&state.tokenizing)
         .acquire_owned()
@@ -258,6 +276,7 @@ pub(super) async fn submit<T: Send + 'static>(
             priority,
             speculation,
             prediction: prediction.clone(),
+            pooling: None,
         })?;
         receivers.push(rx);
     }

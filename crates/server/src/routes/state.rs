@@ -4,6 +4,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
+use pyramid_engine::Pooling;
 use pyramid_grammar::GrammarVocab;
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 use tokio::sync::Semaphore;
@@ -39,6 +40,18 @@ pub struct AppState {
     pub responses: Arc<ResponseStore>,
     /// Whether thoughts are split from answers (`--reasoning-format`).
     pub reasoning: ReasoningFormat,
+    /// How `/v1/embeddings` pools, and whether the server does nothing else; `None`:
+    /// the server was set up without embeddings.
+    pub embedding: Option<EmbeddingSetup>,
+}
+
+/// What `/v1/embeddings` gives: vectors of `width` floats pooled by `pooling` (the
+/// model's own, or `--pooling`); with `only` (`--embedding`) generation is refused.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddingSetup {
+    pub pooling: Pooling,
+    pub width: usize,
+    pub only: bool,
 }
 
 impl AppState {
@@ -69,7 +82,14 @@ impl AppState {
             grammar_vocab: OnceLock::new(),
             responses: Arc::new(ResponseStore::in_memory()),
             reasoning: ReasoningFormat::default(),
+            embedding: None,
         }
+    }
+
+    /// How `/v1/embeddings` pools and how wide its vectors are.
+    pub fn with_embedding(mut self, setup: EmbeddingSetup) -> Self {
+        self.embedding = Some(setup);
+        self
     }
 
     /// Thoughts split from answers, or not (`--reasoning-format none`).
