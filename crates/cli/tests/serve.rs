@@ -154,6 +154,7 @@ fn openai_client_api_errors_and_fuzz() {
     // Anthropic's Messages API on the same server, with the anthropic client.
     server.run_script("test_anthropic.py", &[]);
     server.run_script("test_responses.py", &[]);
+    server.run_script("test_embeddings.py", &[]);
 }
 
 #[test]
@@ -320,6 +321,7 @@ fn openai_client_api_on_ov_cpu() {
     server.run_script("test_api.py", &[("PYRAMID_EXPECT_DEVICE", "ov:CPU")]);
     server.run_script("test_anthropic.py", &[]);
     server.run_script("test_responses.py", &[]);
+    server.run_script("test_embeddings.py", &[("PYRAMID_EXPECT_DEVICE", "ov:CPU")]);
 }
 
 /// The public reference prompts answered greedily through ov:CPU equal the native f32

@@ -12,7 +12,9 @@
 use std::path::Path;
 
 use pyramid_kernels::ThreadPool;
-use pyramid_model::{Checkpoint, LogitsFor, Model, ModelError, Precision, Scratch};
+use pyramid_model::{
+    Checkpoint, LogitsFor, Model, ModelError, Pooling, Precision, Scratch, Segment,
+};
 use pyramid_testdata::{hf_fixture, hf_reference, ids, HF_FIXTURES};
 use serde_json::Value;
 
@@ -58,6 +60,69 @@ fn directories_give_transformers_logits() {
             "{name}: logits differ from transformers' by {worst}"
         );
     }
+}
+
+/// The pooled, normalised final hidden states of `tokens`.
+fn embedding(model: &Model, pool: &ThreadPool, tokens: &[u32], pooling: Pooling) -> Vec<f32> {
+    let mut kv = model.new_kv_cache(tokens.len());
+    let mut sum = vec![0.0; model.config.n_embd];
+    let rows = pooling.rows(0, tokens.len(), tokens.len());
+    let mut segment = [Segment::pooled(tokens, &mut kv, rows, &mut sum)];
+    model
+        .forward_batch(pool, &mut segment, &mut Scratch::default(), LogitsFor::Last)
+        .unwrap();
+    pooling.finish(sum, tokens.len())
+}
+
+#[test]
+fn directories_give_transformers_embeddings() {
+    let pool = ThreadPool::new(2).unwrap();
+    for name in HF_FIXTURES {
+        let path = hf_fixture(name).join("embeddings.json");
+        let reference: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let model = Model::load(hf_fixture(name)).unwrap();
+        for prompt in reference["prompts"].as_array().unwrap() {
+            let tokens = ids(&prompt["ids"]);
+            for pooling in Pooling::ALL {
+                let got = embedding(&model, &pool, &tokens, pooling);
+                let want: Vec<f64> = prompt[pooling.name()]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap())
+                    .collect();
+                assert_eq!(got.len(), want.len());
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| (f64::from(*g) - w).abs())
+                    .fold(0.0, f64::max);
+                let cosine: f64 = got.iter().zip(&want).map(|(g, w)| f64::from(*g) * w).sum();
+                assert!(
+                    worst < 1e-4 && cosine >= 0.9999,
+                    "{name} {pooling:?}: off by {worst}, cosine {cosine}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sentence_transformers_pooling_is_read_or_refused_by_name() {
+    let dir = broken_copy("tiny-llama");
+    assert_eq!(Checkpoint::open(dir.path()).unwrap().config().pooling, None);
+    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    let pooling = dir.path().join("1_Pooling").join("config.json");
+    let write = |json: Value| std::fs::write(&pooling, json.to_string()).unwrap();
+    write(serde_json::json!({"word_embedding_dimension": 64, "pooling_mode_lasttoken": true}));
+    let config = Checkpoint::open(dir.path()).unwrap().config().clone();
+    assert_eq!(config.pooling, Some(Pooling::Last));
+    write(serde_json::json!({"pooling_mode_max_tokens": true}));
+    let err = open_error(dir.path());
+    assert!(err.contains("pooling_mode_max_tokens"), "{err}");
+    write(serde_json::json!({"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}));
+    assert!(open_error(dir.path()).contains("more than one"));
 }
 
 #[test]

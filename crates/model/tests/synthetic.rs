@@ -328,6 +328,23 @@ fn load_with(edit: impl FnOnce(&mut pyramid_gguf::GgufWriter)) -> Result<Model, 
 }
 
 #[test]
+fn gguf_pooling_type_is_read_and_a_ranking_head_refused() {
+    let pooling = |value: u32| {
+        load_with(|w| {
+            w.add_metadata("llama.pooling_type", Value::U32(value))
+                .unwrap();
+        })
+        .map(|m| m.config.pooling)
+    };
+    assert_eq!(load_with(|_| {}).unwrap().config.pooling, None);
+    assert_eq!(pooling(0).unwrap(), None);
+    assert_eq!(pooling(1).unwrap(), Some(Pooling::Mean));
+    assert_eq!(pooling(3).unwrap(), Some(Pooling::Last));
+    let err = pooling(4).unwrap_err().to_string();
+    assert!(err.contains("rank"), "{err}");
+}
+
+#[test]
 fn unsupported_or_inconsistent_models_are_rejected_by_name() {
     let err = load_with(|w| {
         w.add_metadata("general.architecture", Value::String("mamba".into()))

@@ -194,7 +194,7 @@ def check_http_level():
         common.check_error_response(resp, 405, f"{method} {path}")
     ok("wrong method -> 405 with an error body")
 
-    for method, path in (("GET", "/v1/nope"), ("POST", "/v1/embeddings"), ("GET", "/v2/models")):
+    for method, path in (("GET", "/v1/nope"), ("POST", "/v1/audio/speech"), ("GET", "/v2/models")):
         resp = common.request(method, path, b"{}" if method == "POST" else None)
         common.check_error_response(resp, 404, f"{method} {path}")
     ok("unknown path -> 404 with an error body")
@@ -245,6 +245,8 @@ CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temp
                "user", "response_format", "tools", "unknown_field"]
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
                      "stream_options", "logprobs", "echo", "suffix", "best_of", "unknown_field"]
+EMBEDDING_TEMPLATE = {"model": MODEL, "input": ["Once upon a time", "there was"], "encoding_format": "float"}
+EMBEDDING_FIELDS = ["model", "input", "encoding_format", "dimensions", "user", "priority", "unknown_field"]
 
 
 def garbage(rng: random.Random, depth: int = 0):
@@ -298,11 +300,12 @@ class Case:
 def fuzz_cases(rng: random.Random) -> list[Case]:
     cases: list[Case] = []
     endpoints = [("/v1/chat/completions", CHAT_TEMPLATE, CHAT_FIELDS),
-                 ("/v1/completions", COMPLETION_TEMPLATE, COMPLETION_FIELDS)]
+                 ("/v1/completions", COMPLETION_TEMPLATE, COMPLETION_FIELDS),
+                 ("/v1/embeddings", EMBEDDING_TEMPLATE, EMBEDDING_FIELDS)]
 
     # Random bytes, some dressed up to look like the start of JSON.
     for i in range(30):
-        path = endpoints[i % 2][0]
+        path = endpoints[i % len(endpoints)][0]
         raw = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 400)))
         if i % 3 == 0:
             raw = b'{"model": "' + raw
@@ -317,7 +320,7 @@ def fuzz_cases(rng: random.Random) -> list[Case]:
 
     # One top-level field set to garbage, deleted, or to an extreme value of the right type.
     for i in range(90):
-        path, template, fields = endpoints[rng.randrange(2)]
+        path, template, fields = endpoints[rng.randrange(len(endpoints))]
         body = copy.deepcopy(template)
         if rng.random() < 0.5:
             body["stream"] = rng.random() < 0.5
@@ -364,7 +367,7 @@ def fuzz_cases(rng: random.Random) -> list[Case]:
         json.dumps({**COMPLETION_TEMPLATE, "prompt": "\u0000" * 100}).encode(),
     ]
     for i, raw in enumerate(special):
-        cases.append(Case(f"special body #{i}: {raw[:40]!r}", "POST", endpoints[i % 2][0], raw))
+        cases.append(Case(f"special body #{i}: {raw[:40]!r}", "POST", endpoints[i % len(endpoints)][0], raw))
 
     # A valid body under odd content types.
     for ctype in (None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",

@@ -353,7 +353,6 @@ impl Model {
                 pool.run_team(&|team| self.finish(team, &pass));
             }
         }
-        drop(pass);
         let mut pooled = s.pooled_rows.iter();
         for seg in segments.iter_mut() {
             seg.kv.advance(seg.n_real());
@@ -379,15 +378,17 @@ impl Model {
                 return Err(ModelError::EmptyInput);
             }
             match &seg.pooled {
-                Some(p) => {
-                    if seg.n_logits != 0 || p.rows.end > seg.n_real() || p.sum.len() != cfg.n_embd {
-                        return Err(ModelError::BadPooling {
-                            rows: p.rows.clone(),
-                            n_real: seg.n_real(),
-                            width: p.sum.len(),
-                            n_embd: cfg.n_embd,
-                        });
-                    }
+                Some(p)
+                    if seg.n_logits != 0
+                        || p.rows.end > seg.n_real()
+                        || p.sum.len() != cfg.n_embd =>
+                {
+                    return Err(ModelError::BadPooling {
+                        rows: p.rows.clone(),
+                        n_real: seg.n_real(),
+                        width: p.sum.len(),
+                        n_embd: cfg.n_embd,
+                    });
                 }
                 None if !(1..=seg.n_real()).contains(&seg.n_logits) => {
                     return Err(ModelError::BadLogitRows {
@@ -395,7 +396,7 @@ impl Model {
                         n_real: seg.n_real(),
                     });
                 }
-                None => {}
+                _ => {}
             }
             if let Some(&id) = seg.tokens.iter().find(|&&id| id as usize >= cfg.n_vocab) {
                 return Err(ModelError::TokenOutOfRange {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use pyramid_engine::{Arm, Engine, EngineConfig, PyramidConfig, SpeculativeConfig};
+use pyramid_engine::{Arm, Engine, EngineConfig, Pooling, PyramidConfig, SpeculativeConfig};
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvType, Model};
@@ -16,7 +16,7 @@ use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use super::{router, AppState};
+use super::{router, AppState, EmbeddingSetup};
 use crate::metrics::{Metrics, PriorityLabels};
 use crate::worker::{inject, EngineThread};
 use crate::Limits;
@@ -340,4 +340,74 @@ async fn n_choices_share_one_prefill_and_count_the_prompt_once() {
         );
     }
     assert_eq!(last_usage["completion_tokens"], usage["completion_tokens"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_server_embeds_batches_in_order_and_refuses_generation() {
+    let state = Arc::try_unwrap(smollm2())
+        .ok()
+        .unwrap()
+        .with_embedding(EmbeddingSetup {
+            pooling: Pooling::Last,
+            width: 576,
+            only: true,
+        });
+    let state = Arc::new(state);
+    let body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 4});
+    let (status, reply) = call(&state, "POST", "/v1/completions", body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--embedding"));
+
+    let texts = [
+        "The cat sat.",
+        "A different sentence entirely",
+        "The cat sat.",
+    ];
+    let body = json!({"model": "smollm2", "input": texts});
+    let (status, batch) = call(&state, "POST", "/v1/embeddings", body).await;
+    assert_eq!(status, StatusCode::OK, "{batch}");
+    let vectors: Vec<Vec<f64>> = batch["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["index"], i);
+            serde_json::from_value(d["embedding"].clone()).unwrap()
+        })
+        .collect();
+    assert_eq!(vectors.len(), 3);
+    assert_eq!(vectors[0].len(), 576);
+    assert_eq!(vectors[0], vectors[2], "the same text, the same vector");
+    assert_ne!(vectors[0], vectors[1]);
+    // Each alone equals its place in the batch.
+    let body = json!({"model": "smollm2", "input": texts[1]});
+    let (_, alone) = call(&state, "POST", "/v1/embeddings", body).await;
+    assert_eq!(alone["data"][0]["embedding"], batch["data"][1]["embedding"]);
+    assert_eq!(
+        alone["usage"]["prompt_tokens"],
+        alone["usage"]["total_tokens"]
+    );
+
+    // Only what the server can queue at once (16 here), and only the model's width.
+    let body = json!({"model": "smollm2", "input": vec!["a"; 17]});
+    let (status, reply) = call(&state, "POST", "/v1/embeddings", body).await;
+    assert_eq!(
+        (status, &reply["error"]["param"]),
+        (StatusCode::BAD_REQUEST, &json!("input"))
+    );
+    let body = json!({"model": "smollm2", "input": "a", "dimensions": 64});
+    let (status, reply) = call(&state, "POST", "/v1/embeddings", body).await;
+    assert_eq!(
+        (status, &reply["error"]["param"]),
+        (StatusCode::BAD_REQUEST, &json!("dimensions"))
+    );
+    let (_, card) = call(&state, "GET", "/v1/models/smollm2", Value::Null).await;
+    assert_eq!(
+        card["embedding"],
+        json!({"pooling": "last", "dimensions": 576, "only": true})
+    );
 }
