@@ -188,6 +188,28 @@ fn end_tokens_are_allowed_only_where_the_grammar_may_end() {
 }
 
 #[test]
+fn a_cloned_constraint_goes_on_alone() {
+    let tok = tokenizer(MODELS[1]);
+    let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();
+    let schema = json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2});
+    let mut first = vocab.compile(&Grammar::JsonSchema(schema)).unwrap();
+    let mut second = first.clone();
+    for id in tok.encode("[1]", false).unwrap() {
+        first.accept(id).unwrap();
+    }
+    // The copy is still at the start: it may not end, and `[` is what it allows.
+    let ends = tok.end_of_generation_ids().to_vec();
+    assert!(ends.iter().all(|&e| !second.allowed().unwrap().is_allowed(e)));
+    assert!(ends.iter().all(|&e| first.allowed().unwrap().is_allowed(e)));
+    for id in tok.encode("[2]", false).unwrap() {
+        second.accept(id).unwrap();
+    }
+    let mut third = second.clone();
+    third.accept(ends[0]).unwrap();
+    assert!(third.is_finished());
+}
+
+#[test]
 fn a_token_the_mask_forbids_is_an_error_not_a_panic() {
     let tok = tokenizer(MODELS[0]);
     let vocab = GrammarVocab::new(Arc::clone(&tok)).unwrap();

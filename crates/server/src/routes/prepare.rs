@@ -104,16 +104,14 @@ pub(super) fn prepare(
     )?;
     drop(text);
     request.thinking = thinking;
-    let constraints = (0..request.n)
-        .map(|_| {
-            constrain(
-                state,
-                request.tools.as_ref(),
-                request.response_format.as_ref(),
-                thinking,
-            )
-        })
-        .collect::<Result<_, _>>()?;
+    // One compile; each further choice runs its own copy of it.
+    let constraint = constrain(
+        state,
+        request.tools.as_ref(),
+        request.response_format.as_ref(),
+        thinking,
+    )?;
+    let constraints = vec![constraint; request.n];
     let prediction = match request.prediction.take() {
         Some(text) => tokenize_prediction(state, &text)?,
         None => Vec::new(),
