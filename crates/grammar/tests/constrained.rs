@@ -199,7 +199,9 @@ fn a_cloned_constraint_goes_on_alone() {
     }
     // The copy is still at the start: it may not end, and `[` is what it allows.
     let ends = tok.end_of_generation_ids().to_vec();
-    assert!(ends.iter().all(|&e| !second.allowed().unwrap().is_allowed(e)));
+    assert!(ends
+        .iter()
+        .all(|&e| !second.allowed().unwrap().is_allowed(e)));
     assert!(ends.iter().all(|&e| first.allowed().unwrap().is_allowed(e)));
     for id in tok.encode("[2]", false).unwrap() {
         second.accept(id).unwrap();
