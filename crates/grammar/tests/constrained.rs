@@ -197,7 +197,7 @@ fn a_cloned_constraint_goes_on_alone() {
     for id in tok.encode("[1]", false).unwrap() {
         first.accept(id).unwrap();
     }
-    // The copy is still at the start: it may not end, and `[` is what it allows.
+    // The copy is still at the start, where it may not end; the original may.
     let ends = tok.end_of_generation_ids().to_vec();
     assert!(ends
         .iter()
