@@ -15,6 +15,9 @@ pub enum Architecture {
     /// Gemma 3 (text): scaled embeddings, QK-norm, norms after attention and FFN as well as
     /// before, GeGLU, and sliding-window attention on five of every six layers.
     Gemma3,
+    /// Qwen3 (dense): Qwen2 without Q/K/V biases, with each query and key head RMS-normed
+    /// before RoPE, and a head size set apart from the hidden size.
+    Qwen3,
 }
 
 impl Architecture {
@@ -23,6 +26,7 @@ impl Architecture {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
             "gemma3" => Ok(Self::Gemma3),
+            "qwen3" => Ok(Self::Qwen3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -32,15 +36,16 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
             Self::Gemma3 => "gemma3",
+            Self::Qwen3 => "qwen3",
         }
     }
 
-    /// Llama GGUFs store Q/K rows permuted for interleaved pairs; Qwen2 and Gemma keep NeoX
+    /// Llama GGUFs store Q/K rows permuted for interleaved pairs; Qwen and Gemma keep NeoX
     /// halves.
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Self::Llama => RopeStyle::Interleaved,
-            Self::Qwen2 | Self::Gemma3 => RopeStyle::Neox,
+            Self::Qwen2 | Self::Gemma3 | Self::Qwen3 => RopeStyle::Neox,
         }
     }
 }

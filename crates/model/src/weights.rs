@@ -233,10 +233,17 @@ pub(crate) fn load_layer(
             Ok(None)
         }
     };
-    // Gemma 3's extra norms are required there and absent elsewhere.
+    // Gemma 3's extra norms are required there and absent elsewhere; Qwen3 has the
+    // per-head Q/K norms alone.
     let gemma = cfg.arch == Architecture::Gemma3;
     let gemma_norm = |t: &str, len: usize| -> Result<Option<Vec<f32>>> {
         gemma.then(|| vector(file, &name(t), len)).transpose()
+    };
+    let qk_norms = gemma || cfg.arch == Architecture::Qwen3;
+    let qk_norm = |t: &str| -> Result<Option<Vec<f32>>> {
+        qk_norms
+            .then(|| vector(file, &name(t), cfg.head_dim))
+            .transpose()
     };
     let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
         let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
@@ -255,8 +262,8 @@ pub(crate) fn load_layer(
         w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
         w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
         w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
-        q_norm: gemma_norm("attn_q_norm.weight", cfg.head_dim)?,
-        k_norm: gemma_norm("attn_k_norm.weight", cfg.head_dim)?,
+        q_norm: qk_norm("attn_q_norm.weight")?,
+        k_norm: qk_norm("attn_k_norm.weight")?,
         post_attn_norm: gemma_norm("post_attention_norm.weight", e)?,
         post_ffn_norm: gemma_norm("post_ffw_norm.weight", e)?,
     })

@@ -73,13 +73,14 @@ fn architecture(json: &Json) -> Result<Architecture> {
         Some("llama") => Ok(Architecture::Llama),
         Some("qwen2") => Ok(Architecture::Qwen2),
         Some("gemma3_text") => Ok(Architecture::Gemma3),
+        Some("qwen3") => Ok(Architecture::Qwen3),
         Some("gemma3") => Err(bad(
             "config.json is a multimodal Gemma 3 (model_type 'gemma3'); only the text model \
              (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
                 .to_string(),
         )),
         Some(other) => Err(bad(format!(
-            "model_type '{other}' is not supported (supported: llama, qwen2, gemma3_text)"
+            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, gemma3_text)"
         ))),
         None => Err(bad("config.json has no 'model_type'".to_string())),
     }
@@ -207,10 +208,12 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
     if json.flag("mlp_bias") {
         return Err(bad("mlp_bias is not implemented".to_string()));
     }
-    if arch == Architecture::Qwen2 && json.flag("use_sliding_window") {
-        return Err(bad(
-            "Qwen2's use_sliding_window is not implemented".to_string()
-        ));
+    if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) && json.flag("use_sliding_window")
+    {
+        return Err(bad(format!(
+            "{}'s use_sliding_window is not implemented",
+            arch.name()
+        )));
     }
     Ok(())
 }

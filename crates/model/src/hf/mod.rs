@@ -296,6 +296,7 @@ fn ignored(hf_name: &str, tied: bool) -> bool {
 /// tensor this architecture does not have.
 fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Transform)> {
     let gemma = cfg.arch == Architecture::Gemma3;
+    let qwen3 = cfg.arch == Architecture::Qwen3;
     let norm = if gemma {
         Transform::AddOne
     } else {
@@ -340,8 +341,8 @@ fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Tr
         "post_attention_layernorm.weight" => ("ffn_norm.weight", norm),
         "pre_feedforward_layernorm.weight" if gemma => ("ffn_norm.weight", norm),
         "post_feedforward_layernorm.weight" if gemma => ("post_ffw_norm.weight", norm),
-        "self_attn.q_norm.weight" if gemma => ("attn_q_norm.weight", norm),
-        "self_attn.k_norm.weight" if gemma => ("attn_k_norm.weight", norm),
+        "self_attn.q_norm.weight" if gemma || qwen3 => ("attn_q_norm.weight", norm),
+        "self_attn.k_norm.weight" if gemma || qwen3 => ("attn_k_norm.weight", norm),
         _ => return None,
     };
     Some((format!("blk.{layer}.{gguf}"), transform))

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes tiny random-weight models of the newer families, as a Hugging Face directory
+(transformers' own `save_pretrained`) and as a GGUF file (llama.cpp's own
+`convert_hf_to_gguf.py`), with transformers' reference outputs.
+
+For each family, `testdata/hf/tiny-<family>/` holds the directory, `reference.json` and
+`tiny-<family>.gguf`:
+
+* `tiny-qwen3`: `Qwen3ForCausalLM`, float32, 2 layers, GQA 4/2, head_dim 32 apart from
+  hidden / heads (16), per-head Q/K RMS norms, no Q/K/V biases, untied `lm_head`.
+
+Norm weights are drawn around 1 (not left at 1), so a norm read wrongly moves the logits.
+The tokenizer is `tiny-qwen2`'s (a small byte-level BPE), copied. `reference.json` holds
+`tiny-qwen2`'s three prompts with transformers' float32 logits at every position (eager
+attention, rounded to 6 decimals) and 12 greedy tokens after each.
+
+llama.cpp's converter recognises a BPE tokenizer by the hash of how it splits a fixed
+text; a tokenizer trained for a fixture has no known hash, so the converter is told it
+splits as Qwen2's does (which is how the fixture's tokenizer was built). Nothing else of
+the converter is changed.
+
+Usage (needs torch, transformers 5 and llama.cpp's `gguf-py`; `convert_hf_to_gguf.py`
+from the llama-cpp-python sdist `scripts/peers/bench-peers.sh` unpacks), from the
+repository root:
+
+    python testdata/hf/families.py testdata/hf ~/.cache/pyramid/peers/llama.cpp-0.3.36/src
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+GREEDY = 12
+
+
+def randomise(model: torch.nn.Module, seed: int) -> None:
+    """Weights from a fixed generator: norms around 1, the rest around 0."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * noise)
+            else:
+                p.copy_(0.2 * noise)
+
+
+def qwen3(out: Path) -> None:
+    config = Qwen3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+        bos_token_id=384,
+        eos_token_id=386,
+        pad_token_id=384,
+    )
+    model = Qwen3ForCausalLM(config)
+    randomise(model, 3)
+    model.save_pretrained(out)
+
+
+def reference(out: Path, prompts: list[dict]) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(
+        out, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    entries = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = prompt["ids"]
+            logits = model(torch.tensor([ids])).logits[0]
+            greedy = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=GREEDY,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0][len(ids):]
+            entries.append({
+                "text": prompt["text"],
+                "ids": ids,
+                "logits": [[round(float(x), 6) for x in row] for row in logits],
+                "greedy": [int(t) for t in greedy],
+            })
+    return {
+        "generator": "testdata/hf/families.py",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "prompts": entries,
+    }
+
+
+def convert(out: Path, converter: Path) -> None:
+    sys.path.insert(0, str(converter))
+    import convert_hf_to_gguf as conv
+    from conversion.base import TextModel
+
+    TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+    argv = sys.argv
+    sys.argv = ["convert_hf_to_gguf.py", str(out), "--outtype", "f32",
+                "--outfile", str(out / f"{out.name}.gguf")]
+    try:
+        conv.main()
+    finally:
+        sys.argv = argv
+
+
+def main(root: Path, converter: Path) -> None:
+    torch.manual_seed(0)
+    source = root / "tiny-qwen2"
+    prompts = [
+        {"text": p["text"], "ids": p["ids"]}
+        for p in json.loads((source / "reference.json").read_text())["prompts"]
+    ]
+    for name, make in [("tiny-qwen3", qwen3)]:
+        out = root / name
+        if out.exists():
+            shutil.rmtree(out)
+        make(out)
+        for file in ["tokenizer.json", "tokenizer_config.json"]:
+            shutil.copy(source / file, out / file)
+        body = reference(out, prompts)
+        (out / "reference.json").write_text(json.dumps(body) + "\n")
+        convert(out, converter)
+        print(f"{out}: {len(prompts)} prompts")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
