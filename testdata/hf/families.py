@@ -8,6 +8,9 @@ For each family, `testdata/hf/tiny-<family>/` holds the directory, `reference.js
 
 * `tiny-qwen3`: `Qwen3ForCausalLM`, float32, 2 layers, GQA 4/2, head_dim 32 apart from
   hidden / heads (16), per-head Q/K RMS norms, no Q/K/V biases, untied `lm_head`.
+* `tiny-smollm3`: `SmolLM3ForCausalLM`, float32, 4 layers (the fourth without RoPE, as
+  `no_rope_layers` says), GQA 4/2, tied embeddings; Llama's layout, so the converter
+  permutes Q/K rows for interleaved RoPE.
 
 Norm weights are drawn around 1 (not left at 1), so a norm read wrongly moves the logits.
 The tokenizer is `tiny-qwen2`'s (a small byte-level BPE), copied. `reference.json` holds
@@ -33,7 +36,13 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+)
 
 GREEDY = 12
 
@@ -69,6 +78,26 @@ def qwen3(out: Path) -> None:
     )
     model = Qwen3ForCausalLM(config)
     randomise(model, 3)
+    model.save_pretrained(out)
+
+
+def smollm3(out: Path) -> None:
+    config = SmolLM3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=2_000_000.0,
+        bos_token_id=384,
+        eos_token_id=386,
+        pad_token_id=384,
+    )
+    model = SmolLM3ForCausalLM(config)
+    randomise(model, 5)
     model.save_pretrained(out)
 
 
@@ -125,7 +154,7 @@ def main(root: Path, converter: Path) -> None:
         {"text": p["text"], "ids": p["ids"]}
         for p in json.loads((source / "reference.json").read_text())["prompts"]
     ]
-    for name, make in [("tiny-qwen3", qwen3)]:
+    for name, make in [("tiny-qwen3", qwen3), ("tiny-smollm3", smollm3)]:
         out = root / name
         if out.exists():
             shutil.rmtree(out)

@@ -1050,42 +1050,45 @@ fn hf_fixture(name: &str) -> String {
         .to_string()
 }
 
-/// A Qwen3 directory and the GGUF file llama.cpp's converter made of it run transformers'
-/// greedy tokens, and chat through the file's template at the default precision.
+/// Each newer family's directory and the GGUF file llama.cpp's converter made of it run
+/// transformers' greedy tokens, and chat through the file's template at the default
+/// precision.
 #[test]
-fn a_qwen3_directory_and_its_gguf_run_transformers_tokens_and_chat() {
+fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
     let f = Fixture::new();
-    let dir = hf_fixture("tiny-qwen3");
-    let reference: Value = serde_json::from_str(
-        &std::fs::read_to_string(Path::new(&dir).join("reference.json")).unwrap(),
-    )
-    .unwrap();
-    let prompt = &reference["prompts"][1];
-    let file = format!("{dir}/tiny-qwen3.gguf");
-    for model in [&dir, &file] {
-        let out = f.run(&[
-            "run",
-            "-m",
-            model,
-            "--precision",
-            "f32",
-            "--prompt",
-            prompt["text"].as_str().unwrap(),
-            "--temperature",
-            "0",
-            "-n",
-            "12",
-            "--ignore-eos",
-            "--json",
-        ]);
-        assert_ok(&out);
-        let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
-        assert_eq!(v["prompt_tokens"], prompt["ids"], "{model}");
-        assert_eq!(v["tokens"], prompt["greedy"], "{model}");
-        let out = f.run(&[
-            "run", "-m", model, "--chat", "-p", "Hi", "-n", "2", "--json",
-        ]);
-        assert_ok(&out);
+    for name in ["tiny-qwen3", "tiny-smollm3"] {
+        let dir = hf_fixture(name);
+        let reference: Value = serde_json::from_str(
+            &std::fs::read_to_string(Path::new(&dir).join("reference.json")).unwrap(),
+        )
+        .unwrap();
+        let prompt = &reference["prompts"][1];
+        let file = format!("{dir}/{name}.gguf");
+        for model in [&dir, &file] {
+            let out = f.run(&[
+                "run",
+                "-m",
+                model,
+                "--precision",
+                "f32",
+                "--prompt",
+                prompt["text"].as_str().unwrap(),
+                "--temperature",
+                "0",
+                "-n",
+                "12",
+                "--ignore-eos",
+                "--json",
+            ]);
+            assert_ok(&out);
+            let v: Value = serde_json::from_str(&stdout(&out)).unwrap();
+            assert_eq!(v["prompt_tokens"], prompt["ids"], "{model}");
+            assert_eq!(v["tokens"], prompt["greedy"], "{model}");
+            let chat = [
+                "run", "-m", model, "--chat", "-p", "Hi", "-n", "2", "--json",
+            ];
+            assert_ok(&f.run(&chat));
+        }
     }
 }
 

@@ -493,13 +493,16 @@ fn bench_matrix_measures_checks_and_reports_with_provenance() {
 /// from the model as loaded, whatever file it came from.
 #[test]
 fn hugging_face_directories_run_on_openvino_with_the_native_tokens() {
-    // Each family's fixture; Qwen3 also as the GGUF file llama.cpp's converter made.
+    // Each family's fixture; the newer ones also as the GGUF files llama.cpp's converter
+    // made.
     for name in [
         "tiny-llama",
         "tiny-qwen2",
         "tiny-gemma3",
         "tiny-qwen3",
         "tiny-qwen3/tiny-qwen3.gguf",
+        "tiny-smollm3",
+        "tiny-smollm3/tiny-smollm3.gguf",
     ] {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../../testdata/hf")

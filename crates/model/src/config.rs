@@ -18,7 +18,12 @@ pub enum Architecture {
     /// Qwen3 (dense): Qwen2 without Q/K/V biases, with each query and key head RMS-normed
     /// before RoPE, and a head size set apart from the hidden size.
     Qwen3,
+    /// SmolLM3: Llama's layout, with no RoPE in every fourth layer (NoPE).
+    SmolLM3,
 }
+
+/// llama.cpp's SmolLM3: the layers `l` with `(l + 1) % 4 == 0` apply no RoPE.
+const SMOLLM3_NO_ROPE_EVERY: usize = 4;
 
 impl Architecture {
     pub fn from_name(name: &str) -> Result<Self> {
@@ -27,6 +32,7 @@ impl Architecture {
             "qwen2" => Ok(Self::Qwen2),
             "gemma3" => Ok(Self::Gemma3),
             "qwen3" => Ok(Self::Qwen3),
+            "smollm3" => Ok(Self::SmolLM3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -37,6 +43,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Gemma3 => "gemma3",
             Self::Qwen3 => "qwen3",
+            Self::SmolLM3 => "smollm3",
         }
     }
 
@@ -44,7 +51,7 @@ impl Architecture {
     /// halves.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Self::Llama => RopeStyle::Interleaved,
+            Self::Llama | Self::SmolLM3 => RopeStyle::Interleaved,
             Self::Qwen2 | Self::Gemma3 | Self::Qwen3 => RopeStyle::Neox,
         }
     }
@@ -104,6 +111,8 @@ pub struct ModelConfig {
     /// How an embedding model pools its hidden states (GGUF's `pooling_type`,
     /// sentence-transformers' `1_Pooling`); `None` for a generative model.
     pub pooling: Option<Pooling>,
+    /// Layers whose queries and keys are not rotated (SmolLM3's NoPE layers), ascending.
+    pub no_rope_layers: Vec<usize>,
 }
 
 impl ModelConfig {
@@ -200,6 +209,12 @@ impl ModelConfig {
                 .map(|v| Pooling::from_gguf(u32::try_from(v).unwrap_or(u32::MAX)))
                 .transpose()?
                 .flatten(),
+            no_rope_layers: match arch {
+                Architecture::SmolLM3 => (0..n_layer)
+                    .filter(|l| (l + 1) % SMOLLM3_NO_ROPE_EVERY == 0)
+                    .collect(),
+                _ => Vec::new(),
+            },
         };
         cfg.validate()?;
         Ok(cfg)
@@ -339,6 +354,11 @@ impl ModelConfig {
 
     /// How many positions layer `layer` attends to, back from each query's own: `None`
     /// for all of them.
+    /// Whether layer `layer` rotates its queries and keys.
+    pub fn layer_rotates(&self, layer: usize) -> bool {
+        self.no_rope_layers.binary_search(&layer).is_err()
+    }
+
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
         let w = self.sliding_window?;
         (!(layer + 1).is_multiple_of(w.global_every)).then_some(w.size)

@@ -74,3 +74,14 @@ fn qwen3_reads_its_head_size_and_norms() {
     assert_eq!((c.n_embd, c.n_head, c.head_dim), (64, 4, 32));
     assert_eq!(c.attention_scale, 1.0 / 32f32.sqrt());
 }
+
+#[test]
+fn smollm3_skips_rope_in_every_fourth_layer_in_both_forms() {
+    let dir = hf_fixture("tiny-smollm3");
+    for path in [dir.clone(), dir.join("tiny-smollm3.gguf")] {
+        let model = Model::load(&path).unwrap();
+        assert_eq!(model.config.arch, Architecture::SmolLM3);
+        assert_eq!(model.config.no_rope_layers, [3], "{}", path.display());
+        assert!(model.config.layer_rotates(2) && !model.config.layer_rotates(3));
+    }
+}

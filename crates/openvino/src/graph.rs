@@ -310,10 +310,17 @@ impl Builder<'_> {
         let v = self.linear(g, h, &name("wv"), Some("bv"), layer);
         let q = self.reshape(g, q, "shape_q_heads");
         let q = self.optional_norm(g, q, &name("q_norm"));
-        let q = self.rope(g, q, inputs.cos, inputs.sin);
         let k = self.reshape(g, k, "shape_kv_heads");
         let k = self.optional_norm(g, k, &name("k_norm"));
-        let k = self.rope(g, k, inputs.cos, inputs.sin);
+        // SmolLM3's NoPE layers rotate nothing.
+        let (q, k) = if self.cfg.layer_rotates(layer) {
+            (
+                self.rope(g, q, inputs.cos, inputs.sin),
+                self.rope(g, k, inputs.cos, inputs.sin),
+            )
+        } else {
+            (q, k)
+        };
         let v = self.reshape(g, v, "shape_kv_heads");
         let (ctx, new) = self.attention_core(g, q, k, v, inputs);
         let o = self.linear(g, ctx, &name("wo"), None, layer);

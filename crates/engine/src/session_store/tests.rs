@@ -29,6 +29,7 @@ fn cfg(n_layer: usize, n_head_kv: usize, head_dim: usize) -> ModelConfig {
         sliding_window: None,
         rope_factors: None,
         pooling: None,
+        no_rope_layers: Vec::new(),
     }
 }
 

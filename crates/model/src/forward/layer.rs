@@ -148,6 +148,7 @@ impl Model {
         team.sync();
         let style = cfg.arch.rope_style();
         let inv_freq = self.layer_inv_freq(li);
+        let rotates = cfg.layer_rotates(li);
         unsafe {
             for r in my_rows.clone() {
                 let pos = pass.places[r].pos;
@@ -160,8 +161,10 @@ impl Model {
                     rms_norm_in_place(q_r, qn, cfg.rms_eps);
                     rms_norm_in_place(k_r, kn, cfg.rms_eps);
                 }
-                rope_in_place(q_r, hd, pos, inv_freq, style);
-                rope_in_place(k_r, hd, pos, inv_freq, style);
+                if rotates {
+                    rope_in_place(q_r, hd, pos, inv_freq, style);
+                    rope_in_place(k_r, hd, pos, inv_freq, style);
+                }
             }
         }
         team.sync();

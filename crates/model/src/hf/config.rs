@@ -74,13 +74,14 @@ fn architecture(json: &Json) -> Result<Architecture> {
         Some("qwen2") => Ok(Architecture::Qwen2),
         Some("gemma3_text") => Ok(Architecture::Gemma3),
         Some("qwen3") => Ok(Architecture::Qwen3),
+        Some("smollm3") => Ok(Architecture::SmolLM3),
         Some("gemma3") => Err(bad(
             "config.json is a multimodal Gemma 3 (model_type 'gemma3'); only the text model \
              (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
                 .to_string(),
         )),
         Some(other) => Err(bad(format!(
-            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, gemma3_text)"
+            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, smollm3, gemma3_text)"
         ))),
         None => Err(bad("config.json has no 'model_type'".to_string())),
     }
@@ -180,6 +181,7 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         sliding_window,
         rope_factors: None,
         pooling: None,
+        no_rope_layers: no_rope_layers(&json, arch, n_layer)?,
     };
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;
@@ -189,6 +191,51 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         .map(|s| llama3_rope_factors(s, head_dim, global_rope.theta))
         .transpose()?;
     Ok(cfg)
+}
+
+/// SmolLM3's layers without RoPE: `no_rope_layers` (1 rotates, 0 does not, one per layer)
+/// or, without it, every `no_rope_layer_interval`-th (4 by default), as transformers
+/// reads them. Other families rotate every layer; a list on one of them is refused.
+fn no_rope_layers(json: &Json, arch: Architecture, n_layer: usize) -> Result<Vec<usize>> {
+    let listed = json.get("no_rope_layers").filter(|v| !v.is_null());
+    if arch != Architecture::SmolLM3 {
+        return match listed {
+            Some(_) => Err(bad(format!(
+                "no_rope_layers on a {} model is not implemented",
+                arch.name()
+            ))),
+            None => Ok(Vec::new()),
+        };
+    }
+    match listed {
+        Some(Value::Array(flags)) => {
+            if flags.len() != n_layer {
+                return Err(bad(format!(
+                    "no_rope_layers has {} entries for {n_layer} layers",
+                    flags.len()
+                )));
+            }
+            flags
+                .iter()
+                .enumerate()
+                .filter_map(|(layer, flag)| match flag.as_u64() {
+                    Some(1) => None,
+                    Some(0) => Some(Ok(layer)),
+                    _ => Some(Err(bad(format!(
+                        "no_rope_layers[{layer}] is {flag}, not 0 or 1"
+                    )))),
+                })
+                .collect()
+        }
+        Some(other) => Err(bad(format!("no_rope_layers is {other}, not a list"))),
+        None => {
+            let every = json.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(bad("no_rope_layer_interval must be at least 1".to_string()));
+            }
+            Ok((0..n_layer).filter(|l| (l + 1) % every == 0).collect())
+        }
+    }
 }
 
 /// Keys whose non-default values change the computation in ways pyramid lacks.

@@ -14,6 +14,7 @@ mod safetensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use pyramid_kernels::ops::RopeStyle;
 use serde_json::Value;
 
 use self::safetensors::{Shard, TensorEntry};
@@ -99,9 +100,11 @@ impl HfCheckpoint {
                     .map_err(|reason| problem(&pooling_path, reason))?,
             );
         }
-        // transformers' per-class defaults: Gemma ties, Llama and Qwen2 do not.
+        // transformers' per-class defaults: Gemma and SmolLM3 tie, Llama and Qwen do not.
         let tied = match json.get("tie_word_embeddings") {
-            None | Some(Value::Null) => config.arch == Architecture::Gemma3,
+            None | Some(Value::Null) => {
+                matches!(config.arch, Architecture::Gemma3 | Architecture::SmolLM3)
+            }
             Some(Value::Bool(tied)) => *tied,
             Some(other) => {
                 return Err(problem(
@@ -318,7 +321,7 @@ fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Tr
         return None;
     }
     let rope = |heads| {
-        if cfg.arch == Architecture::Llama {
+        if cfg.arch.rope_style() == RopeStyle::Interleaved {
             Transform::InterleaveRope { heads }
         } else {
             Transform::None

@@ -245,6 +245,7 @@ mod kv_file_tests {
             sliding_window: None,
             rope_factors: None,
             pooling: None,
+            no_rope_layers: Vec::new(),
         }
     }
 
