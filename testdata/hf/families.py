@@ -7,7 +7,9 @@ For each family, `testdata/hf/tiny-<family>/` holds the directory, `reference.js
 `tiny-<family>.gguf`:
 
 * `tiny-qwen3`: `Qwen3ForCausalLM`, float32, 2 layers, GQA 4/2, head_dim 32 apart from
-  hidden / heads (16), per-head Q/K RMS norms, no Q/K/V biases, untied `lm_head`.
+  hidden / heads (16), per-head Q/K RMS norms, no Q/K/V biases, untied `lm_head`, and
+  YaRN RoPE scaling (factor 4 over an original context of 16, so it matters within the
+  prompts), as Qwen3's long-context configurations have it.
 * `tiny-smollm3`: `SmolLM3ForCausalLM`, float32, 4 layers (the fourth without RoPE, as
   `no_rope_layers` says), GQA 4/2, tied embeddings; Llama's layout, so the converter
   permutes Q/K rows for interleaved RoPE.
@@ -70,7 +72,12 @@ def qwen3(out: Path) -> None:
         head_dim=32,
         max_position_embeddings=256,
         rms_norm_eps=1e-6,
-        rope_theta=1_000_000.0,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1_000_000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
         tie_word_embeddings=False,
         bos_token_id=384,
         eos_token_id=386,

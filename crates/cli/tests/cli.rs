@@ -296,13 +296,13 @@ fn bad_input_gives_one_line_errors() {
         ),
         (
             "llama.rope.scaling.type",
-            pyramid_gguf::Value::String("yarn".into()),
-            "RoPE scaling 'yarn' (llama.rope.scaling.type) is not implemented",
+            pyramid_gguf::Value::String("longrope".into()),
+            "RoPE scaling 'longrope' (rope.scaling.type) is not implemented",
         ),
         (
             "llama.rope.scaling.type",
-            pyramid_gguf::Value::String("linear".into()),
-            "RoPE scaling 'linear' (llama.rope.scaling.type) is not implemented",
+            pyramid_gguf::Value::String("yarn".into()),
+            "YaRN needs rope.scaling.original_context_length",
         ),
     ];
     let header_files: Vec<(String, &str)> = header_cases

@@ -3,6 +3,7 @@
 use pyramid_gguf::{GgufFile, Metadata};
 use pyramid_kernels::ops::{rope_inv_freq, RopeStyle};
 
+use crate::rope_scaling::{RopeScaling, Yarn};
 use crate::{ModelError, Pooling, Result};
 
 /// The tensor of per-frequency RoPE factors Llama 3.x GGUF files carry.
@@ -115,6 +116,57 @@ pub struct ModelConfig {
     pub no_rope_layers: Vec<usize>,
 }
 
+/// The RoPE scaling a GGUF file names (`{arch}.rope.scaling.*`, as llama.cpp's converter
+/// writes them): none, linear or YaRN; any other is refused, never run wrong.
+fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>> {
+    let f32_key = |name: &str| md.opt(&key(name), |m, k| m.get_f32(k));
+    let Some(kind) = md.opt(&key("rope.scaling.type"), |m, k| {
+        m.get_str(k).map(str::to_owned)
+    })?
+    else {
+        return Ok(None);
+    };
+    let factor = || {
+        f32_key("rope.scaling.factor")?.ok_or_else(|| {
+            ModelError::BadConfig(format!("RoPE scaling '{kind}' needs rope.scaling.factor"))
+        })
+    };
+    let scaling = match kind.as_str() {
+        "none" => return Ok(None),
+        "linear" => RopeScaling::Linear { factor: factor()? },
+        "yarn" => {
+            if f32_key("rope.scaling.yarn_ext_factor")?.is_some_and(|f| f != 1.0) {
+                return Err(ModelError::BadConfig(
+                    "YaRN's yarn_ext_factor other than 1 is not implemented".to_string(),
+                ));
+            }
+            let original = md
+                .opt(&key("rope.scaling.original_context_length"), |m, k| {
+                    m.get_usize(k)
+                })?
+                .ok_or_else(|| {
+                    ModelError::BadConfig(
+                        "YaRN needs rope.scaling.original_context_length".to_string(),
+                    )
+                })?;
+            RopeScaling::Yarn(Yarn {
+                factor: factor()?,
+                original_context: original as f32,
+                beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+                beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+                attention_factor: f32_key("rope.scaling.yarn_attn_factor")?,
+            })
+        }
+        other => {
+            return Err(ModelError::BadConfig(format!(
+                "RoPE scaling '{other}' (rope.scaling.type) is not implemented: this model's \
+                 output would be wrong"
+            )))
+        }
+    };
+    scaling.checked().map(Some)
+}
+
 impl ModelConfig {
     /// Reads the hyper-parameters; `n_vocab` comes from the token list (or embedding
     /// rows, checked against it when weights load).
@@ -143,16 +195,7 @@ impl ModelConfig {
         let n_rot = md
             .opt(&key("rope.dimension_count"), |m, k| m.get_usize(k))?
             .unwrap_or(head_dim);
-        if let Some(scaling) = md.opt(&key("rope.scaling.type"), |m, k| {
-            m.get_str(k).map(str::to_owned)
-        })? {
-            if scaling != "none" {
-                return Err(ModelError::BadConfig(format!(
-                    "RoPE scaling '{scaling}' ({arch_name}.rope.scaling.type) is not \
-                     implemented: this model's output would be wrong"
-                )));
-            }
-        }
+        let scaling = rope_scaling(md, &key)?;
         let sliding_window = match arch {
             Architecture::Gemma3 => Some(SlidingWindow {
                 size: md.get_usize(&key("attention.sliding_window"))?,
@@ -181,7 +224,7 @@ impl ModelConfig {
             Ok(tokens) => tokens.len(),
             Err(_) => md.get_usize(&key("vocab_size"))?,
         };
-        let cfg = Self {
+        let mut cfg = Self {
             arch,
             name: md
                 .opt("general.name", |m, k| m.get_str(k).map(str::to_owned))?
@@ -217,6 +260,10 @@ impl ModelConfig {
             },
         };
         cfg.validate()?;
+        if let Some(scaling) = scaling {
+            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base));
+            cfg.attention_scale *= scaling.score_scale();
+        }
         Ok(cfg)
     }
 

@@ -21,6 +21,7 @@ mod hf;
 mod kv_cache;
 pub mod linear;
 mod pooling;
+mod rope_scaling;
 pub mod synthetic;
 mod weights;
 

@@ -72,7 +72,16 @@ fn qwen3_reads_its_head_size_and_norms() {
     let c = &model.config;
     assert_eq!(c.arch, Architecture::Qwen3);
     assert_eq!((c.n_embd, c.n_head, c.head_dim), (64, 4, 32));
-    assert_eq!(c.attention_scale, 1.0 / 32f32.sqrt());
+    // YaRN (factor 4): scores scaled by its attention factor squared, frequencies divided.
+    let factor = 0.1 * 4f32.ln() + 1.0;
+    assert!((c.attention_scale - factor * factor / 32f32.sqrt()).abs() < 1e-6);
+    let divisors = c
+        .rope_factors
+        .as_ref()
+        .expect("YaRN divides the frequencies");
+    assert_eq!((divisors[0], divisors[15]), (1.0, 4.0));
+    let file = Model::load(hf_fixture("tiny-qwen3").join("tiny-qwen3.gguf")).unwrap();
+    assert_eq!(file.config.rope_factors.as_ref(), Some(divisors));
 }
 
 #[test]

@@ -8,6 +8,7 @@
 use serde_json::{Map, Value};
 
 use crate::config::{Activation, Architecture, SlidingWindow};
+use crate::rope_scaling::{RopeScaling, Yarn};
 use crate::{ModelConfig, ModelError, Result};
 
 /// The parsed `config.json`, with errors naming the key.
@@ -61,10 +62,10 @@ fn bad(message: String) -> ModelError {
     ModelError::BadConfig(message)
 }
 
-/// A RoPE setting: its base and, for Llama 3 scaling, the per-frequency divisors.
+/// A RoPE setting: its base and the scaling it was trained with, if any.
 struct Rope {
     theta: f32,
-    scaling: Option<Map<String, Value>>,
+    scaling: Option<RopeScaling>,
 }
 
 /// The architecture `config.json` names, from `model_type`.
@@ -185,11 +186,10 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
     };
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;
-    cfg.rope_factors = global_rope
-        .scaling
-        .as_ref()
-        .map(|s| llama3_rope_factors(s, head_dim, global_rope.theta))
-        .transpose()?;
+    if let Some(scaling) = &global_rope.scaling {
+        cfg.rope_factors = Some(scaling.divisors(head_dim, global_rope.theta));
+        cfg.attention_scale *= scaling.score_scale();
+    }
     Ok(cfg)
 }
 
@@ -268,6 +268,7 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
 /// The global (and, for Gemma 3, the sliding-window layers') RoPE settings.
 fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)> {
     let legacy_theta = json.opt_f32("rope_theta")?;
+    let max_positions = json.usize("max_position_embeddings")?;
     let local_theta = json.opt_f32("rope_local_base_freq")?.unwrap_or(10_000.0);
     let per_layer_type = json
         .get("rope_parameters")
@@ -276,23 +277,31 @@ fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)
     let (global, local) = if let Some((full, sliding)) = per_layer_type {
         let key = "rope_parameters.sliding_attention";
         let local = sliding
-            .map(|v| rope(v, key, Some(local_theta)))
+            .map(|v| rope(v, key, Some(local_theta), max_positions))
             .transpose()?;
         (
-            rope(full, "rope_parameters.full_attention", legacy_theta)?,
+            rope(
+                full,
+                "rope_parameters.full_attention",
+                legacy_theta,
+                max_positions,
+            )?,
             local,
         )
     } else if let Some(p) = json.get("rope_parameters") {
-        (rope(p, "rope_parameters", legacy_theta)?, None)
+        (
+            rope(p, "rope_parameters", legacy_theta, max_positions)?,
+            None,
+        )
     } else {
         let scaling = match json.get("rope_scaling") {
-            Some(s) => rope(s, "rope_scaling", legacy_theta)?.scaling,
+            Some(s) => rope(s, "rope_scaling", legacy_theta, max_positions)?.scaling,
             None => None,
         };
         let theta = legacy_theta.unwrap_or(10_000.0);
         (Rope { theta, scaling }, None)
     };
-    if global.scaling.is_some() && arch != Architecture::Llama {
+    if matches!(global.scaling, Some(RopeScaling::Llama3 { .. })) && arch != Architecture::Llama {
         return Err(bad(format!(
             "llama3 RoPE scaling on a {} model is not implemented",
             arch.name()
@@ -325,9 +334,10 @@ fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)
     Ok((global, local))
 }
 
-/// One RoPE parameter object: `{"rope_type": …, "rope_theta": …, …}`. Only the default
-/// and Llama 3's scaling are implemented; anything else is refused.
-fn rope(value: &Value, key: &str, legacy_theta: Option<f32>) -> Result<Rope> {
+/// One RoPE parameter object: `{"rope_type": …, "rope_theta": …, …}`. The default, linear,
+/// YaRN and Llama 3's scaling are implemented; anything else is refused. `max_positions`
+/// (`max_position_embeddings`) is YaRN's original context when it names none.
+fn rope(value: &Value, key: &str, legacy_theta: Option<f32>, max_positions: usize) -> Result<Rope> {
     let map = value
         .as_object()
         .ok_or_else(|| bad(format!("config.json '{key}' is not an object")))?;
@@ -348,56 +358,52 @@ fn rope(value: &Value, key: &str, legacy_theta: Option<f32>) -> Result<Rope> {
         .opt_f32("rope_theta")?
         .or(legacy_theta)
         .unwrap_or(10_000.0);
-    match kind {
-        "default" => Ok(Rope {
-            theta,
-            scaling: None,
-        }),
-        "llama3" => Ok(Rope {
-            theta,
-            scaling: Some(map.clone()),
-        }),
-        other => Err(bad(format!(
-            "RoPE scaling '{other}' ({key}) is not implemented: this model's output would be \
-             wrong"
-        ))),
-    }
-}
-
-/// Llama 3's per-frequency divisors (what llama.cpp's converter stores as `rope_freqs`):
-/// high frequencies keep theirs, low ones are divided by `factor`, those between are
-/// smoothed.
-fn llama3_rope_factors(scaling: &Map<String, Value>, n_rot: usize, theta: f32) -> Result<Vec<f32>> {
-    let p = Json(scaling);
-    let need = |key: &str| {
-        p.opt_f32(key)?
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .ok_or_else(|| bad(format!("llama3 RoPE scaling needs a positive '{key}'")))
+    let need = |name: &str| {
+        params
+            .opt_f32(name)?
+            .ok_or_else(|| bad(format!("{kind} RoPE scaling ({key}) needs '{name}'")))
     };
-    let factor = need("factor")?;
-    let low = need("low_freq_factor")?;
-    let high = need("high_freq_factor")?;
-    let old_len = need("original_max_position_embeddings")?;
-    if high <= low {
-        return Err(bad(format!(
-            "llama3 RoPE scaling needs high_freq_factor {high} above low_freq_factor {low}"
-        )));
-    }
-    let (low_wavelen, high_wavelen) = (old_len / low, old_len / high);
-    Ok(pyramid_kernels::ops::rope_inv_freq(n_rot, theta)
-        .into_iter()
-        .map(|freq| {
-            let wavelen = 2.0 * std::f32::consts::PI / freq;
-            if wavelen < high_wavelen {
-                1.0
-            } else if wavelen > low_wavelen {
-                factor
-            } else {
-                let smooth = (old_len / wavelen - low) / (high - low);
-                1.0 / ((1.0 - smooth) / factor + smooth)
+    let scaling = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: need("factor")?,
+        }),
+        "yarn" => {
+            if params
+                .opt_f32("extrapolation_factor")?
+                .is_some_and(|f| f != 1.0)
+            {
+                return Err(bad(format!(
+                    "{key}.extrapolation_factor other than 1 is not implemented"
+                )));
             }
-        })
-        .collect())
+            Some(RopeScaling::Yarn(Yarn {
+                factor: need("factor")?,
+                original_context: params
+                    .opt_f32("original_max_position_embeddings")?
+                    .unwrap_or(max_positions as f32),
+                beta_fast: params.opt_f32("beta_fast")?.unwrap_or(32.0),
+                beta_slow: params.opt_f32("beta_slow")?.unwrap_or(1.0),
+                attention_factor: params.opt_f32("attention_factor")?,
+            }))
+        }
+        "llama3" => Some(RopeScaling::Llama3 {
+            factor: need("factor")?,
+            low_freq_factor: need("low_freq_factor")?,
+            high_freq_factor: need("high_freq_factor")?,
+            original_context: need("original_max_position_embeddings")?,
+        }),
+        other => {
+            return Err(bad(format!(
+                "RoPE scaling '{other}' ({key}) is not implemented: this model's output would \
+                 be wrong"
+            )))
+        }
+    };
+    Ok(Rope {
+        theta,
+        scaling: scaling.map(RopeScaling::checked).transpose()?,
+    })
 }
 
 /// Gemma 3's period of global layers: from `layer_types` (transformers 5) or
@@ -523,8 +529,17 @@ mod tests {
         assert!(err.contains("llama3 RoPE scaling on a qwen2"), "{err}");
 
         let mut c = fixture_config("tiny-gemma3");
-        c["rope_parameters"]["full_attention"] = json!({"rope_type": "linear", "factor": 8.0});
+        c["rope_parameters"]["full_attention"] = json!({"rope_type": "longrope", "factor": 8.0});
         let err = model_config(&c, "m").unwrap_err().to_string();
-        assert!(err.contains("'linear'"), "{err}");
+        assert!(err.contains("'longrope'"), "{err}");
+
+        let mut c = fixture_config("tiny-qwen3");
+        c["rope_parameters"]["factor"] = json!(0.0);
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("factor"), "{err}");
+        c["rope_parameters"]["factor"] = json!(4.0);
+        c["rope_parameters"]["extrapolation_factor"] = json!(0.5);
+        let err = model_config(&c, "m").unwrap_err().to_string();
+        assert!(err.contains("extrapolation_factor"), "{err}");
     }
 }
