@@ -96,6 +96,25 @@ fn print_config(c: &ModelConfig) {
         "context {}, rope base {}, rms eps {:e}",
         c.n_ctx_train, c.rope_base, c.rms_eps
     );
+    if c.n_rot != c.head_dim {
+        println!("rope rotates {} of {} dims per head", c.n_rot, c.head_dim);
+    }
+    if let Some(factors) = &c.rope_factors {
+        let (low, high) = factors
+            .iter()
+            .fold((f32::INFINITY, 0f32), |(l, h), &f| (l.min(f), h.max(f)));
+        println!(
+            "rope scaled: {} frequencies divided by {low}..{high}, attention scale {}",
+            factors.len(),
+            c.attention_scale
+        );
+    }
+    if !c.no_rope_layers.is_empty() {
+        println!("layers without rope: {:?}", c.no_rope_layers);
+    }
+    if let Some(pooling) = c.pooling {
+        println!("embedding pooling: {}", pooling.name());
+    }
 }
 
 /// A Hugging Face directory: its configuration as pyramid reads it, and its files.
