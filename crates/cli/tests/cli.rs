@@ -1088,6 +1088,14 @@ fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
                 "run", "-m", model, "--chat", "-p", "Hi", "-n", "2", "--json",
             ];
             assert_ok(&f.run(&chat));
+            // `inspect` shows what sets the family apart.
+            let out = f.run(&["inspect", model]);
+            assert_ok(&out);
+            let shown = match name {
+                "tiny-qwen3" => "rope scaled: 16 frequencies divided by 1..4",
+                _ => "layers without rope: [3]",
+            };
+            assert!(stdout(&out).contains(shown), "{model}: {}", stdout(&out));
         }
     }
 }
