@@ -10,6 +10,12 @@ For each family, `testdata/hf/tiny-<family>/` holds the directory, `reference.js
   hidden / heads (16), per-head Q/K RMS norms, no Q/K/V biases, untied `lm_head`, and
   YaRN RoPE scaling (factor 4 over an original context of 16, so it matters within the
   prompts), as Qwen3's long-context configurations have it.
+* `tiny-phi3`: `Phi3ForCausalLM` (Phi-3.5/Phi-4-mini), float32, 2 layers, GQA 4/2, fused
+  `qkv_proj` and `gate_up_proj`, RoPE on half of each head (`partial_rotary_factor` 0.5),
+  LongRoPE with distinct short and long factors over an original context of 8 (every
+  prompt is longer, so transformers uses the long ones, as llama.cpp does with a context
+  beyond the original), tied embeddings; the tokenizer marked `GPT2Tokenizer`, as
+  Phi-4-mini's is, which the converter needs.
 * `tiny-smollm3`: `SmolLM3ForCausalLM`, float32, 4 layers (the fourth without RoPE, as
   `no_rope_layers` says), GQA 4/2, tied embeddings; Llama's layout, so the converter
   permutes Q/K rows for interleaved RoPE.
@@ -40,6 +46,8 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
     SmolLM3Config,
@@ -85,6 +93,35 @@ def qwen3(out: Path) -> None:
     )
     model = Qwen3ForCausalLM(config)
     randomise(model, 3)
+    model.save_pretrained(out)
+
+
+def phi3(out: Path) -> None:
+    config = Phi3Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        original_max_position_embeddings=8,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10_000.0,
+            "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.3, 2.1, 3.4],
+            "long_factor": [1.1, 2.5, 6.0, 12.0],
+            "original_max_position_embeddings": 8,
+        },
+        tie_word_embeddings=True,
+        bos_token_id=384,
+        eos_token_id=386,
+        pad_token_id=384,
+    )
+    model = Phi3ForCausalLM(config)
+    randomise(model, 7)
     model.save_pretrained(out)
 
 
@@ -161,13 +198,17 @@ def main(root: Path, converter: Path) -> None:
         {"text": p["text"], "ids": p["ids"]}
         for p in json.loads((source / "reference.json").read_text())["prompts"]
     ]
-    for name, make in [("tiny-qwen3", qwen3), ("tiny-smollm3", smollm3)]:
+    for name, make in [("tiny-qwen3", qwen3), ("tiny-smollm3", smollm3), ("tiny-phi3", phi3)]:
         out = root / name
         if out.exists():
             shutil.rmtree(out)
         make(out)
         for file in ["tokenizer.json", "tokenizer_config.json"]:
             shutil.copy(source / file, out / file)
+        if name == "tiny-phi3":
+            config = json.loads((out / "tokenizer_config.json").read_text())
+            config["tokenizer_class"] = "GPT2Tokenizer"
+            (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         body = reference(out, prompts)
         (out / "reference.json").write_text(json.dumps(body) + "\n")
         convert(out, converter)

@@ -296,8 +296,8 @@ fn bad_input_gives_one_line_errors() {
         ),
         (
             "llama.rope.scaling.type",
-            pyramid_gguf::Value::String("longrope".into()),
-            "RoPE scaling 'longrope' (rope.scaling.type) is not implemented",
+            pyramid_gguf::Value::String("dynamic".into()),
+            "RoPE scaling 'dynamic' (rope.scaling.type) is not implemented",
         ),
         (
             "llama.rope.scaling.type",
@@ -1056,7 +1056,7 @@ fn hf_fixture(name: &str) -> String {
 #[test]
 fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
     let f = Fixture::new();
-    for name in ["tiny-qwen3", "tiny-smollm3"] {
+    for name in ["tiny-qwen3", "tiny-smollm3", "tiny-phi3"] {
         let dir = hf_fixture(name);
         let reference: Value = serde_json::from_str(
             &std::fs::read_to_string(Path::new(&dir).join("reference.json")).unwrap(),
@@ -1093,6 +1093,7 @@ fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
             assert_ok(&out);
             let shown = match name {
                 "tiny-qwen3" => "rope scaled: 16 frequencies divided by 1..4",
+                "tiny-phi3" => "rope rotates 8 of 16 dims per head",
                 _ => "layers without rope: [3]",
             };
             assert!(stdout(&out).contains(shown), "{model}: {}", stdout(&out));

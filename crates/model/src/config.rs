@@ -8,6 +8,9 @@ use crate::{ModelError, Pooling, Result};
 
 /// The tensor of per-frequency RoPE factors Llama 3.x GGUF files carry.
 const LLAMA3_ROPE_FACTORS: &str = "rope_freqs.weight";
+/// LongRoPE's factors, as llama.cpp's converter stores them (Phi-3.5, Phi-4-mini).
+const LONGROPE_LONG: &str = "rope_factors_long.weight";
+const LONGROPE_SHORT: &str = "rope_factors_short.weight";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
@@ -21,6 +24,9 @@ pub enum Architecture {
     Qwen3,
     /// SmolLM3: Llama's layout, with no RoPE in every fourth layer (NoPE).
     SmolLM3,
+    /// Phi-3.5 and Phi-4-mini: fused Q/K/V and gate/up projections, RoPE on part of each
+    /// head, LongRoPE.
+    Phi3,
 }
 
 /// llama.cpp's SmolLM3: the layers `l` with `(l + 1) % 4 == 0` apply no RoPE.
@@ -34,6 +40,7 @@ impl Architecture {
             "gemma3" => Ok(Self::Gemma3),
             "qwen3" => Ok(Self::Qwen3),
             "smollm3" => Ok(Self::SmolLM3),
+            "phi3" => Ok(Self::Phi3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -45,6 +52,7 @@ impl Architecture {
             Self::Gemma3 => "gemma3",
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
+            Self::Phi3 => "phi3",
         }
     }
 
@@ -53,7 +61,7 @@ impl Architecture {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Self::Llama | Self::SmolLM3 => RopeStyle::Interleaved,
-            Self::Qwen2 | Self::Gemma3 | Self::Qwen3 => RopeStyle::Neox,
+            Self::Qwen2 | Self::Gemma3 | Self::Qwen3 | Self::Phi3 => RopeStyle::Neox,
         }
     }
 }
@@ -109,6 +117,9 @@ pub struct ModelConfig {
     /// Llama 3 RoPE scaling: each frequency is divided by its factor (`rope_freqs.weight`,
     /// one per rotated pair).
     pub rope_factors: Option<Vec<f32>>,
+    /// What cos and sin are multiplied by (YaRN's and LongRoPE's attention factor): the
+    /// rotated dims of queries and keys grow by it. 1 without such scaling.
+    pub rope_scale: f32,
     /// How an embedding model pools its hidden states (GGUF's `pooling_type`,
     /// sentence-transformers' `1_Pooling`); `None` for a generative model.
     pub pooling: Option<Pooling>,
@@ -117,7 +128,8 @@ pub struct ModelConfig {
 }
 
 /// The RoPE scaling a GGUF file names (`{arch}.rope.scaling.*`, as llama.cpp's converter
-/// writes them): none, linear or YaRN; any other is refused, never run wrong.
+/// writes them): none, linear or YaRN (LongRoPE comes with its factor tensors); any other
+/// is refused, never run wrong.
 fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>> {
     let f32_key = |name: &str| md.opt(&key(name), |m, k| m.get_f32(k));
     let Some(kind) = md.opt(&key("rope.scaling.type"), |m, k| {
@@ -132,7 +144,8 @@ fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<Ro
         })
     };
     let scaling = match kind.as_str() {
-        "none" => return Ok(None),
+        // LongRoPE's factors are tensors, read with the file's (`ModelConfig::from_gguf`).
+        "none" | "longrope" => return Ok(None),
         "linear" => RopeScaling::Linear { factor: factor()? },
         "yarn" => {
             if f32_key("rope.scaling.yarn_ext_factor")?.is_some_and(|f| f != 1.0) {
@@ -196,6 +209,16 @@ impl ModelConfig {
             .opt(&key("rope.dimension_count"), |m, k| m.get_usize(k))?
             .unwrap_or(head_dim);
         let scaling = rope_scaling(md, &key)?;
+        if let Some(w) = md
+            .opt(&key("attention.sliding_window"), |m, k| m.get_usize(k))?
+            .filter(|&w| w > 0 && arch != Architecture::Gemma3)
+        {
+            if w < md.get_usize(&key("context_length"))? {
+                return Err(ModelError::BadConfig(format!(
+                    "a sliding window of {w} on a {arch_name} model is not implemented"
+                )));
+            }
+        }
         let sliding_window = match arch {
             Architecture::Gemma3 => Some(SlidingWindow {
                 size: md.get_usize(&key("attention.sliding_window"))?,
@@ -247,6 +270,7 @@ impl ModelConfig {
             activation,
             sliding_window,
             rope_factors: None,
+            rope_scale: 1.0,
             pooling: md
                 .opt(&key("pooling_type"), |m, k| m.get_usize(k))?
                 .map(|v| Pooling::from_gguf(u32::try_from(v).unwrap_or(u32::MAX)))
@@ -261,8 +285,8 @@ impl ModelConfig {
         };
         cfg.validate()?;
         if let Some(scaling) = scaling {
-            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base));
-            cfg.attention_scale *= scaling.score_scale();
+            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base)?);
+            cfg.rope_scale = scaling.attention_factor();
         }
         Ok(cfg)
     }
@@ -306,6 +330,39 @@ impl ModelConfig {
                 )));
             }
             cfg.rope_factors = Some(factors);
+        }
+        if file.tensor_info(LONGROPE_LONG).is_ok() || file.tensor_info(LONGROPE_SHORT).is_ok() {
+            let md = file.metadata();
+            let key = |k: &str| format!("{}.{k}", cfg.arch.name());
+            let original = md
+                .opt(&key("rope.scaling.original_context_length"), |m, k| {
+                    m.get_usize(k)
+                })?
+                .ok_or_else(|| {
+                    ModelError::BadConfig(
+                        "LongRoPE needs rope.scaling.original_context_length".to_string(),
+                    )
+                })?;
+            let scaling = RopeScaling::LongRope {
+                short: file.tensor_f32(LONGROPE_SHORT)?,
+                long: file.tensor_f32(LONGROPE_LONG)?,
+                original_context: original as f32,
+                context: cfg.n_ctx_train as f32,
+                attention_factor: md.opt(&key("rope.scaling.attn_factor"), |m, k| m.get_f32(k))?,
+            }
+            .checked()?;
+            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base)?);
+            cfg.rope_scale = scaling.attention_factor();
+        } else if file
+            .metadata()
+            .opt(&format!("{}.rope.scaling.type", cfg.arch.name()), |m, k| {
+                m.get_str(k).map(|t| t == "longrope")
+            })?
+            == Some(true)
+        {
+            return Err(ModelError::BadConfig(format!(
+                "LongRoPE without its factors ({LONGROPE_LONG}, {LONGROPE_SHORT})"
+            )));
         }
         if n_blocks != cfg.n_layer {
             return Err(ModelError::BadConfig(format!(

@@ -7,7 +7,7 @@ pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
     #[error(
-        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, smollm3, gemma3)"
+        "unsupported model architecture '{0}' (supported: llama, qwen2, qwen3, smollm3, phi3, gemma3)"
     )]
     UnsupportedArchitecture(String),
     /// A Hugging Face checkpoint directory or one of its files is unusable.

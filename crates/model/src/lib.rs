@@ -3,7 +3,7 @@
 //!
 //! - [`Checkpoint`]: a GGUF file or a Hugging Face directory (`config.json`,
 //!   `*.safetensors`), both offering GGUF's tensors ([`TensorSource`]).
-//! - [`ModelConfig`]: hyper-parameters (Llama, Qwen2, Qwen3, SmolLM3 and Gemma 3 families).
+//! - [`ModelConfig`]: hyper-parameters (Llama, Qwen2, Qwen3, SmolLM3, Phi-3 and Gemma 3 families).
 //! - [`ModelWeights`]: typed per-layer weights, dequantised to f32 at load.
 //! - [`Model::forward`]: prefill (many tokens in matrix form) and decode (one token) share
 //!   one readable code path; every fast path will be checked against it.

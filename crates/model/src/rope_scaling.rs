@@ -1,13 +1,15 @@
 //! RoPE scaling for contexts beyond the trained one, as per-frequency divisors of the
 //! inverse frequencies (what every backend rotates by: see
-//! [`crate::ModelConfig::rope_frequencies`]) and a factor on the attention scores.
+//! [`crate::ModelConfig::rope_frequencies`]) and a factor on cos and sin
+//! ([`crate::ModelConfig::rope_scale`]), which scales the rotated dims of queries and keys
+//! (all of them, unless the rotation is partial).
 //!
 //! - Linear (position interpolation): every frequency divided by `factor`.
 //! - YaRN, as transformers computes it: frequencies that turn fewer than `beta_slow`
 //!   times over the original context are interpolated (divided by `factor`), those that
 //!   turn more than `beta_fast` times are kept, and a linear ramp blends the ones
 //!   between; cos and sin are multiplied by the attention factor (`0.1 ln(factor) + 1`
-//!   unless given), which scales every score by its square.
+//!   unless given).
 //! - Llama 3: high frequencies kept, low ones divided by `factor`, those between smoothed
 //!   (what llama.cpp's converter stores as `rope_freqs`).
 
@@ -41,6 +43,17 @@ pub(crate) enum RopeScaling {
         high_freq_factor: f32,
         original_context: f32,
     },
+    /// LongRoPE (Phi-3.5, Phi-4-mini): the long factors for a model whose context is
+    /// beyond the original one (as llama.cpp chooses them for such a context; transformers
+    /// uses the short ones while a sequence is within the original length), cos and sin
+    /// times `sqrt(1 + ln(context / original) / ln(original))` unless given.
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original_context: f32,
+        context: f32,
+        attention_factor: Option<f32>,
+    },
 }
 
 impl RopeScaling {
@@ -66,6 +79,28 @@ impl RopeScaling {
                     positive("attention factor", a)?;
                 }
             }
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_context,
+                context,
+                attention_factor,
+            } => {
+                positive("original context", *original_context)?;
+                positive("context", *context)?;
+                if let Some(a) = attention_factor {
+                    positive("attention factor", *a)?;
+                }
+                if let Some(f) = short
+                    .iter()
+                    .chain(long)
+                    .find(|f| !(f.is_finite() && **f > 0.0))
+                {
+                    return Err(bad(format!(
+                        "LongRoPE factor {f} must be a positive number"
+                    )));
+                }
+            }
             RopeScaling::Llama3 {
                 factor,
                 low_freq_factor,
@@ -88,9 +123,29 @@ impl RopeScaling {
     }
 
     /// The divisor of each of the `n_rot / 2` inverse frequencies `theta^(-2i/n_rot)`.
-    pub fn divisors(&self, n_rot: usize, theta: f32) -> Vec<f32> {
+    pub fn divisors(&self, n_rot: usize, theta: f32) -> Result<Vec<f32>> {
         let n_pairs = n_rot / 2;
-        match self {
+        Ok(match self {
+            RopeScaling::LongRope {
+                short,
+                long,
+                original_context,
+                context,
+                ..
+            } => {
+                let chosen = if context > original_context {
+                    long
+                } else {
+                    short
+                };
+                if chosen.len() != n_pairs {
+                    return Err(bad(format!(
+                        "LongRoPE has {} factors for {n_pairs} rotated pairs",
+                        chosen.len()
+                    )));
+                }
+                chosen.clone()
+            }
             RopeScaling::Linear { factor } => vec![*factor; n_pairs],
             RopeScaling::Yarn(y) => {
                 let dim = n_rot as f64;
@@ -138,23 +193,36 @@ impl RopeScaling {
                     })
                     .collect()
             }
-        }
+        })
     }
 
-    /// What attention scores are multiplied by besides `1 / sqrt(head_dim)`.
-    pub fn score_scale(&self) -> f32 {
+    /// What cos and sin are multiplied by (transformers' `attention_scaling`): 1 unless
+    /// YaRN or LongRoPE.
+    pub fn attention_factor(&self) -> f32 {
         match self {
             RopeScaling::Linear { .. } | RopeScaling::Llama3 { .. } => 1.0,
-            RopeScaling::Yarn(y) => {
-                let a = y.attention_factor.unwrap_or_else(|| {
-                    if y.factor <= 1.0 {
+            RopeScaling::LongRope {
+                original_context,
+                context,
+                attention_factor,
+                ..
+            } => {
+                let factor = context / original_context;
+                attention_factor.unwrap_or_else(|| {
+                    if factor <= 1.0 {
                         1.0
                     } else {
-                        0.1 * y.factor.ln() + 1.0
+                        (1.0 + factor.ln() / original_context.ln()).sqrt()
                     }
-                });
-                a * a
+                })
             }
+            RopeScaling::Yarn(y) => y.attention_factor.unwrap_or_else(|| {
+                if y.factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * y.factor.ln() + 1.0
+                }
+            }),
         }
     }
 }
@@ -172,15 +240,17 @@ mod tests {
             beta_slow: 1.0,
             attention_factor: None,
         });
-        let d = yarn.divisors(128, 1_000_000.0);
+        let d = yarn.divisors(128, 1_000_000.0).unwrap();
         assert_eq!(d.len(), 64);
         assert_eq!(d[0], 1.0, "the fastest frequency is kept");
         assert_eq!(d[63], 4.0, "the slowest is interpolated");
         assert!(d.windows(2).all(|w| w[0] <= w[1]), "a ramp between");
         let a = 0.1 * 4f32.ln() + 1.0;
-        assert!((yarn.score_scale() - a * a).abs() < 1e-6);
+        assert!((yarn.attention_factor() - a).abs() < 1e-6);
         assert_eq!(
-            RopeScaling::Linear { factor: 2.0 }.divisors(8, 1e4),
+            RopeScaling::Linear { factor: 2.0 }
+                .divisors(8, 1e4)
+                .unwrap(),
             [2.0; 4]
         );
         assert!(RopeScaling::Linear { factor: 0.0 }.checked().is_err());

@@ -23,6 +23,22 @@ pub struct Matrix {
 }
 
 impl Matrix {
+    /// Consecutive blocks of rows, `rows[i]` each (a fused projection's parts).
+    fn split_rows(self, rows: &[usize]) -> Vec<Matrix> {
+        let mut at = 0;
+        rows.iter()
+            .map(|&n| {
+                let data = self.data[at * self.n_cols..(at + n) * self.n_cols].to_vec();
+                at += n;
+                Matrix {
+                    data,
+                    n_rows: n,
+                    n_cols: self.n_cols,
+                }
+            })
+            .collect()
+    }
+
     fn empty() -> Self {
         Self {
             data: Vec::new(),
@@ -249,18 +265,48 @@ pub(crate) fn load_layer(
         let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
         Ok(convert(m, precision, calibration, i, site))
     };
+    // Phi-3 fuses Q/K/V into one projection and gate/up into another: split by rows.
+    let fused = |t: &str, parts: &[usize], site| -> Result<Vec<Linear>> {
+        let m = streamed_matrix(file, &name(t), parts.iter().sum(), e)?;
+        Ok(m.split_rows(parts)
+            .into_iter()
+            .map(|m| convert(m, precision, calibration, i, site))
+            .collect())
+    };
+    let phi3 = cfg.arch == Architecture::Phi3;
+    let [wq, wk, wv]: [Linear; 3] = if phi3 {
+        fused("attn_qkv.weight", &[q, kv, kv], Site::AttnIn)?
+            .try_into()
+            .map_err(|_| ModelError::BadConfig("attn_qkv splits in three".to_string()))?
+    } else {
+        [
+            linear("attn_q.weight", q, e, Site::AttnIn)?,
+            linear("attn_k.weight", kv, e, Site::AttnIn)?,
+            linear("attn_v.weight", kv, e, Site::AttnIn)?,
+        ]
+    };
+    let [w_gate, w_up]: [Linear; 2] = if phi3 {
+        fused("ffn_up.weight", &[ff, ff], Site::FfnIn)?
+            .try_into()
+            .map_err(|_| ModelError::BadConfig("ffn_up splits in two".to_string()))?
+    } else {
+        [
+            linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
+            linear("ffn_up.weight", ff, e, Site::FfnIn)?,
+        ]
+    };
     Ok(LayerWeights {
         attn_norm: vector(file, &name("attn_norm.weight"), e)?,
-        wq: linear("attn_q.weight", q, e, Site::AttnIn)?,
-        wk: linear("attn_k.weight", kv, e, Site::AttnIn)?,
-        wv: linear("attn_v.weight", kv, e, Site::AttnIn)?,
+        wq,
+        wk,
+        wv,
         bq: bias("attn_q.bias", q)?,
         bk: bias("attn_k.bias", kv)?,
         bv: bias("attn_v.bias", kv)?,
         wo: linear("attn_output.weight", e, q, Site::AttnOut)?,
         ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
-        w_gate: linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
-        w_up: linear("ffn_up.weight", ff, e, Site::FfnIn)?,
+        w_gate,
+        w_up,
         w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
         q_norm: qk_norm("attn_q_norm.weight")?,
         k_norm: qk_norm("attn_k_norm.weight")?,

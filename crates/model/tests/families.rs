@@ -72,9 +72,9 @@ fn qwen3_reads_its_head_size_and_norms() {
     let c = &model.config;
     assert_eq!(c.arch, Architecture::Qwen3);
     assert_eq!((c.n_embd, c.n_head, c.head_dim), (64, 4, 32));
-    // YaRN (factor 4): scores scaled by its attention factor squared, frequencies divided.
-    let factor = 0.1 * 4f32.ln() + 1.0;
-    assert!((c.attention_scale - factor * factor / 32f32.sqrt()).abs() < 1e-6);
+    // YaRN (factor 4): cos and sin times its attention factor, frequencies divided.
+    assert_eq!(c.attention_scale, 1.0 / 32f32.sqrt());
+    assert!((c.rope_scale - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
     let divisors = c
         .rope_factors
         .as_ref()
@@ -92,5 +92,19 @@ fn smollm3_skips_rope_in_every_fourth_layer_in_both_forms() {
         assert_eq!(model.config.arch, Architecture::SmolLM3);
         assert_eq!(model.config.no_rope_layers, [3], "{}", path.display());
         assert!(model.config.layer_rotates(2) && !model.config.layer_rotates(3));
+    }
+}
+
+#[test]
+fn phi3_rotates_half_of_each_head_with_long_factors_in_both_forms() {
+    let dir = hf_fixture("tiny-phi3");
+    for path in [dir.clone(), dir.join("tiny-phi3.gguf")] {
+        let c = Model::load(&path).unwrap().config;
+        assert_eq!(c.arch, Architecture::Phi3);
+        assert_eq!((c.n_rot, c.head_dim), (8, 16), "{}", path.display());
+        // A context (256) beyond the original (8): the long factors.
+        assert_eq!(c.rope_factors.as_deref(), Some(&[1.1, 2.5, 6.0, 12.0][..]));
+        let factor = (1.0 + 32f32.ln() / 8f32.ln()).sqrt();
+        assert!((c.rope_scale - factor).abs() < 1e-5, "{}", c.rope_scale);
     }
 }

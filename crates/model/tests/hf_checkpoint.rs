@@ -240,10 +240,10 @@ fn a_broken_directory_is_an_error_naming_the_problem() {
             "tiny-llama",
             Box::new(|d| {
                 edit_config(d, |c| {
-                    c["rope_parameters"]["rope_type"] = "longrope".into();
+                    c["rope_parameters"]["rope_type"] = "dynamic".into();
                 })
             }),
-            "RoPE scaling 'longrope'",
+            "RoPE scaling 'dynamic'",
         ),
         (
             "tiny-gemma3",

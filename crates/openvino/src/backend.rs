@@ -265,6 +265,7 @@ impl OvBackend {
             executed_on,
             inv_freq: cfg.rope_frequencies(false),
             inv_freq_local: cfg.rope_frequencies(true),
+            rope_scale: cfg.rope_scale,
             state: Mutex::new(RunState {
                 request,
                 io,
@@ -433,6 +434,8 @@ pub struct OvExecutable {
     inv_freq: Vec<f32>,
     /// Sliding-window layers' frequencies (empty without such layers).
     inv_freq_local: Vec<f32>,
+    /// What cos and sin are multiplied by (see `ModelConfig::rope_scale`).
+    rope_scale: f32,
     state: Mutex<RunState>,
     /// Kept for as long as its request runs.
     _compiled: CompiledModel,
@@ -567,8 +570,8 @@ impl OvExecutable {
         let mut rope = |row: usize, pos: usize| {
             for (i, &f) in inv_freq.iter().enumerate() {
                 let (sin, cos) = (pos as f32 * f).sin_cos();
-                io.cos[row * half + i] = cos;
-                io.sin[row * half + i] = sin;
+                io.cos[row * half + i] = cos * self.rope_scale;
+                io.sin[row * half + i] = sin * self.rope_scale;
             }
         };
         // A viewed sequence's columns are its cache rows `first..first + block`, which

@@ -242,7 +242,8 @@ impl OvProbe {
                     for r in 0..rows {
                         for (i, f) in inv_freq.iter().enumerate() {
                             let (sin, cos) = (((past + r) as f32) * f).sin_cos();
-                            data[r * half + i] = if name == "rope_cos" { cos } else { sin };
+                            let value = if name == "rope_cos" { cos } else { sin };
+                            data[r * half + i] = value * cfg.rope_scale;
                         }
                     }
                 }

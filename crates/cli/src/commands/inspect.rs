@@ -104,9 +104,9 @@ fn print_config(c: &ModelConfig) {
             .iter()
             .fold((f32::INFINITY, 0f32), |(l, h), &f| (l.min(f), h.max(f)));
         println!(
-            "rope scaled: {} frequencies divided by {low}..{high}, attention scale {}",
+            "rope scaled: {} frequencies divided by {low}..{high}, cos and sin times {}",
             factors.len(),
-            c.attention_scale
+            c.rope_scale
         );
     }
     if !c.no_rope_layers.is_empty() {

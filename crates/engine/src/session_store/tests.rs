@@ -28,6 +28,7 @@ fn cfg(n_layer: usize, n_head_kv: usize, head_dim: usize) -> ModelConfig {
         activation: Activation::Silu,
         sliding_window: None,
         rope_factors: None,
+        rope_scale: 1.0,
         pooling: None,
         no_rope_layers: Vec::new(),
     }

@@ -162,8 +162,8 @@ impl Model {
                     rms_norm_in_place(k_r, kn, cfg.rms_eps);
                 }
                 if rotates {
-                    rope_in_place(q_r, hd, pos, inv_freq, style);
-                    rope_in_place(k_r, hd, pos, inv_freq, style);
+                    rope_in_place(q_r, hd, pos, inv_freq, style, cfg.rope_scale);
+                    rope_in_place(k_r, hd, pos, inv_freq, style, cfg.rope_scale);
                 }
             }
         }

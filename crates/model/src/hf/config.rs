@@ -62,9 +62,11 @@ fn bad(message: String) -> ModelError {
     ModelError::BadConfig(message)
 }
 
-/// A RoPE setting: its base and the scaling it was trained with, if any.
+/// A RoPE setting: its base, the part of each head it rotates, and the scaling it was
+/// trained with, if any.
 struct Rope {
     theta: f32,
+    rotary_fraction: f32,
     scaling: Option<RopeScaling>,
 }
 
@@ -76,13 +78,14 @@ fn architecture(json: &Json) -> Result<Architecture> {
         Some("gemma3_text") => Ok(Architecture::Gemma3),
         Some("qwen3") => Ok(Architecture::Qwen3),
         Some("smollm3") => Ok(Architecture::SmolLM3),
+        Some("phi3") => Ok(Architecture::Phi3),
         Some("gemma3") => Err(bad(
             "config.json is a multimodal Gemma 3 (model_type 'gemma3'); only the text model \
              (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
                 .to_string(),
         )),
         Some(other) => Err(bad(format!(
-            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, smollm3, gemma3_text)"
+            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, smollm3, phi3, gemma3_text)"
         ))),
         None => Err(bad("config.json has no 'model_type'".to_string())),
     }
@@ -114,15 +117,6 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
             )))
         }
     };
-    if json
-        .opt_f32("partial_rotary_factor")?
-        .is_some_and(|f| f != 1.0)
-    {
-        return Err(bad(
-            "partial_rotary_factor is not implemented: RoPE would rotate the wrong dims"
-                .to_string(),
-        ));
-    }
     refuse_unimplemented(&json, arch)?;
     let n_layer = json.usize("num_hidden_layers")?;
     let activation = match json
@@ -171,7 +165,8 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         head_dim,
         n_ff: json.usize("intermediate_size")?,
         n_ctx_train: json.usize("max_position_embeddings")?,
-        n_rot: head_dim,
+        // transformers rotates `int(head_dim * partial_rotary_factor)` dims.
+        n_rot: (head_dim as f32 * global_rope.rotary_fraction) as usize,
         rope_base: global_rope.theta,
         rms_eps: json
             .opt_f32("rms_norm_eps")?
@@ -181,14 +176,15 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         activation,
         sliding_window,
         rope_factors: None,
+        rope_scale: 1.0,
         pooling: None,
         no_rope_layers: no_rope_layers(&json, arch, n_layer)?,
     };
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;
     if let Some(scaling) = &global_rope.scaling {
-        cfg.rope_factors = Some(scaling.divisors(head_dim, global_rope.theta));
-        cfg.attention_scale *= scaling.score_scale();
+        cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, global_rope.theta)?);
+        cfg.rope_scale = scaling.attention_factor();
     }
     Ok(cfg)
 }
@@ -255,6 +251,16 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
     if json.flag("mlp_bias") {
         return Err(bad("mlp_bias is not implemented".to_string()));
     }
+    if arch == Architecture::Phi3 {
+        let window = json.opt_usize("sliding_window")?;
+        let max_positions = json.usize("max_position_embeddings")?;
+        if let Some(w) = window.filter(|&w| w < max_positions) {
+            return Err(bad(format!(
+                "Phi-3's sliding_window {w} (below max_position_embeddings {max_positions}) \
+                 is not implemented"
+            )));
+        }
+    }
     if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) && json.flag("use_sliding_window")
     {
         return Err(bad(format!(
@@ -268,7 +274,6 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
 /// The global (and, for Gemma 3, the sliding-window layers') RoPE settings.
 fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)> {
     let legacy_theta = json.opt_f32("rope_theta")?;
-    let max_positions = json.usize("max_position_embeddings")?;
     let local_theta = json.opt_f32("rope_local_base_freq")?.unwrap_or(10_000.0);
     let per_layer_type = json
         .get("rope_parameters")
@@ -277,30 +282,29 @@ fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)
     let (global, local) = if let Some((full, sliding)) = per_layer_type {
         let key = "rope_parameters.sliding_attention";
         let local = sliding
-            .map(|v| rope(v, key, Some(local_theta), max_positions))
+            .map(|v| rope(v, key, Some(local_theta), json))
             .transpose()?;
         (
-            rope(
-                full,
-                "rope_parameters.full_attention",
-                legacy_theta,
-                max_positions,
-            )?,
+            rope(full, "rope_parameters.full_attention", legacy_theta, json)?,
             local,
         )
     } else if let Some(p) = json.get("rope_parameters") {
-        (
-            rope(p, "rope_parameters", legacy_theta, max_positions)?,
-            None,
-        )
+        (rope(p, "rope_parameters", legacy_theta, json)?, None)
     } else {
-        let scaling = match json.get("rope_scaling") {
-            Some(s) => rope(s, "rope_scaling", legacy_theta, max_positions)?.scaling,
-            None => None,
-        };
-        let theta = legacy_theta.unwrap_or(10_000.0);
-        (Rope { theta, scaling }, None)
+        // `rope_scaling` (transformers 4.x) or nothing: the base is `rope_theta`.
+        let empty = Value::Object(Map::new());
+        let scaling = json.get("rope_scaling").unwrap_or(&empty);
+        let mut global = rope(scaling, "rope_scaling", legacy_theta, json)?;
+        global.theta = legacy_theta.unwrap_or(10_000.0);
+        (global, None)
     };
+    if global.rotary_fraction != 1.0 && arch != Architecture::Phi3 {
+        return Err(bad(format!(
+            "partial_rotary_factor on a {} model is not implemented: RoPE would rotate the \
+             wrong dims",
+            arch.name()
+        )));
+    }
     if matches!(global.scaling, Some(RopeScaling::Llama3 { .. })) && arch != Architecture::Llama {
         return Err(bad(format!(
             "llama3 RoPE scaling on a {} model is not implemented",
@@ -315,6 +319,7 @@ fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)
         }
         (Architecture::Gemma3, local) => Some(local.unwrap_or(Rope {
             theta: local_theta,
+            rotary_fraction: 1.0,
             scaling: None,
         })),
         (_, Some(_)) => {
@@ -335,21 +340,27 @@ fn rope_settings(json: &Json, arch: Architecture) -> Result<(Rope, Option<Rope>)
 }
 
 /// One RoPE parameter object: `{"rope_type": …, "rope_theta": …, …}`. The default, linear,
-/// YaRN and Llama 3's scaling are implemented; anything else is refused. `max_positions`
-/// (`max_position_embeddings`) is YaRN's original context when it names none.
-fn rope(value: &Value, key: &str, legacy_theta: Option<f32>, max_positions: usize) -> Result<Rope> {
+/// YaRN, LongRoPE and Llama 3's scaling are implemented; anything else is refused. `top`
+/// is the whole `config.json`, for the settings older files keep there
+/// (`partial_rotary_factor`, `original_max_position_embeddings`).
+fn rope(value: &Value, key: &str, legacy_theta: Option<f32>, top: &Json) -> Result<Rope> {
     let map = value
         .as_object()
         .ok_or_else(|| bad(format!("config.json '{key}' is not an object")))?;
     let params = Json(map);
-    if params
+    let rotary_fraction = params
         .opt_f32("partial_rotary_factor")?
-        .is_some_and(|f| f != 1.0)
-    {
+        .or(top.opt_f32("partial_rotary_factor")?)
+        .unwrap_or(1.0);
+    if !(rotary_fraction > 0.0 && rotary_fraction <= 1.0) {
         return Err(bad(format!(
-            "{key}.partial_rotary_factor is not implemented: RoPE would rotate the wrong dims"
+            "partial_rotary_factor {rotary_fraction} must be in (0, 1]"
         )));
     }
+    let max_positions = top.usize("max_position_embeddings")?;
+    let original = params
+        .opt_usize("original_max_position_embeddings")?
+        .or(top.opt_usize("original_max_position_embeddings")?);
     let kind = params
         .opt_str("rope_type")?
         .or(params.opt_str("type")?)
@@ -379,13 +390,46 @@ fn rope(value: &Value, key: &str, legacy_theta: Option<f32>, max_positions: usiz
             }
             Some(RopeScaling::Yarn(Yarn {
                 factor: need("factor")?,
-                original_context: params
-                    .opt_f32("original_max_position_embeddings")?
-                    .unwrap_or(max_positions as f32),
+                original_context: original.unwrap_or(max_positions) as f32,
                 beta_fast: params.opt_f32("beta_fast")?.unwrap_or(32.0),
                 beta_slow: params.opt_f32("beta_slow")?.unwrap_or(1.0),
                 attention_factor: params.opt_f32("attention_factor")?,
             }))
+        }
+        "longrope" | "su" => {
+            let factors = |name: &str| {
+                params
+                    .get(name)
+                    .and_then(Value::as_array)
+                    .and_then(|a| {
+                        a.iter()
+                            .map(|v| v.as_f64().map(|x| x as f32))
+                            .collect::<Option<Vec<f32>>>()
+                    })
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "LongRoPE ({key}) needs '{name}', a list of numbers"
+                        ))
+                    })
+            };
+            let original = original.ok_or_else(|| {
+                bad("LongRoPE needs original_max_position_embeddings".to_string())
+            })?;
+            // transformers takes the attention factor from `factor` when one is given.
+            let factor = params.opt_f32("factor")?;
+            let attention_factor = match (params.opt_f32("attention_factor")?, factor) {
+                (Some(a), _) => Some(a),
+                (None, Some(f)) if f > 1.0 => Some((1.0 + f.ln() / (original as f32).ln()).sqrt()),
+                (None, Some(_)) => Some(1.0),
+                (None, None) => None,
+            };
+            Some(RopeScaling::LongRope {
+                short: factors("short_factor")?,
+                long: factors("long_factor")?,
+                original_context: original as f32,
+                context: max_positions as f32,
+                attention_factor,
+            })
         }
         "llama3" => Some(RopeScaling::Llama3 {
             factor: need("factor")?,
@@ -402,6 +446,7 @@ fn rope(value: &Value, key: &str, legacy_theta: Option<f32>, max_positions: usiz
     };
     Ok(Rope {
         theta,
+        rotary_fraction,
         scaling: scaling.map(RopeScaling::checked).transpose()?,
     })
 }
@@ -529,9 +574,9 @@ mod tests {
         assert!(err.contains("llama3 RoPE scaling on a qwen2"), "{err}");
 
         let mut c = fixture_config("tiny-gemma3");
-        c["rope_parameters"]["full_attention"] = json!({"rope_type": "longrope", "factor": 8.0});
+        c["rope_parameters"]["full_attention"] = json!({"rope_type": "dynamic", "factor": 8.0});
         let err = model_config(&c, "m").unwrap_err().to_string();
-        assert!(err.contains("'longrope'"), "{err}");
+        assert!(err.contains("'dynamic'"), "{err}");
 
         let mut c = fixture_config("tiny-qwen3");
         c["rope_parameters"]["factor"] = json!(0.0);

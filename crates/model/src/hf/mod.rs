@@ -300,6 +300,7 @@ fn ignored(hf_name: &str, tied: bool) -> bool {
 fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Transform)> {
     let gemma = cfg.arch == Architecture::Gemma3;
     let qwen3 = cfg.arch == Architecture::Qwen3;
+    let phi3 = cfg.arch == Architecture::Phi3;
     let norm = if gemma {
         Transform::AddOne
     } else {
@@ -331,6 +332,9 @@ fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Tr
         "self_attn.q_proj.weight" => ("attn_q.weight", rope(cfg.n_head)),
         "self_attn.k_proj.weight" => ("attn_k.weight", rope(cfg.n_head_kv)),
         "self_attn.v_proj.weight" => ("attn_v.weight", Transform::None),
+        // Phi-3's fused projections keep their GGUF names (split when the layer loads).
+        "self_attn.qkv_proj.weight" if phi3 => ("attn_qkv.weight", Transform::None),
+        "mlp.gate_up_proj.weight" if phi3 => ("ffn_up.weight", Transform::None),
         "self_attn.o_proj.weight" => ("attn_output.weight", Transform::None),
         "self_attn.q_proj.bias" => ("attn_q.bias", rope(cfg.n_head)),
         "self_attn.k_proj.bias" => ("attn_k.bias", rope(cfg.n_head_kv)),

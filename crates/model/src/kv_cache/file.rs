@@ -244,6 +244,7 @@ mod kv_file_tests {
             activation: Activation::Silu,
             sliding_window: None,
             rope_factors: None,
+            rope_scale: 1.0,
             pooling: None,
             no_rope_layers: Vec::new(),
         }
