@@ -56,6 +56,24 @@ from transformers import (
 
 GREEDY = 12
 
+# What every fixture shares: the shape (but layers and head size), the tokenizer's ids.
+SHAPE = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=384,
+    eos_token_id=386,
+    pad_token_id=384,
+)
+
+
+def save(model: torch.nn.Module, seed: int, out: Path) -> None:
+    randomise(model, seed)
+    model.save_pretrained(out)
+
 
 def randomise(model: torch.nn.Module, seed: int) -> None:
     """Weights from a fixed generator: norms around 1, the rest around 0."""
@@ -71,14 +89,9 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
 
 def qwen3(out: Path) -> None:
     config = Qwen3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=96,
+        **SHAPE,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=32,
-        max_position_embeddings=256,
         rms_norm_eps=1e-6,
         rope_parameters={
             "rope_type": "yarn",
@@ -87,24 +100,14 @@ def qwen3(out: Path) -> None:
             "original_max_position_embeddings": 16,
         },
         tie_word_embeddings=False,
-        bos_token_id=384,
-        eos_token_id=386,
-        pad_token_id=384,
     )
-    model = Qwen3ForCausalLM(config)
-    randomise(model, 3)
-    model.save_pretrained(out)
+    save(Qwen3ForCausalLM(config), 3, out)
 
 
 def phi3(out: Path) -> None:
     config = Phi3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=96,
+        **SHAPE,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
         original_max_position_embeddings=8,
         rms_norm_eps=1e-5,
         rope_parameters={
@@ -116,33 +119,18 @@ def phi3(out: Path) -> None:
             "original_max_position_embeddings": 8,
         },
         tie_word_embeddings=True,
-        bos_token_id=384,
-        eos_token_id=386,
-        pad_token_id=384,
     )
-    model = Phi3ForCausalLM(config)
-    randomise(model, 7)
-    model.save_pretrained(out)
+    save(Phi3ForCausalLM(config), 7, out)
 
 
 def smollm3(out: Path) -> None:
     config = SmolLM3Config(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=96,
+        **SHAPE,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
         rms_norm_eps=1e-6,
         rope_theta=2_000_000.0,
-        bos_token_id=384,
-        eos_token_id=386,
-        pad_token_id=384,
     )
-    model = SmolLM3ForCausalLM(config)
-    randomise(model, 5)
-    model.save_pretrained(out)
+    save(SmolLM3ForCausalLM(config), 5, out)
 
 
 def reference(out: Path, prompts: list[dict]) -> dict:

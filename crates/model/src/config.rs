@@ -153,18 +153,9 @@ fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<Ro
                     "YaRN's yarn_ext_factor other than 1 is not implemented".to_string(),
                 ));
             }
-            let original = md
-                .opt(&key("rope.scaling.original_context_length"), |m, k| {
-                    m.get_usize(k)
-                })?
-                .ok_or_else(|| {
-                    ModelError::BadConfig(
-                        "YaRN needs rope.scaling.original_context_length".to_string(),
-                    )
-                })?;
             RopeScaling::Yarn(Yarn {
                 factor: factor()?,
-                original_context: original as f32,
+                original_context: original_context(md, key, "YaRN")?,
                 beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                 beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                 attention_factor: f32_key("rope.scaling.yarn_attn_factor")?,
@@ -180,7 +171,26 @@ fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<Ro
     scaling.checked().map(Some)
 }
 
+/// The context a scaled RoPE was trained for (`rope.scaling.original_context_length`),
+/// which `what` needs.
+fn original_context(md: &Metadata, key: &dyn Fn(&str) -> String, what: &str) -> Result<f32> {
+    let original = md.opt(&key("rope.scaling.original_context_length"), |m, k| {
+        m.get_usize(k)
+    })?;
+    original.map(|n| n as f32).ok_or_else(|| {
+        ModelError::BadConfig(format!("{what} needs rope.scaling.original_context_length"))
+    })
+}
+
 impl ModelConfig {
+    /// Takes on `scaling`: RoPE's frequencies divided as it says (over `n_rot` and
+    /// `rope_base`, set before) and cos and sin multiplied by its attention factor.
+    pub(crate) fn apply_rope_scaling(&mut self, scaling: &RopeScaling) -> Result<()> {
+        self.rope_factors = Some(scaling.divisors(self.n_rot, self.rope_base)?);
+        self.rope_scale = scaling.attention_factor();
+        Ok(())
+    }
+
     /// Reads the hyper-parameters; `n_vocab` comes from the token list (or embedding
     /// rows, checked against it when weights load).
     pub fn from_metadata(md: &Metadata) -> Result<Self> {
@@ -285,8 +295,7 @@ impl ModelConfig {
         };
         cfg.validate()?;
         if let Some(scaling) = scaling {
-            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base)?);
-            cfg.rope_scale = scaling.attention_factor();
+            cfg.apply_rope_scaling(&scaling)?;
         }
         Ok(cfg)
     }
@@ -334,25 +343,15 @@ impl ModelConfig {
         if file.tensor_info(LONGROPE_LONG).is_ok() || file.tensor_info(LONGROPE_SHORT).is_ok() {
             let md = file.metadata();
             let key = |k: &str| format!("{}.{k}", cfg.arch.name());
-            let original = md
-                .opt(&key("rope.scaling.original_context_length"), |m, k| {
-                    m.get_usize(k)
-                })?
-                .ok_or_else(|| {
-                    ModelError::BadConfig(
-                        "LongRoPE needs rope.scaling.original_context_length".to_string(),
-                    )
-                })?;
             let scaling = RopeScaling::LongRope {
                 short: file.tensor_f32(LONGROPE_SHORT)?,
                 long: file.tensor_f32(LONGROPE_LONG)?,
-                original_context: original as f32,
+                original_context: original_context(md, &key, "LongRoPE")?,
                 context: cfg.n_ctx_train as f32,
                 attention_factor: md.opt(&key("rope.scaling.attn_factor"), |m, k| m.get_f32(k))?,
             }
             .checked()?;
-            cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, cfg.rope_base)?);
-            cfg.rope_scale = scaling.attention_factor();
+            cfg.apply_rope_scaling(&scaling)?;
         } else if file
             .metadata()
             .opt(&format!("{}.rope.scaling.type", cfg.arch.name()), |m, k| {

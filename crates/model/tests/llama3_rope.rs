@@ -48,14 +48,7 @@ fn llama3_rope_scaling_matches_transformers() {
             LogitsFor::All,
         )
         .unwrap();
-    let n_vocab = model.config.n_vocab;
-    let mut worst = 0.0f64;
-    for (pos, want) in reference["logits"].as_array().unwrap().iter().enumerate() {
-        for (i, w) in want.as_array().unwrap().iter().enumerate() {
-            let got = f64::from(logits[pos * n_vocab + i]);
-            worst = worst.max((got - w.as_f64().unwrap()).abs());
-        }
-    }
+    let worst = pyramid_testdata::worst_logit_gap(&logits, &reference["logits"]);
     // Both sides are f32 with different summation orders; the fixture's logits are rounded
     // to 1e-6.
     assert!(

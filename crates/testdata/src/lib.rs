@@ -67,6 +67,26 @@ pub fn hf_reference(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The largest difference between `logits` (`[positions, n_vocab]`, row after row) and
+/// a reference's `[[f32; n_vocab]; positions]` JSON array of them.
+pub fn worst_logit_gap(logits: &[f32], reference: &Value) -> f64 {
+    let rows = reference.as_array().expect("logits are an array of rows");
+    let n_vocab = rows.first().and_then(Value::as_array).map_or(0, Vec::len);
+    let mut worst = 0.0f64;
+    for (pos, want) in rows.iter().enumerate() {
+        for (i, w) in want
+            .as_array()
+            .expect("a row is an array")
+            .iter()
+            .enumerate()
+        {
+            let got = f64::from(logits[pos * n_vocab + i]);
+            worst = worst.max((got - w.as_f64().expect("a logit is a number")).abs());
+        }
+    }
+    worst
+}
+
 /// A JSON array of token ids.
 pub fn ids(value: &Value) -> Vec<u32> {
     value

@@ -305,26 +305,17 @@ impl Model {
         // its own split of the logit rows and of the pooled rows (a pooled row is never a
         // logit row), and nothing reads `h` again in this pass.
         unsafe {
-            for &r in &pass.pooled_rows[team.split(pass.pooled_rows.len(), 1)] {
+            // Row `r`'s last residual, then the final norm into `out`.
+            let final_norm = |r: usize, out: &mut [f32]| {
                 let x = b.x.range_mut(r * e..(r + 1) * e);
                 add_in_place(x, b.o.range(r * e..(r + 1) * e));
-                rms_norm(
-                    b.h.range_mut(r * e..(r + 1) * e),
-                    x,
-                    &w.output_norm,
-                    cfg.rms_eps,
-                );
+                rms_norm(out, x, &w.output_norm, cfg.rms_eps);
+            };
+            for &r in &pass.pooled_rows[team.split(pass.pooled_rows.len(), 1)] {
+                final_norm(r, b.h.range_mut(r * e..(r + 1) * e));
             }
             for i in my_logit_rows.clone() {
-                let r = pass.logit_rows[i];
-                let x = b.x.range_mut(r * e..(r + 1) * e);
-                add_in_place(x, b.o.range(r * e..(r + 1) * e));
-                rms_norm(
-                    b.normed.range_mut(i * e..(i + 1) * e),
-                    x,
-                    &w.output_norm,
-                    cfg.rms_eps,
-                );
+                final_norm(pass.logit_rows[i], b.normed.range_mut(i * e..(i + 1) * e));
             }
             let mine = b
                 .normed

@@ -183,8 +183,7 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;
     if let Some(scaling) = &global_rope.scaling {
-        cfg.rope_factors = Some(scaling.divisors(cfg.n_rot, global_rope.theta)?);
-        cfg.rope_scale = scaling.attention_factor();
+        cfg.apply_rope_scaling(scaling)?;
     }
     Ok(cfg)
 }

@@ -11,8 +11,7 @@ use axum::{Extension, Json};
 use pyramid_tokenizer::TokenizerError;
 
 use super::auth::KeyPriority;
-use super::prepare::read_body;
-use super::{header_priority, AppState, EmbeddingSetup};
+use super::{header_priority, on_blocking_thread, AppState, EmbeddingSetup};
 use crate::embeddings::{self, EmbeddingRequest, Input};
 use crate::error::ApiError;
 use crate::outbox::outbox;
@@ -39,20 +38,12 @@ async fn create(
         .embedding
         .ok_or_else(|| ApiError::invalid_request("this server was started without embeddings"))?;
     let header_priority = header_priority(headers)?;
-    let body = read_body(&state.limits, body).await?;
-    let permit = Arc::clone(&state.tokenizing)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
-    let task_state = Arc::clone(&state);
-    let (request, prompts) = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let mut request = embeddings::parse(&body, task_state.engine.max_queue())?;
-        let prompts = tokenize(&task_state, &setup, &mut request)?;
-        Ok::<_, ApiError>((request, prompts))
+    let (request, prompts) = on_blocking_thread(&state, body, move |state, body| {
+        let mut request = embeddings::parse(body, state.engine.max_queue())?;
+        let prompts = tokenize(state, &setup, &mut request)?;
+        Ok((request, prompts))
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
+    .await?;
     let priority = key.apply(request.priority.or(header_priority));
     // Every input is queued before any is read, so the engine batches them; dropping
     // the receivers (an error below, or a client gone) aborts the rest.

@@ -11,8 +11,8 @@ use axum::{Extension, Json};
 use serde_json::{json, Value};
 
 use super::auth::KeyPriority;
-use super::prepare::{read_body, tokenize};
-use super::{submit, AppState, Submitted};
+use super::prepare::tokenize;
+use super::{on_blocking_thread, submit, AppState, Submitted};
 use crate::anthropic::reply::{self, MessageReply};
 use crate::anthropic::request::{parse, Purpose};
 use crate::error::ApiError;
@@ -59,31 +59,20 @@ pub(super) async fn count_tokens(
     State(state): State<Arc<AppState>>,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    let body = read_body(&state.limits, body).await?;
     // Rendering and tokenising are CPU work: off the async workers, as for generation.
-    let permit = Arc::clone(&state.tokenizing)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
-    let task_state = Arc::clone(&state);
-    let n = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let request = parse(&body, Purpose::CountTokens, task_state.limits.max_tools)?;
-        if request.model != task_state.model_id {
-            return Err(ApiError::model_not_found(
-                &request.model,
-                &task_state.model_id,
-            ));
+    let n: usize = on_blocking_thread(&state, body, |state, body| {
+        let request = parse(body, Purpose::CountTokens, state.limits.max_tools)?;
+        if request.model != state.model_id {
+            return Err(ApiError::model_not_found(&request.model, &state.model_id));
         }
         let (ids, _) = tokenize(
-            &task_state,
+            state,
             &request.prompt,
             request.tools.as_ref(),
             &request.extensions.template_kwargs,
         )?;
-        Ok::<_, ApiError>(ids.len())
+        Ok(ids.len())
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("counting tokens failed: {e}")))??;
+    .await?;
     Ok(Json(json!({"input_tokens": n})))
 }

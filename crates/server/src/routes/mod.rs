@@ -201,12 +201,32 @@ pub(super) struct Submitted {
     pub(super) n_prompt: usize,
 }
 
-/// Reads `body` with `parse` (a protocol's reader) and submits the request. Parsing,
+/// Reads `body` within the limits and runs `work` on it on a blocking thread. Parsing,
 /// rendering, tokenising and compiling a grammar are CPU work that grows with the body:
 /// kept off the async workers, a few at a time. The blocking task holds its permit to
 /// the end, so a client that leaves frees its slot only once its work stops.
-/// `parse` may read more than the engine's request: what else it returns comes back
-/// beside the submission.
+pub(super) async fn on_blocking_thread<T: Send + 'static>(
+    state: &Arc<AppState>,
+    body: Body,
+    work: impl FnOnce(&AppState, &[u8]) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let body = read_body(&state.limits, body).await?;
+    let permit = Arc::clone(&state.tokenizing)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::shutting_down())?;
+    let task_state = Arc::clone(state);
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work(&task_state, &body)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))?
+}
+
+/// Reads `body` with `parse` (a protocol's reader) and submits the request, parsed and
+/// prepared on a blocking thread ([`on_blocking_thread`]). `parse` may read more than
+/// the engine's request: what else it returns comes back beside the submission.
 pub(super) async fn submit<T: Send + 'static>(
     state: &Arc<AppState>,
     key: KeyPriority,
@@ -220,12 +240,6 @@ pub(super) async fn submit<T: Send + 'static>(
         ));
     }
     let header_priority = header_priority(headers)?;
-    let body = read_body(&state.limits, body).await?;
-    let permit = Arc::clone(&state.tokenizing)
-        .acquire_owned()
-        .await
-        .map_err(|_| ApiError::shutting_down())?;
-    let task_state = Arc::clone(state);
     let (
         Prepared {
             request,
@@ -237,13 +251,11 @@ pub(super) async fn submit<T: Send + 'static>(
             speculation,
         },
         extra,
-    ) = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        let (request, extra) = parse(&body)?;
-        Ok::<_, ApiError>((prepare(&task_state, request, key, header_priority)?, extra))
+    ) = on_blocking_thread(state, body, move |state, body| {
+        let (request, extra) = parse(body)?;
+        Ok((prepare(state, request, key, header_priority)?, extra))
     })
-    .await
-    .map_err(|e| ApiError::internal(format!("preparing the request failed: {e}")))??;
+    .await?;
     let n_prompt = prompt.len();
     let single_call = request
         .tools
