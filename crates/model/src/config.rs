@@ -153,9 +153,11 @@ fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<Ro
                     "YaRN's yarn_ext_factor other than 1 is not implemented".to_string(),
                 ));
             }
+            // The original context is asked for first, as before the factor.
+            let original_context = original_context(md, key, "YaRN")?;
             RopeScaling::Yarn(Yarn {
                 factor: factor()?,
-                original_context: original_context(md, key, "YaRN")?,
+                original_context,
                 beta_fast: f32_key("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
                 beta_slow: f32_key("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
                 attention_factor: f32_key("rope.scaling.yarn_attn_factor")?,
