@@ -41,6 +41,12 @@ pub enum GgufError {
     },
     #[error("tensor '{0}' is missing")]
     MissingTensor(String),
+    #[error("part {split_idx} of {n_split} of this split model is missing: {path}")]
+    MissingSplit {
+        path: PathBuf,
+        split_idx: usize,
+        n_split: usize,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("cannot write GGUF file: {0}")]

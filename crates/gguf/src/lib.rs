@@ -5,12 +5,16 @@
 //!   or an unbounded allocation.
 //! - [`Metadata`] / [`Value`]: typed access to the key/value section.
 //! - [`GgmlType`] and [`quants`]: block layouts and dequantisation to f32.
-//! - [`GgufWriter`]: writes GGUF v3, used by tests to build tiny random-weight models.
+//! - [`GgufWriter`]: writes GGUF v3, used by tests to build tiny random-weight models,
+//!   whole or split.
+//! - [`split`]: models split over several files (`-00001-of-00003.gguf`), which
+//!   [`GgufFile::open`] joins into one.
 
 mod error;
 mod metadata;
 pub mod quants;
 mod reader;
+pub mod split;
 mod types;
 mod writer;
 

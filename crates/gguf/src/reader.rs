@@ -2,10 +2,12 @@
 //!
 //! Every length read from the file is checked against the bytes that remain before
 //! anything is allocated, so a corrupt or hostile file costs at most its own size.
+//! A model split by llama.cpp (`name-00001-of-00003.gguf`, ...) opens as one file from
+//! its first part: see [`crate::split`].
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
@@ -30,9 +32,11 @@ pub struct TensorInfo {
     pub name: String,
     pub dims: Vec<u64>,
     pub ggml_type: GgmlType,
-    /// Offset from the start of the data section.
+    /// Offset from the start of the data section of its part.
     pub offset: u64,
     pub n_bytes: u64,
+    /// Which part of a split model holds the data (0 for a file that is not split).
+    pub split_idx: usize,
 }
 
 impl TensorInfo {
@@ -55,15 +59,36 @@ impl Storage {
     }
 }
 
-/// An opened GGUF file: parsed header, metadata and tensor directory; tensor data stays
-/// in the mapping until asked for.
-pub struct GgufFile {
+/// One file's bytes and where its tensor data starts.
+pub(crate) struct Part {
     storage: Storage,
+    data_offset: u64,
+}
+
+/// What one file's header says.
+pub(crate) struct Header {
+    pub(crate) version: u32,
+    pub(crate) metadata: Metadata,
+    pub(crate) tensors: Vec<TensorInfo>,
+}
+
+/// One file as parsed, before the parts of a split model are joined.
+pub(crate) struct Parsed {
+    pub(crate) part: Part,
+    pub(crate) header: Header,
+}
+
+/// An opened GGUF file: parsed header, metadata and tensor directory; tensor data stays
+/// in the mapping until asked for. A split model is one `GgufFile` whose tensors live in
+/// several mappings; the metadata is its first part's.
+pub struct GgufFile {
+    parts: Vec<Part>,
+    /// The files of a split model, first part first; empty when not split.
+    split_paths: Vec<PathBuf>,
     version: u32,
     metadata: Metadata,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
-    data_offset: u64,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -72,13 +97,70 @@ impl std::fmt::Debug for GgufFile {
             .field("version", &self.version)
             .field("n_kv", &self.metadata.len())
             .field("n_tensors", &self.tensors.len())
+            .field("n_split", &self.parts.len())
             .finish()
     }
 }
 
 impl GgufFile {
+    /// Opens a GGUF file; the first part of a split model brings in the others from
+    /// beside it, and a missing part is an error naming it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
+        let first = Parsed::map(path)?;
+        match crate::split::n_split(&first.header.metadata)? {
+            Some(n_split) if n_split > 1 => crate::split::open_rest(path, first, n_split),
+            _ => Self::join(vec![first.part], Vec::new(), first.header),
+        }
+    }
+
+    /// Parses a file held in memory (tests, and files produced by [`crate::GgufWriter`]).
+    /// One part of a split model is refused: its other parts could not be found.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
+        let parsed = Parsed::parse(Storage::Owned(bytes))?;
+        if let Some(n_split) = crate::split::n_split(&parsed.header.metadata)?.filter(|&n| n > 1) {
+            return Err(GgufError::Invalid(format!(
+                "this is one part of a model split in {n_split}: open its first part by path"
+            )));
+        }
+        Self::join(vec![parsed.part], Vec::new(), parsed.header)
+    }
+
+    /// The file (or first part) whose header gave the metadata, with the tensors of every
+    /// part (each `split_idx` naming its part in `parts`), indexed by name.
+    pub(crate) fn join(parts: Vec<Part>, split_paths: Vec<PathBuf>, first: Header) -> Result<Self> {
+        let mut by_name = HashMap::with_capacity(first.tensors.len());
+        for (i, t) in first.tensors.iter().enumerate() {
+            if by_name.insert(t.name.clone(), i).is_some() {
+                return Err(GgufError::Corrupt(format!(
+                    "tensor '{}' appears twice",
+                    t.name
+                )));
+            }
+        }
+        Ok(Self {
+            parts,
+            split_paths,
+            version: first.version,
+            metadata: first.metadata,
+            tensors: first.tensors,
+            by_name,
+        })
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// The files of a split model, first part first; empty for a model in one file.
+    pub fn split_paths(&self) -> &[PathBuf] {
+        &self.split_paths
+    }
+}
+
+impl Parsed {
+    /// Maps and parses one file.
+    pub(crate) fn map(path: &Path) -> Result<Self> {
         let open_err = |source| GgufError::Open {
             path: path.to_path_buf(),
             source,
@@ -88,11 +170,6 @@ impl GgufFile {
         // not expected to be modified while loaded (as in every mmap-based engine).
         let mmap = unsafe { Mmap::map(&file) }.map_err(open_err)?;
         Self::parse(Storage::Mapped(mmap))
-    }
-
-    /// Parses a file held in memory (tests, and files produced by [`crate::GgufWriter`]).
-    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
-        Self::parse(Storage::Owned(bytes))
     }
 
     fn parse(storage: Storage) -> Result<Self> {
@@ -176,6 +253,7 @@ impl GgufFile {
                 ggml_type,
                 offset,
                 n_bytes,
+                split_idx: 0,
             });
         }
 
@@ -216,19 +294,20 @@ impl GgufFile {
         }
 
         Ok(Self {
-            storage,
-            version,
-            metadata,
-            tensors,
-            by_name,
-            data_offset,
+            part: Part {
+                storage,
+                data_offset,
+            },
+            header: Header {
+                version,
+                metadata,
+                tensors,
+            },
         })
     }
+}
 
-    pub fn version(&self) -> u32 {
-        self.version
-    }
-
+impl GgufFile {
     pub fn metadata(&self) -> &Metadata {
         &self.metadata
     }
@@ -250,18 +329,22 @@ impl GgufFile {
 
     /// The raw (possibly quantised) bytes of a tensor; bounds were checked at open.
     pub fn tensor_bytes(&self, info: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + info.offset) as usize;
-        &self.storage.bytes()[start..start + info.n_bytes as usize]
+        let part = &self.parts[info.split_idx];
+        let start = (part.data_offset + info.offset) as usize;
+        &part.storage.bytes()[start..start + info.n_bytes as usize]
     }
 
     /// Gives back the mapped pages of a tensor already read: a loader converting tensor
     /// by tensor then never holds the whole file resident. A later read maps them in again.
     pub fn release(&self, name: &str) {
-        let (Storage::Mapped(mmap), Some(&i)) = (&self.storage, self.by_name.get(name)) else {
+        let Some(info) = self.by_name.get(name).map(|&i| &self.tensors[i]) else {
             return;
         };
-        let info = &self.tensors[i];
-        let start = (self.data_offset + info.offset) as usize;
+        let part = &self.parts[info.split_idx];
+        let Storage::Mapped(mmap) = &part.storage else {
+            return;
+        };
+        let start = (part.data_offset + info.offset) as usize;
         // SAFETY: the mapping is a read-only shared file mapping; dropping its pages loses
         // nothing, the kernel reads them from the file again if touched. Failure only means
         // the pages stay resident.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::metadata::Value;
 use crate::reader::MAX_DIMS;
-use crate::{quants, GgmlType, GgufError, Result, DEFAULT_ALIGNMENT, GGUF_MAGIC};
+use crate::{quants, split, GgmlType, GgufError, GgufFile, Result, DEFAULT_ALIGNMENT, GGUF_MAGIC};
 
 const VERSION: u32 = 3;
 /// Array nesting the reader accepts (an array value at depth 4 is rejected).
@@ -39,6 +39,22 @@ impl std::fmt::Debug for GgufWriter {
 impl GgufWriter {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A copy of an opened file's metadata and tensors, to write again (split, for
+    /// instance); a split file's `split.*` keys are left out.
+    pub fn from_file(file: &GgufFile) -> Result<Self> {
+        let mut writer = Self::new();
+        for (key, value) in file.metadata().iter() {
+            if !key.starts_with("split.") {
+                writer.add_metadata(key, value.clone())?;
+            }
+        }
+        for info in file.tensors() {
+            let bytes = file.tensor_bytes(info).to_vec();
+            writer.add_tensor(&info.name, &info.dims, info.ggml_type, bytes)?;
+        }
+        Ok(writer)
     }
 
     /// Adds (or replaces) a metadata entry. Fails for values GGUF cannot encode or this
@@ -117,14 +133,6 @@ impl GgufWriter {
         self.add_tensor(name, dims, ty, bytes)
     }
 
-    fn alignment(&self) -> u64 {
-        self.metadata
-            .iter()
-            .find(|(k, _)| k == ALIGNMENT_KEY)
-            .and_then(|(_, v)| alignment_of(v))
-            .unwrap_or(DEFAULT_ALIGNMENT)
-    }
-
     /// The complete file.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -163,39 +171,97 @@ impl GgufWriter {
         Ok(())
     }
 
-    fn write_into(&self, w: &mut impl Write) -> std::io::Result<()> {
-        let alignment = self.alignment();
-        let mut header = Vec::new();
-        header.extend_from_slice(&GGUF_MAGIC);
-        header.extend_from_slice(&VERSION.to_le_bytes());
-        header.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        header.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (key, value) in &self.metadata {
-            put_string(&mut header, key);
-            header.extend_from_slice(&type_id(value).to_le_bytes());
-            put_value(&mut header, value);
+    /// The model split in `n_split` files as llama.cpp's `gguf-split` writes them: the
+    /// tensors in order, as evenly as whole tensors allow; the first part carries all the
+    /// metadata, every part `split.no`, `split.count` and `split.tensors.count` (see
+    /// [`crate::split`]). Name the parts with [`crate::split::split_file_name`].
+    pub fn to_split_bytes(&self, n_split: usize) -> Result<Vec<Vec<u8>>> {
+        if n_split < 2 || n_split > self.tensors.len() || n_split > usize::from(u16::MAX) {
+            return Err(GgufError::Invalid(format!(
+                "cannot split {} tensors in {n_split} parts (2 to one per tensor)",
+                self.tensors.len()
+            )));
         }
-        let mut offset = 0u64;
-        for t in &self.tensors {
-            put_string(&mut header, &t.name);
-            header.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
-            for d in &t.dims {
-                header.extend_from_slice(&d.to_le_bytes());
-            }
-            header.extend_from_slice(&t.ty.id().to_le_bytes());
-            header.extend_from_slice(&offset.to_le_bytes());
-            offset += padded(t.bytes.len() as u64, alignment);
+        let n_tensors = i32::try_from(self.tensors.len()).map_err(|_| {
+            GgufError::Invalid(format!("{} tensors are too many", self.tensors.len()))
+        })?;
+        let mut parts = Vec::with_capacity(n_split);
+        let mut first_tensor = 0;
+        for split_idx in 0..n_split {
+            let end = (split_idx + 1) * self.tensors.len() / n_split;
+            let mut metadata = if split_idx == 0 {
+                self.metadata.clone()
+            } else {
+                Vec::new()
+            };
+            metadata.extend([
+                (
+                    split::KEY_SPLIT_NO.to_string(),
+                    Value::U16(split_idx as u16),
+                ),
+                (
+                    split::KEY_SPLIT_COUNT.to_string(),
+                    Value::U16(n_split as u16),
+                ),
+                (
+                    split::KEY_SPLIT_TENSORS_COUNT.to_string(),
+                    Value::I32(n_tensors),
+                ),
+            ]);
+            let mut out = Vec::new();
+            write_file(&mut out, &metadata, &self.tensors[first_tensor..end])?;
+            parts.push(out);
+            first_tensor = end;
         }
-        let zeros = vec![0u8; alignment as usize];
-        let padding = |len: usize| &zeros[..(padded(len as u64, alignment) - len as u64) as usize];
-        w.write_all(&header)?;
-        w.write_all(padding(header.len()))?;
-        for t in &self.tensors {
-            w.write_all(&t.bytes)?;
-            w.write_all(padding(t.bytes.len()))?;
-        }
-        Ok(())
+        Ok(parts)
     }
+
+    fn write_into(&self, w: &mut impl Write) -> std::io::Result<()> {
+        write_file(w, &self.metadata, &self.tensors)
+    }
+}
+
+/// One GGUF file of `metadata` and `tensors`, aligned as its metadata says.
+fn write_file(
+    w: &mut impl Write,
+    metadata: &[(String, Value)],
+    tensors: &[PendingTensor],
+) -> std::io::Result<()> {
+    let alignment = metadata
+        .iter()
+        .find(|(k, _)| k == ALIGNMENT_KEY)
+        .and_then(|(_, v)| alignment_of(v))
+        .unwrap_or(DEFAULT_ALIGNMENT);
+    let mut header = Vec::new();
+    header.extend_from_slice(&GGUF_MAGIC);
+    header.extend_from_slice(&VERSION.to_le_bytes());
+    header.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    header.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        put_string(&mut header, key);
+        header.extend_from_slice(&type_id(value).to_le_bytes());
+        put_value(&mut header, value);
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        put_string(&mut header, &t.name);
+        header.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            header.extend_from_slice(&d.to_le_bytes());
+        }
+        header.extend_from_slice(&t.ty.id().to_le_bytes());
+        header.extend_from_slice(&offset.to_le_bytes());
+        offset += padded(t.bytes.len() as u64, alignment);
+    }
+    let zeros = vec![0u8; alignment as usize];
+    let padding = |len: usize| &zeros[..(padded(len as u64, alignment) - len as u64) as usize];
+    w.write_all(&header)?;
+    w.write_all(padding(header.len()))?;
+    for t in tensors {
+        w.write_all(&t.bytes)?;
+        w.write_all(padding(t.bytes.len()))?;
+    }
+    Ok(())
 }
 
 fn padded(n: u64, alignment: u64) -> u64 {
