@@ -64,6 +64,43 @@ pub enum RegistryError {
         n_bytes_free: u64,
     },
 
+    #[error("`{id}` is not a Hugging Face model id ({reason}): expected hf:ORG/REPO, hf:ORG/REPO:QUANT or hf:ORG/REPO/FILE")]
+    BadHfId { id: String, reason: String },
+
+    #[error("no model hf:{repo} on {endpoint}{hint}")]
+    HfRepoNotFound {
+        repo: String,
+        endpoint: String,
+        /// What to try when the hub may only be hiding the repository.
+        hint: &'static str,
+    },
+
+    #[error("hf:{repo} on {endpoint} refused access{hint}")]
+    HfUnauthorized {
+        repo: String,
+        endpoint: String,
+        hint: &'static str,
+    },
+
+    #[error("hf:{repo} {reason}")]
+    HfNoModel { repo: String, reason: String },
+
+    #[error("cannot reach the Hugging Face hub at {endpoint} ({reason}): no network? Models already in the Hugging Face cache load without it")]
+    HfUnreachable { endpoint: String, reason: String },
+
+    #[error("{id} is not in the Hugging Face cache {cache_dir} (HF_HUB_OFFLINE is set, so it cannot be downloaded)")]
+    HfNotCached { id: String, cache_dir: PathBuf },
+
+    #[error("the Hugging Face hub at {endpoint} failed on hf:{repo}: {reason}")]
+    HfHub {
+        repo: String,
+        endpoint: String,
+        reason: String,
+    },
+
+    #[error("another process is downloading {path}; try again when it is done")]
+    HfBusy { path: PathBuf },
+
     #[error("cannot {action} {path}: {source}")]
     Io {
         action: &'static str,

@@ -21,6 +21,7 @@
 mod cache;
 mod error;
 mod fetch;
+mod hf;
 mod identity;
 mod known;
 mod pip;
@@ -28,5 +29,6 @@ mod progress;
 
 pub use cache::ModelCache;
 pub use error::{RegistryError, Result};
+pub use hf::{HfHub, HfModelId, HfSelector, DEFAULT_ENDPOINT, DEFAULT_QUANT, HF_PREFIX};
 pub use known::{known_models, KnownModel, Terms, WheelPart, DEFAULT_MODEL};
 pub use progress::{FetchProgress, IndicatifProgress, NoProgress};
