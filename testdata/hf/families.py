@@ -16,6 +16,11 @@ For each family, `testdata/hf/tiny-<family>/` holds the directory, `reference.js
   prompt is longer, so transformers uses the long ones, as llama.cpp does with a context
   beyond the original), tied embeddings; the tokenizer marked `GPT2Tokenizer`, as
   Phi-4-mini's is, which the converter needs.
+* `tiny-qwen3moe`: `Qwen3MoeForCausalLM`, float32, 2 layers, Qwen3's attention (head_dim
+  32, Q/K norms), and in every layer 8 routed experts of 48 with 3 per token and their
+  weights renormalised (`norm_topk_prob`), as Qwen3-30B-A3B has them. The script checks
+  that the routing differs by position (every prompt's tokens use more than 3 experts
+  between them in each layer).
 * `tiny-smollm3`: `SmolLM3ForCausalLM`, float32, 4 layers (the fourth without RoPE, as
   `no_rope_layers` says), GQA 4/2, tied embeddings; Llama's layout, so the converter
   permutes Q/K rows for interleaved RoPE.
@@ -34,7 +39,9 @@ Usage (needs torch, transformers 5 and llama.cpp's `gguf-py`; `convert_hf_to_ggu
 from the llama-cpp-python sdist `scripts/peers/bench-peers.sh` unpacks), from the
 repository root:
 
-    python testdata/hf/families.py testdata/hf ~/.cache/pyramid/peers/llama.cpp-0.3.36/src
+    python testdata/hf/families.py testdata/hf ~/.cache/pyramid/peers/llama.cpp-0.3.36/src [tiny-NAME ...]
+
+Naming fixtures writes only those.
 """
 
 import json
@@ -50,6 +57,8 @@ from transformers import (
     Phi3ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -104,6 +113,39 @@ def qwen3(out: Path) -> None:
     save(Qwen3ForCausalLM(config), 3, out)
 
 
+def qwen3moe(out: Path) -> None:
+    config = Qwen3MoeConfig(
+        **SHAPE,
+        num_hidden_layers=2,
+        head_dim=32,
+        moe_intermediate_size=48,
+        num_experts=8,
+        num_experts_per_tok=3,
+        norm_topk_prob=True,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=False,
+    )
+    save(Qwen3MoeForCausalLM(config), 11, out)
+
+
+def check_routing(model: torch.nn.Module, prompts: list[dict]) -> None:
+    """Every layer's router sends each prompt's tokens to more experts than one token
+    uses: the fixture tests routing that changes with position."""
+    routers = [layer.mlp.gate for layer in model.model.layers]
+    chosen: list[torch.Tensor] = []
+    hooks = [r.register_forward_hook(lambda m, i, out: chosen.append(out[2])) for r in routers]
+    with torch.no_grad():
+        for prompt in prompts:
+            chosen.clear()
+            model(torch.tensor([prompt["ids"]]))
+            for layer, indices in enumerate(chosen):
+                used = len(set(indices.flatten().tolist()))
+                assert used > indices.shape[-1], (prompt["text"], layer, used)
+    for hook in hooks:
+        hook.remove()
+
+
 def phi3(out: Path) -> None:
     config = Phi3Config(
         **SHAPE,
@@ -138,6 +180,8 @@ def reference(out: Path, prompts: list[dict]) -> dict:
         out, dtype=torch.float32, attn_implementation="eager"
     )
     model.eval()
+    if hasattr(model.config, "num_experts_per_tok"):
+        check_routing(model, prompts)
     entries = []
     with torch.no_grad():
         for prompt in prompts:
@@ -186,7 +230,16 @@ def main(root: Path, converter: Path) -> None:
         {"text": p["text"], "ids": p["ids"]}
         for p in json.loads((source / "reference.json").read_text())["prompts"]
     ]
-    for name, make in [("tiny-qwen3", qwen3), ("tiny-smollm3", smollm3), ("tiny-phi3", phi3)]:
+    families = [
+        ("tiny-qwen3", qwen3),
+        ("tiny-smollm3", smollm3),
+        ("tiny-phi3", phi3),
+        ("tiny-qwen3moe", qwen3moe),
+    ]
+    only = set(sys.argv[3:])
+    for name, make in families:
+        if only and name not in only:
+            continue
         out = root / name
         if out.exists():
             shutil.rmtree(out)

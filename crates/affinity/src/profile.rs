@@ -633,8 +633,12 @@ impl Measurer<'_, '_> {
     ) -> Result<()> {
         let layer = self.plan.layer;
         let weights = &reference.weights.layers[layer];
+        // A layer of routed experts has no one FFN projection: its experts are priced
+        // within the block.
         for p in Projection::ALL {
-            let linear = p.weight(weights);
+            let Some(linear) = p.weight(weights) else {
+                continue;
+            };
             let input = inputs.projection_input(linear.n_in(), p);
             let mut native = NativeProjection::new(linear, p.bias(weights), pool, input.clone());
             native.run()?;
@@ -643,8 +647,11 @@ impl Measurer<'_, '_> {
                 match &target.executor {
                     Executor::Native { model, pool } => {
                         let own = &model.weights.layers[layer];
+                        let Some(own_linear) = p.weight(own) else {
+                            continue;
+                        };
                         let mut subject =
-                            NativeProjection::new(p.weight(own), p.bias(own), pool, input.clone());
+                            NativeProjection::new(own_linear, p.bias(own), pool, input.clone());
                         self.cell(
                             Level::Isolated,
                             p.name(),

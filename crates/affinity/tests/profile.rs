@@ -12,7 +12,7 @@ use pyramid_bench::results::{Machine, Provenance};
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, Linear, Model};
+use pyramid_model::{Architecture, Ffn, GatedFfn, Linear, Model};
 
 fn tiny() -> Model {
     let bytes = synthetic_gguf(&SyntheticSpec::tiny(Architecture::Qwen2))
@@ -26,9 +26,12 @@ fn every_level_is_measured_and_a_wrong_block_is_kept_out() {
     let pool = ThreadPool::new(2).unwrap();
     let reference = Arc::new(tiny());
     let mut broken = tiny();
-    match &mut broken.weights.layers[1].w_down {
-        Linear::F32(m) => m.data.fill(0.0),
-        _ => unreachable!("the tiny model loads in f32"),
+    match &mut broken.weights.layers[1].ffn {
+        Ffn::Dense(GatedFfn {
+            down: Linear::F32(m),
+            ..
+        }) => m.data.fill(0.0),
+        _ => unreachable!("the tiny model is dense and loads in f32"),
     }
     let broken = Arc::new(broken);
     let targets = [

@@ -384,6 +384,18 @@ impl<'a, T> SharedSlice<'a, T> {
         self.ptr
     }
 
+    /// The elements `range` as a buffer of their own, under the same contract: a step
+    /// that works on a group of rows (one expert's) hands kernels that group alone.
+    pub fn sub(&self, range: std::ops::Range<usize>) -> SharedSlice<'_, T> {
+        assert!(range.start <= range.end && range.end <= self.len);
+        SharedSlice {
+            // SAFETY: in bounds, checked above; the view borrows `self`.
+            ptr: unsafe { self.ptr.add(range.start) },
+            len: range.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
     /// # Safety
     /// No other thread touches `range` until the next barrier.
     #[allow(clippy::mut_from_ref)]
@@ -420,6 +432,22 @@ pub fn split_range(n: usize, n_threads: usize, idx: usize, align: usize) -> std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sub_slice_views_its_range_of_the_buffer() {
+        let mut buf: Vec<u32> = (0..10).collect();
+        let shared = SharedSlice::new(&mut buf);
+        let sub = shared.sub(3..7);
+        assert_eq!(sub.len(), 4);
+        // SAFETY: one thread.
+        unsafe {
+            sub.range_mut(1..2)[0] = 40;
+            assert_eq!(sub.as_slice(), &[3, 40, 5, 6]);
+        }
+        let out_of_bounds = std::panic::AssertUnwindSafe(|| shared.sub(8..11).len());
+        assert!(std::panic::catch_unwind(out_of_bounds).is_err());
+        assert_eq!(buf[4], 40);
+    }
 
     #[test]
     fn every_thread_runs_once_per_call() {

@@ -103,15 +103,18 @@ impl Projection {
         }
     }
 
-    pub fn weight(self, layer: &LayerWeights) -> &Linear {
+    /// Its weights; `None` for an FFN projection of a layer of routed experts, which has
+    /// one per expert.
+    pub fn weight(self, layer: &LayerWeights) -> Option<&Linear> {
+        let ffn = layer.dense_ffn();
         match self {
-            Projection::Q => &layer.wq,
-            Projection::K => &layer.wk,
-            Projection::V => &layer.wv,
-            Projection::O => &layer.wo,
-            Projection::Gate => &layer.w_gate,
-            Projection::Up => &layer.w_up,
-            Projection::Down => &layer.w_down,
+            Projection::Q => Some(&layer.wq),
+            Projection::K => Some(&layer.wk),
+            Projection::V => Some(&layer.wv),
+            Projection::O => Some(&layer.wo),
+            Projection::Gate => ffn.map(|f| &f.gate),
+            Projection::Up => ffn.map(|f| &f.up),
+            Projection::Down => ffn.map(|f| &f.down),
         }
     }
 
@@ -277,7 +280,10 @@ mod tests {
         let model = tiny();
         for (rows, past) in [(1, 40), (9, 0), (5, 17)] {
             let mut no_ffn = tiny();
-            zeroed(&mut no_ffn.weights.layers[1].w_down);
+            match &mut no_ffn.weights.layers[1].ffn {
+                crate::Ffn::Dense(ffn) => zeroed(&mut ffn.down),
+                crate::Ffn::Routed(_) => unreachable!("the tiny model is dense"),
+            }
             assert_eq!(
                 run(&model, 2, BlockPart::WithoutFfn, rows, past),
                 run(&no_ffn, 2, BlockPart::Whole, rows, past),

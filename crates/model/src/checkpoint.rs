@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use pyramid_gguf::GgufFile;
+use pyramid_gguf::{GgufError, GgufFile};
 
 use crate::hf::HfCheckpoint;
-use crate::{ModelConfig, Result};
+use crate::{ModelConfig, ModelError, Result};
 
 /// Tensors by GGUF name (`blk.0.attn_q.weight`), as f32 in GGML element order.
 pub trait TensorSource {
@@ -16,6 +16,11 @@ pub trait TensorSource {
     fn tensor_dims(&self, name: &str) -> Result<Vec<u64>>;
     fn has_tensor(&self, name: &str) -> bool;
     fn tensor_f32(&self, name: &str) -> Result<Vec<f32>>;
+    /// Expert `expert`'s `[n_rows, n_cols]` matrix of the experts' tensor `name`
+    /// (`shape` `[n_rows, n_cols, n_expert]`; GGML dims `[n_cols, n_rows, n_expert]`, as
+    /// llama.cpp stacks them), as f32:
+    /// one expert at a time, never the whole stack.
+    fn expert_f32(&self, name: &str, expert: usize, shape: [usize; 3]) -> Result<Vec<f32>>;
     /// Gives back the memory that reading `name` mapped in: a loader converting tensor by
     /// tensor then never holds the whole file resident.
     fn release(&self, name: &str);
@@ -32,6 +37,40 @@ impl TensorSource for GgufFile {
 
     fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         Ok(GgufFile::tensor_f32(self, name)?)
+    }
+
+    fn expert_f32(
+        &self,
+        name: &str,
+        expert: usize,
+        [n_rows, n_cols, n_expert]: [usize; 3],
+    ) -> Result<Vec<f32>> {
+        let info = self.tensor_info(name)?;
+        let expected = [n_cols as u64, n_rows as u64, n_expert as u64];
+        let bytes = self.tensor_bytes(info);
+        if info.dims != expected || expert >= n_expert || !bytes.len().is_multiple_of(n_expert) {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found: info.dims.clone(),
+            });
+        }
+        // Experts are consecutive whole rows, so each one's blocks are its own bytes.
+        let per_expert = bytes.len() / n_expert;
+        let mut out = vec![0f32; n_rows * n_cols];
+        pyramid_gguf::quants::dequantize(
+            info.ggml_type,
+            &bytes[expert * per_expert..(expert + 1) * per_expert],
+            &mut out,
+        )
+        .map_err(|err| match err {
+            GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
+                tensor: name.to_string(),
+                ty,
+            },
+            other => other,
+        })?;
+        Ok(out)
     }
 
     fn release(&self, name: &str) {

@@ -27,6 +27,9 @@ pub enum Architecture {
     /// Phi-3.5 and Phi-4-mini: fused Q/K/V and gate/up projections, RoPE on part of each
     /// head, LongRoPE.
     Phi3,
+    /// Qwen3-MoE: Qwen3's attention, and a feed-forward block of routed experts
+    /// ([`Experts`]).
+    Qwen3Moe,
 }
 
 /// llama.cpp's SmolLM3: the layers `l` with `(l + 1) % 4 == 0` apply no RoPE.
@@ -41,6 +44,7 @@ impl Architecture {
             "qwen3" => Ok(Self::Qwen3),
             "smollm3" => Ok(Self::SmolLM3),
             "phi3" => Ok(Self::Phi3),
+            "qwen3moe" => Ok(Self::Qwen3Moe),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -53,6 +57,7 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::SmolLM3 => "smollm3",
             Self::Phi3 => "phi3",
+            Self::Qwen3Moe => "qwen3moe",
         }
     }
 
@@ -61,8 +66,43 @@ impl Architecture {
     pub fn rope_style(self) -> RopeStyle {
         match self {
             Self::Llama | Self::SmolLM3 => RopeStyle::Interleaved,
-            Self::Qwen2 | Self::Gemma3 | Self::Qwen3 | Self::Phi3 => RopeStyle::Neox,
+            Self::Qwen2 | Self::Gemma3 | Self::Qwen3 | Self::Phi3 | Self::Qwen3Moe => {
+                RopeStyle::Neox
+            }
         }
+    }
+
+    /// Whether each query and key head is RMS-normed before RoPE.
+    pub fn has_qk_norms(self) -> bool {
+        matches!(self, Self::Gemma3 | Self::Qwen3 | Self::Qwen3Moe)
+    }
+}
+
+/// A feed-forward block of routed experts, as transformers' `Qwen3MoeSparseMoeBlock`: a
+/// router scores every expert per token, the `n_used` best (by softmax probability) run
+/// as gated FFNs of `n_ff` each, and their outputs are summed weighted by those
+/// probabilities, renormalised to sum to 1 when `normalize` (`norm_topk_prob`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Experts {
+    pub n_expert: usize,
+    pub n_used: usize,
+    pub n_ff: usize,
+    pub normalize: bool,
+    /// Layers with a dense FFN of [`ModelConfig::n_ff`] instead (transformers'
+    /// `mlp_only_layers` and `decoder_sparse_step`), ascending.
+    pub dense_layers: Vec<usize>,
+}
+
+impl Experts {
+    fn validate(&self) -> Result<()> {
+        if self.n_ff == 0 || self.n_used == 0 || self.n_used > self.n_expert {
+            return Err(ModelError::BadConfig(format!(
+                "{} experts of {} routed {} per token: each must be positive, and no more \
+                 used than there are",
+                self.n_expert, self.n_ff, self.n_used
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -125,6 +165,8 @@ pub struct ModelConfig {
     pub pooling: Option<Pooling>,
     /// Layers whose queries and keys are not rotated (SmolLM3's NoPE layers), ascending.
     pub no_rope_layers: Vec<usize>,
+    /// The routed experts of a mixture-of-experts model's feed-forward blocks.
+    pub experts: Option<Experts>,
 }
 
 /// The RoPE scaling a GGUF file names (`{arch}.rope.scaling.*`, as llama.cpp's converter
@@ -171,6 +213,38 @@ fn rope_scaling(md: &Metadata, key: &dyn Fn(&str) -> String) -> Result<Option<Ro
         }
     };
     scaling.checked().map(Some)
+}
+
+/// A mixture-of-experts file's routing (`{arch}.expert_*`, as llama.cpp's converter writes
+/// it). llama.cpp runs every Qwen3-MoE layer sparse and renormalises the chosen experts'
+/// weights unless `expert_weights_norm` says otherwise; experts in a family pyramid does
+/// not know the routing of are refused.
+fn gguf_experts(
+    md: &Metadata,
+    arch: Architecture,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<Experts>> {
+    let count = md.opt(&key("expert_count"), |m, k| m.get_usize(k))?;
+    match (arch, count) {
+        (Architecture::Qwen3Moe, Some(n_expert)) => Ok(Some(Experts {
+            n_expert,
+            n_used: md.get_usize(&key("expert_used_count"))?,
+            n_ff: md.get_usize(&key("expert_feed_forward_length"))?,
+            normalize: md
+                .opt(&key("expert_weights_norm"), |m, k| m.get_bool(k))?
+                .unwrap_or(true),
+            dense_layers: Vec::new(),
+        })),
+        (Architecture::Qwen3Moe, None) => Err(ModelError::BadConfig(format!(
+            "a qwen3moe file without {}",
+            key("expert_count")
+        ))),
+        (_, Some(n)) if n > 0 => Err(ModelError::BadConfig(format!(
+            "routed experts in a {} model are not implemented (Qwen3-MoE's are)",
+            arch.name()
+        ))),
+        _ => Ok(None),
+    }
 }
 
 /// The context a scaled RoPE was trained for (`rope.scaling.original_context_length`),
@@ -294,6 +368,7 @@ impl ModelConfig {
                     .collect(),
                 _ => Vec::new(),
             },
+            experts: gguf_experts(md, arch, &key)?,
         };
         cfg.validate()?;
         if let Some(scaling) = scaling {
@@ -390,6 +465,9 @@ impl ModelConfig {
                 self.n_rot, self.head_dim
             )));
         }
+        if let Some(experts) = &self.experts {
+            experts.validate()?;
+        }
         if let Some(w) = self.sliding_window {
             if w.size == 0 || w.global_every == 0 || !(w.rope_base.is_finite() && w.rope_base > 0.0)
             {
@@ -457,13 +535,20 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// How many positions layer `layer` attends to, back from each query's own: `None`
-    /// for all of them.
     /// Whether layer `layer` rotates its queries and keys.
     pub fn layer_rotates(&self, layer: usize) -> bool {
         self.no_rope_layers.binary_search(&layer).is_err()
     }
 
+    /// The routed experts of layer `layer`, `None` for a dense feed-forward block.
+    pub fn layer_experts(&self, layer: usize) -> Option<&Experts> {
+        self.experts
+            .as_ref()
+            .filter(|e| e.dense_layers.binary_search(&layer).is_err())
+    }
+
+    /// How many positions layer `layer` attends to, back from each query's own: `None`
+    /// for all of them.
     pub fn layer_window(&self, layer: usize) -> Option<usize> {
         let w = self.sliding_window?;
         (!(layer + 1).is_multiple_of(w.global_every)).then_some(w.size)

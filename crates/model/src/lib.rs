@@ -31,7 +31,7 @@ use pyramid_gguf::GgufFile;
 
 pub use block::{BlockPart, Projection};
 pub use checkpoint::{Checkpoint, TensorSource};
-pub use config::{Activation, Architecture, ModelConfig, SlidingWindow};
+pub use config::{Activation, Architecture, Experts, ModelConfig, SlidingWindow};
 pub use error::{ModelError, Result};
 use forward::Layers;
 pub use forward::{LogitsFor, Pooled, Scratch, Segment, MAX_PASS_TOKENS};
@@ -39,7 +39,7 @@ pub use hf::HfCheckpoint;
 pub use kv_cache::{KvCache, KvFootprint, KvType};
 pub use linear::{Calibration, Linear, QuantLinear, WeightBits};
 pub use pooling::Pooling;
-pub use weights::{Embedding, LayerWeights, Matrix, ModelWeights};
+pub use weights::{Embedding, Ffn, GatedFfn, LayerWeights, Matrix, ModelWeights, RoutedFfn};
 
 /// How projection weights are stored and multiplied, chosen at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

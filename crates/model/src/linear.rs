@@ -385,6 +385,30 @@ pub struct PreparedInput<'a> {
     outliers: SharedSlice<'a, f32>,
 }
 
+impl PreparedInput<'_> {
+    /// Rows `rows` of an input prepared for `lin`, as an input of their own: one expert's
+    /// group of rows. Experts of a layer share their sites' outlier channels, so rows
+    /// prepared for any of them have one layout.
+    pub fn rows(&self, lin: &Linear, rows: Range<usize>) -> PreparedInput<'_> {
+        let (k_pad, n_blocks, n_o) = match lin {
+            Linear::Quant(q) => (
+                q.packed.k_pad(),
+                q.packed.k_pad() / BLOCK_K,
+                q.outlier_channels.len(),
+            ),
+            // Float weights read their input as it is.
+            Linear::F32(_) | Linear::Bf16 { .. } => (0, 0, 0),
+        };
+        let (start, end) = (rows.start, rows.end);
+        PreparedInput {
+            data: self.data.sub(start * k_pad..end * k_pad),
+            scales: self.scales.sub(start * n_blocks..end * n_blocks),
+            sums: self.sums.sub(start * n_blocks..end * n_blocks),
+            outliers: self.outliers.sub(start * n_o..end * n_o),
+        }
+    }
+}
+
 /// Where a projection's input comes from; projections sharing an input share outliers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Site {

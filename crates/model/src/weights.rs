@@ -63,15 +63,61 @@ pub struct LayerWeights {
     pub bv: Option<Vec<f32>>, // [kv_dim] (Qwen2)
     pub wo: Linear,           // [n_embd, q_dim]
     pub ffn_norm: Vec<f32>,   // [n_embd]
-    pub w_gate: Linear,       // [n_ff, n_embd]
-    pub w_up: Linear,         // [n_ff, n_embd]
-    pub w_down: Linear,       // [n_embd, n_ff]
+    pub ffn: Ffn,
     /// Gemma 3: RMS norms of each query and key head before RoPE, `[head_dim]`.
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     /// Gemma 3: RMS norms of the attention and FFN outputs before the residual add.
     pub post_attn_norm: Option<Vec<f32>>, // [n_embd]
     pub post_ffn_norm: Option<Vec<f32>>, // [n_embd]
+}
+
+impl LayerWeights {
+    /// The dense feed-forward block, `None` for one of routed experts.
+    pub fn dense_ffn(&self) -> Option<&GatedFfn> {
+        match &self.ffn {
+            Ffn::Dense(ffn) => Some(ffn),
+            Ffn::Routed(_) => None,
+        }
+    }
+}
+
+/// A gated feed-forward network: `down(act(gate(x)) · up(x))`.
+#[derive(Debug, Clone)]
+pub struct GatedFfn {
+    pub gate: Linear, // [n_ff, n_embd]
+    pub up: Linear,   // [n_ff, n_embd]
+    pub down: Linear, // [n_embd, n_ff]
+}
+
+/// A layer's feed-forward block.
+// One per layer, built once: the dense variant's size is of no consequence.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Ffn {
+    Dense(GatedFfn),
+    /// Routed experts ([`crate::Experts`]): the router in f32, so that quantising it can
+    /// never change which experts a token goes to, and each expert a [`GatedFfn`] whose
+    /// integer projections share their site's outlier channels, so one expert's rows
+    /// are prepared like any other's.
+    Routed(RoutedFfn),
+}
+
+#[derive(Debug, Clone)]
+pub struct RoutedFfn {
+    pub router: Linear, // [n_expert, n_embd], f32
+    pub experts: Vec<GatedFfn>,
+    /// Experts each token runs (top-k), at most `experts.len()`.
+    pub n_used: usize,
+    /// Whether the chosen experts' weights are renormalised to sum to 1.
+    pub normalize: bool,
+}
+
+impl RoutedFfn {
+    /// Each expert's hidden size.
+    pub fn n_ff(&self) -> usize {
+        self.experts.first().map_or(0, |x| x.gate.n_out())
+    }
 }
 
 /// Where token embeddings are read from.
@@ -165,10 +211,16 @@ impl ModelWeights {
                 to_precision(w, i, Site::AttnIn);
             }
             to_precision(&mut l.wo, i, Site::AttnOut);
-            for w in [&mut l.w_gate, &mut l.w_up] {
-                to_precision(w, i, Site::FfnIn);
+            let ffns = match &mut l.ffn {
+                Ffn::Dense(ffn) => std::slice::from_mut(ffn),
+                Ffn::Routed(routed) => routed.experts.as_mut_slice(),
+            };
+            for ffn in ffns {
+                for w in [&mut ffn.gate, &mut ffn.up] {
+                    to_precision(w, i, Site::FfnIn);
+                }
+                to_precision(&mut ffn.down, i, Site::FfnDown);
             }
-            to_precision(&mut l.w_down, i, Site::FfnDown);
         }
         to_precision(&mut self.output, 0, Site::Head);
         self
@@ -255,7 +307,7 @@ pub(crate) fn load_layer(
     let gemma_norm = |t: &str, len: usize| -> Result<Option<Vec<f32>>> {
         gemma.then(|| vector(file, &name(t), len)).transpose()
     };
-    let qk_norms = gemma || cfg.arch == Architecture::Qwen3;
+    let qk_norms = cfg.arch.has_qk_norms();
     let qk_norm = |t: &str| -> Result<Option<Vec<f32>>> {
         qk_norms
             .then(|| vector(file, &name(t), cfg.head_dim))
@@ -285,15 +337,33 @@ pub(crate) fn load_layer(
             linear("attn_v.weight", kv, e, Site::AttnIn)?,
         ]
     };
-    let [w_gate, w_up]: [Linear; 2] = if phi3 {
-        fused("ffn_up.weight", &[ff, ff], Site::FfnIn)?
-            .try_into()
-            .map_err(|_| ModelError::BadConfig("ffn_up splits in two".to_string()))?
-    } else {
-        [
-            linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
-            linear("ffn_up.weight", ff, e, Site::FfnIn)?,
-        ]
+    let ffn = match cfg.layer_experts(i) {
+        Some(experts) => Ffn::Routed(RoutedFfn {
+            // The router stays f32 (it is a few thousand values per expert).
+            router: Linear::F32(streamed_matrix(
+                file,
+                &name("ffn_gate_inp.weight"),
+                experts.n_expert,
+                e,
+            )?),
+            experts: load_experts(file, cfg, experts, i, precision, calibration)?,
+            n_used: experts.n_used,
+            normalize: experts.normalize,
+        }),
+        None => {
+            let [gate, up]: [Linear; 2] = if phi3 {
+                fused("ffn_up.weight", &[ff, ff], Site::FfnIn)?
+                    .try_into()
+                    .map_err(|_| ModelError::BadConfig("ffn_up splits in two".to_string()))?
+            } else {
+                [
+                    linear("ffn_gate.weight", ff, e, Site::FfnIn)?,
+                    linear("ffn_up.weight", ff, e, Site::FfnIn)?,
+                ]
+            };
+            let down = linear("ffn_down.weight", e, ff, Site::FfnDown)?;
+            Ffn::Dense(GatedFfn { gate, up, down })
+        }
     };
     Ok(LayerWeights {
         attn_norm: vector(file, &name("attn_norm.weight"), e)?,
@@ -305,14 +375,52 @@ pub(crate) fn load_layer(
         bv: bias("attn_v.bias", kv)?,
         wo: linear("attn_output.weight", e, q, Site::AttnOut)?,
         ffn_norm: vector(file, &name("ffn_norm.weight"), e)?,
-        w_gate,
-        w_up,
-        w_down: linear("ffn_down.weight", e, ff, Site::FfnDown)?,
+        ffn,
         q_norm: qk_norm("attn_q_norm.weight")?,
         k_norm: qk_norm("attn_k_norm.weight")?,
         post_attn_norm: gemma_norm("post_attention_norm.weight", e)?,
         post_ffn_norm: gemma_norm("post_ffw_norm.weight", e)?,
     })
+}
+
+/// Layer `i`'s experts in `precision`, one expert's matrix dequantised at a time; the
+/// stacked tensors' pages are given back once every expert has been read from them.
+fn load_experts(
+    file: &dyn TensorSource,
+    cfg: &ModelConfig,
+    experts: &crate::Experts,
+    i: usize,
+    precision: Precision,
+    calibration: Option<&Calibration>,
+) -> Result<Vec<GatedFfn>> {
+    let (e, ff, n) = (cfg.n_embd, experts.n_ff, experts.n_expert);
+    let stacked = |t: &str| format!("blk.{i}.{t}");
+    let (gate, up, down) = (
+        stacked("ffn_gate_exps.weight"),
+        stacked("ffn_up_exps.weight"),
+        stacked("ffn_down_exps.weight"),
+    );
+    let expert = |name: &str, x: usize, n_rows: usize, n_cols: usize, site| -> Result<Linear> {
+        let m = Matrix {
+            data: file.expert_f32(name, x, [n_rows, n_cols, n])?,
+            n_rows,
+            n_cols,
+        };
+        Ok(convert(m, precision, calibration, i, site))
+    };
+    let loaded = (0..n)
+        .map(|x| {
+            Ok(GatedFfn {
+                gate: expert(&gate, x, ff, e, Site::FfnIn)?,
+                up: expert(&up, x, ff, e, Site::FfnIn)?,
+                down: expert(&down, x, e, ff, Site::FfnDown)?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for name in [gate, up, down] {
+        file.release(&name);
+    }
+    Ok(loaded)
 }
 
 /// An untied embedding table for a model in `precision`: INT8 for both integer

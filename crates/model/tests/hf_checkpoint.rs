@@ -8,8 +8,8 @@
 //! attention scalar unlike its head size. `reference.json` has transformers' f32 logits
 //! at every position of three prompts (the longest crosses the Gemma windows several
 //! times; the generator checks that a wrong window, scale or layer layout moves them by
-//! more than 1). `families.py` adds Qwen3 (YaRN), SmolLM3 and Phi-3 (LongRoPE, partial
-//! rotary), each also as a GGUF file.
+//! more than 1). `families.py` adds Qwen3 (YaRN), SmolLM3, Phi-3 (LongRoPE, partial
+//! rotary) and Qwen3-MoE (8 experts, 3 per token), each also as a GGUF file.
 
 use std::path::Path;
 
@@ -166,6 +166,7 @@ fn directories_and_converted_files_give_transformers_logits_and_tokens() {
                     "{name} {form}: greedy tokens"
                 );
             }
+            eprintln!("{name} {form}: logits within {worst:.1e} of transformers");
             assert!(worst < 1e-4, "{name} {form}: logits off by {worst}");
         }
     }
@@ -215,6 +216,60 @@ fn phi3_rotates_half_of_each_head_with_long_factors_in_both_forms() {
 }
 
 #[test]
+fn qwen3_moe_reads_its_experts_in_both_forms() {
+    let dir = hf_fixture("tiny-qwen3moe");
+    for path in [dir.clone(), dir.join("tiny-qwen3moe.gguf")] {
+        let c = Model::load(&path).unwrap().config;
+        assert_eq!(c.arch, Architecture::Qwen3Moe);
+        let x = c.experts.as_ref().expect("routed experts");
+        let shape = (x.n_expert, x.n_used, x.n_ff, x.normalize);
+        assert_eq!(shape, (8, 3, 48, true), "{}", path.display());
+        assert!(c.layer_experts(0).is_some() && c.layer_experts(1).is_some());
+    }
+}
+
+/// A mixture-of-experts pass, whose rows are regrouped by expert, is the same bit for
+/// bit on any number of threads and whether its tokens come at once or one by one; every
+/// precision loads and stays near f32.
+#[test]
+fn qwen3_moe_passes_are_the_same_however_run_at_every_precision() {
+    let checkpoint = Checkpoint::open(hf_fixture("tiny-qwen3moe")).unwrap();
+    let tokens = ids(&hf_reference("tiny-qwen3moe")["prompts"][2]["ids"]);
+    let (one, three) = (ThreadPool::new(1).unwrap(), ThreadPool::new(3).unwrap());
+    let f32_model = Model::from_checkpoint(&checkpoint, Precision::F32, None).unwrap();
+    let reference = all_logits(&f32_model, &three, &tokens);
+    let mut kv = f32_model.new_kv_cache(tokens.len());
+    let mut scratch = Scratch::default();
+    let stepped: Vec<f32> = tokens
+        .iter()
+        .flat_map(|&t| {
+            f32_model
+                .forward(&one, &[t], &mut kv, &mut scratch, LogitsFor::All)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(stepped, reference, "token by token");
+    let calibration = Model::calibrate_streamed(&checkpoint, &three, &tokens).unwrap();
+    for (precision, min_cosine) in [
+        (Precision::Bf16, 0.9995),
+        (Precision::Int8, 0.998),
+        (Precision::Int4, 0.85),
+    ] {
+        let model = Model::from_checkpoint(&checkpoint, precision, Some(&calibration)).unwrap();
+        let logits = all_logits(&model, &three, &tokens);
+        assert_eq!(logits, all_logits(&model, &one, &tokens), "{precision}");
+        let cosine = cosine(&logits, &reference);
+        assert!(cosine > min_cosine, "{precision}: cosine {cosine} to f32");
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[test]
 fn configurations_read_as_transformers_means_them() {
     let llama = Checkpoint::open(hf_fixture("tiny-llama")).unwrap();
     let factors = llama
@@ -260,13 +315,7 @@ fn every_precision_loads_from_a_directory() {
         ] {
             let model = Model::from_checkpoint(&checkpoint, precision, Some(&calibration)).unwrap();
             let logits = all_logits(&model, &pool, &tokens);
-            let dot: f64 = logits
-                .iter()
-                .zip(&reference)
-                .map(|(a, b)| f64::from(a * b))
-                .sum();
-            let norm = |v: &[f32]| v.iter().map(|x| f64::from(x * x)).sum::<f64>().sqrt();
-            let cosine = dot / (norm(&logits) * norm(&reference));
+            let cosine = cosine(&logits, &reference);
             assert!(
                 cosine > min_cosine,
                 "{name} {precision}: cosine {cosine} to the f32 logits"

@@ -102,6 +102,13 @@ impl ModelGraph {
                 cfg.n_rot, cfg.head_dim
             )));
         }
+        if let Some(x) = &cfg.experts {
+            return Err(OvError::Unsupported(format!(
+                "routed experts ({} experts, {} per token): the static graphs have dense \
+                 feed-forward blocks only",
+                x.n_expert, x.n_used
+            )));
+        }
         let w = &model.weights;
         let mut blob = Blob::default();
         let emb = w.embedding_table().ok_or_else(|| {
@@ -132,14 +139,17 @@ impl ModelGraph {
                     blob.add_f32(&format!("blk.{i}.{name}"), &[norm.len()], norm);
                 }
             }
+            let ffn = l
+                .dense_ffn()
+                .ok_or_else(|| OvError::Unsupported(format!("layer {i}'s routed experts")))?;
             for (name, lin) in [
                 ("wq", &l.wq),
                 ("wk", &l.wk),
                 ("wv", &l.wv),
                 ("wo", &l.wo),
-                ("gate", &l.w_gate),
-                ("up", &l.w_up),
-                ("down", &l.w_down),
+                ("gate", &ffn.gate),
+                ("up", &ffn.up),
+                ("down", &ffn.down),
             ] {
                 let name = format!("blk.{i}.{name}");
                 let (data, rows, cols) = f32_matrix(lin, &name)?;

@@ -76,7 +76,15 @@ impl OvBackend {
         let width = match graph {
             ProbeGraph::Block(part) => part.input_width(cfg),
             ProbeGraph::Layer => cfg.n_embd,
-            ProbeGraph::Projection(p) => p.weight(&self.model().weights.layers[layer]).n_in(),
+            ProbeGraph::Projection(p) => p
+                .weight(&self.model().weights.layers[layer])
+                .ok_or_else(|| {
+                    OvError::Unsupported(format!(
+                        "the {} projection of layer {layer}, which has routed experts",
+                        p.name()
+                    ))
+                })?
+                .n_in(),
         };
         let (xml, inputs) = emit(shared, graph, layer, rows, window, width);
         let model = shared.core.read_model(&xml, &shared.weights)?;

@@ -95,7 +95,7 @@ fn probes_compute_what_the_native_kernels_compute() {
                     );
                 }
                 for p in Projection::ALL {
-                    let lin: &Linear = p.weight(&model.weights.layers[layer]);
+                    let lin: &Linear = p.weight(&model.weights.layers[layer]).unwrap();
                     let input = values(rows * lin.n_in(), 11);
                     let mut native = vec![0.0; rows * lin.n_out()];
                     let bias = p.bias(&model.weights.layers[layer]);

@@ -50,7 +50,7 @@ pub const HF_FIXTURES: [&str; 3] = ["tiny-llama", "tiny-qwen2", "tiny-gemma3"];
 /// The tiny models of the newer families under `testdata/hf` (`families.py` there made
 /// them): each a directory and, inside it, the same model as a GGUF file written by
 /// llama.cpp's converter (`<name>.gguf`), with transformers' outputs in `reference.json`.
-pub const FAMILY_FIXTURES: [&str; 3] = ["tiny-qwen3", "tiny-smollm3", "tiny-phi3"];
+pub const FAMILY_FIXTURES: [&str; 4] = ["tiny-qwen3", "tiny-smollm3", "tiny-phi3", "tiny-qwen3moe"];
 
 /// The path of a file or directory under `testdata/hf`.
 pub fn hf_fixture(name: &str) -> PathBuf {

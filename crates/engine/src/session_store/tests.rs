@@ -31,6 +31,7 @@ fn cfg(n_layer: usize, n_head_kv: usize, head_dim: usize) -> ModelConfig {
         rope_scale: 1.0,
         pooling: None,
         no_rope_layers: Vec::new(),
+        experts: None,
     }
 }
 

@@ -12,7 +12,7 @@ use super::scratch::{Buffers, Pass};
 use crate::block::BlockPart;
 use crate::config::Activation;
 use crate::linear::{Linear, PreparedInput, Site};
-use crate::weights::LayerWeights;
+use crate::weights::{Ffn, GatedFfn, LayerWeights};
 use crate::Model;
 
 impl Model {
@@ -101,7 +101,13 @@ impl Model {
                     self.attention_half(team, pass, li, layer);
                 }
                 if part != BlockPart::WithoutFfn {
-                    self.ffn_half(team, pass, li, layer, part != BlockPart::WithoutAttention);
+                    let add_attention = part != BlockPart::WithoutAttention;
+                    match &layer.ffn {
+                        Ffn::Dense(ffn) => self.ffn_half(team, pass, li, layer, ffn, add_attention),
+                        Ffn::Routed(routed) => {
+                            self.routed_ffn_half(team, pass, li, layer, routed, add_attention)
+                        }
+                    }
                 }
             }
         }
@@ -214,6 +220,7 @@ impl Model {
         pass: &Pass<'_, '_>,
         li: usize,
         layer: &LayerWeights,
+        ffn: &GatedFfn,
         add_attention: bool,
     ) {
         let cfg = &self.config;
@@ -227,7 +234,7 @@ impl Model {
                 my_rows.clone(),
                 add_attention,
                 &layer.ffn_norm,
-                &layer.w_gate,
+                &ffn.gate,
             )
         };
         team.sync();
@@ -235,28 +242,26 @@ impl Model {
             pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
             let h = b.h.as_slice();
             let my_cols = team.split(cfg.n_ff, COLUMN_ALIGN);
-            layer
-                .w_gate
+            ffn.gate
                 .forward_cols(h, &b.prepared, None, &b.gate, n, my_cols.clone());
-            layer
-                .w_up
+            ffn.up
                 .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
             // The gated activation on the columns this thread just produced: no extra pass
             // over memory.
             for r in 0..n {
                 let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
-                let (gate, up) = (b.gate.range_mut(cols.clone()), b.up.range(cols));
-                match cfg.activation {
-                    Activation::Silu => silu_mul_in_place(gate, up),
-                    Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
-                }
+                gated_activation(
+                    cfg.activation,
+                    b.gate.range_mut(cols.clone()),
+                    b.up.range(cols),
+                );
             }
         }
         team.sync();
         unsafe {
             pass.record(team, li, Site::FfnDown, b.gate.as_slice(), cfg.n_ff);
         }
-        self.prepared_project(team, &layer.w_down, &b.gate, &b.o, n, pass);
+        self.prepared_project(team, &ffn.down, &b.gate, &b.o, n, pass);
         team.sync();
         if let Some(norm) = layer.post_ffn_norm.as_deref() {
             // The next reader of `o` (the next layer, or `finish`) may split rows otherwise.
@@ -342,7 +347,7 @@ impl Model {
     ///
     /// # Safety
     /// `o` was completed before the last barrier; these rows are this thread's alone.
-    unsafe fn residual_norm(
+    pub(super) unsafe fn residual_norm(
         &self,
         b: &Buffers<'_>,
         rows: std::ops::Range<usize>,
@@ -398,11 +403,19 @@ impl Model {
     }
 }
 
+/// `gate = act(gate) · up`, the gated FFN's activation.
+pub(super) fn gated_activation(activation: Activation, gate: &mut [f32], up: &[f32]) {
+    match activation {
+        Activation::Silu => silu_mul_in_place(gate, up),
+        Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
+    }
+}
+
 /// This thread's columns of `out = lin(input) (+ bias)`.
 ///
 /// # Safety
 /// As [`Linear::forward_cols`], with columns split by the team.
-unsafe fn project(
+pub(super) unsafe fn project(
     team: &Team,
     lin: &Linear,
     input: &[f32],

@@ -15,9 +15,11 @@
 //!   pass runs and their validation;
 //! - `scratch`: the buffers a pass reuses ([`Scratch`]) and its per-pass plan and views;
 //! - `layer`: the steps of a layer, each one parallel step between barriers;
+//! - `experts`: the steps of a feed-forward block of routed experts;
 //! - `attention`: how a layer's attention is dealt out to the threads.
 
 mod attention;
+mod experts;
 mod layer;
 mod scratch;
 
@@ -33,7 +35,7 @@ use crate::kv_cache::KvCache;
 use crate::weights::LayerWeights;
 use crate::{Model, ModelError, Result};
 pub use scratch::Scratch;
-use scratch::{at_least, sized, Buffers, Pass, RowPlace, Segments};
+use scratch::{at_least, sized, Buffers, Pass, RowPlace, Segments, Widths};
 
 /// Tokens per pass beyond which a segment's tokens are split into passes.
 pub const MAX_PASS_TOKENS: usize = 512;
@@ -294,7 +296,9 @@ impl Model {
             start += seg.tokens.len();
         }
         let n_rows = rows.len();
-        let (qd, kvd, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let widths = Widths::of(self, n);
+        let routes = n * widths.n_used;
         let meeting = match pool.n_threads() {
             1 => 0,
             n_threads => {
@@ -313,11 +317,22 @@ impl Model {
             v: SharedSlice::new(sized(&mut s.v, n * kvd)),
             attn: SharedSlice::new(sized(&mut s.attn, n * qd)),
             o: SharedSlice::new(sized(&mut s.o, n * e)),
-            gate: SharedSlice::new(sized(&mut s.gate, n * ff)),
-            up: SharedSlice::new(sized(&mut s.up, n * ff)),
+            gate: SharedSlice::new(sized(&mut s.gate, n * widths.ffn)),
+            up: SharedSlice::new(sized(&mut s.up, n * widths.ffn)),
+            router: SharedSlice::new(sized(&mut s.router, n * widths.n_expert)),
+            route_experts: SharedSlice::new(sized(&mut s.route_experts, routes)),
+            route_weights: SharedSlice::new(sized(&mut s.route_weights, routes)),
+            grouped: SharedSlice::new(sized(&mut s.grouped, routes)),
+            expert_starts: SharedSlice::new(sized(
+                &mut s.expert_starts,
+                widths.n_expert + usize::from(widths.n_expert > 0),
+            )),
+            route_slots: SharedSlice::new(sized(&mut s.route_slots, routes)),
+            expert_in: SharedSlice::new(sized(&mut s.expert_in, routes * e)),
+            expert_out: SharedSlice::new(sized(&mut s.expert_out, routes * e)),
             normed: SharedSlice::new(sized(&mut s.normed, n_rows * e)),
             logits: SharedSlice::new(sized(&mut s.logits, n_rows * cfg.n_vocab)),
-            prepared: s.linear.shared(n, e.max(qd).max(ff)),
+            prepared: s.linear.shared(n.max(routes), widths.max_in),
         };
         let pass = Pass {
             places: &s.places,

@@ -50,16 +50,59 @@ pub struct Scratch {
     pub(super) v: Vec<f32>,    // [n_tokens, kv_dim]
     pub(super) attn: Vec<f32>, // [n_tokens, q_dim]
     pub(super) o: Vec<f32>,    // [n_tokens, n_embd]
-    pub(super) gate: Vec<f32>, // [n_tokens, n_ff]
-    pub(super) up: Vec<f32>,   // [n_tokens, n_ff]
+    /// `[n_tokens, n_ff]`, or a routed block's `[n_tokens · n_used, n_ff of an expert]`.
+    pub(super) gate: Vec<f32>,
+    pub(super) up: Vec<f32>,
+    /// Routed experts (all empty for a dense model): the router's scores
+    /// `[n_tokens, n_expert]`, each row's experts and weights `[n_tokens, n_used]`, the
+    /// routes grouped by expert (`[n_tokens · n_used]`, `[n_expert + 1]` starts, and each
+    /// route's slot), and the grouped rows' inputs and outputs `[n_tokens · n_used, n_embd]`.
+    pub(super) router: Vec<f32>,
+    pub(super) route_experts: Vec<u32>,
+    pub(super) route_weights: Vec<f32>,
+    pub(super) grouped: Vec<u32>,
+    pub(super) expert_starts: Vec<u32>,
+    pub(super) route_slots: Vec<u32>,
+    pub(super) expert_in: Vec<f32>,
+    pub(super) expert_out: Vec<f32>,
     pub(super) linear: LinearScratch,
     /// When set, every projection input's per-channel peaks are recorded here.
     pub calibration: Option<Calibration>,
 }
 
-pub(super) fn sized(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
+pub(super) fn sized<T: Default + Clone>(buf: &mut Vec<T>, len: usize) -> &mut [T] {
+    buf.resize(len, T::default());
     &mut buf[..len]
+}
+
+/// The shapes a pass's buffers are sized from besides its rows.
+pub(super) struct Widths {
+    /// Rows a projection may take: the pass's rows, or its routed rows.
+    pub(super) max_rows: usize,
+    /// The widest projection input.
+    pub(super) max_in: usize,
+    /// Values per row of `gate` and `up`.
+    pub(super) ffn: usize,
+    pub(super) n_expert: usize,
+    /// Experts per token.
+    pub(super) n_used: usize,
+}
+
+impl Widths {
+    pub(super) fn of(model: &Model, n_tokens: usize) -> Self {
+        let cfg = &model.config;
+        let (n_expert, n_used, expert_ff) = cfg
+            .experts
+            .as_ref()
+            .map_or((0, 0, 0), |x| (x.n_expert, x.n_used, x.n_ff));
+        Self {
+            max_rows: n_tokens.max(n_tokens * n_used),
+            max_in: cfg.n_embd.max(cfg.q_dim()).max(cfg.n_ff).max(expert_ff),
+            ffn: cfg.n_ff.max(n_used * expert_ff),
+            n_expert,
+            n_used,
+        }
+    }
 }
 
 /// `buf` grown to `len` floats if shorter, never shrunk: a buffer whose length follows
@@ -83,7 +126,9 @@ impl Scratch {
         n_threads: usize,
     ) -> Self {
         let cfg = &model.config;
-        let (e, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+        let (e, qd, kvd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim());
+        let widths = Widths::of(model, n_tokens);
+        let routes = n_tokens * widths.n_used;
         let with = |len: usize| Vec::with_capacity(len);
         Self {
             places: Vec::with_capacity(n_tokens),
@@ -108,9 +153,17 @@ impl Scratch {
             v: with(n_tokens * kvd),
             attn: with(n_tokens * qd),
             o: with(n_tokens * e),
-            gate: with(n_tokens * ff),
-            up: with(n_tokens * ff),
-            linear: LinearScratch::for_shape(n_tokens, e.max(qd).max(ff)),
+            gate: with(n_tokens * widths.ffn),
+            up: with(n_tokens * widths.ffn),
+            router: with(n_tokens * widths.n_expert),
+            route_experts: Vec::with_capacity(routes),
+            route_weights: with(routes),
+            grouped: Vec::with_capacity(routes),
+            expert_starts: Vec::with_capacity(widths.n_expert + 1),
+            route_slots: Vec::with_capacity(routes),
+            expert_in: with(routes * e),
+            expert_out: with(routes * e),
+            linear: LinearScratch::for_shape(widths.max_rows, widths.max_in),
             calibration: None,
         }
     }
@@ -133,6 +186,16 @@ impl Scratch {
             &self.o,
             &self.gate,
             &self.up,
+            &self.router,
+            &self.route_weights,
+            &self.expert_in,
+            &self.expert_out,
+        ];
+        let indices = [
+            &self.route_experts,
+            &self.grouped,
+            &self.expert_starts,
+            &self.route_slots,
         ];
         let scores: usize = self
             .scores
@@ -144,6 +207,7 @@ impl Scratch {
             + cap(&self.single_rows)
             + cap(&self.logit_rows)
             + floats.into_iter().map(cap).sum::<usize>()
+            + indices.into_iter().map(cap).sum::<usize>()
             + scores
             + self.linear.reserved_bytes()
     }
@@ -167,8 +231,16 @@ pub(super) struct Buffers<'s> {
     pub(super) v: SharedSlice<'s, f32>, // [n, kv_dim]
     pub(super) attn: SharedSlice<'s, f32>, // [n, q_dim]
     pub(super) o: SharedSlice<'s, f32>, // [n, n_embd] output of a block, added to `x` next step
-    pub(super) gate: SharedSlice<'s, f32>, // [n, n_ff]
-    pub(super) up: SharedSlice<'s, f32>, // [n, n_ff]
+    pub(super) gate: SharedSlice<'s, f32>, // [n, n_ff] or [n · n_used, n_ff of an expert]
+    pub(super) up: SharedSlice<'s, f32>, // as `gate`
+    pub(super) router: SharedSlice<'s, f32>, // [n, n_expert]
+    pub(super) route_experts: SharedSlice<'s, u32>, // [n, n_used]
+    pub(super) route_weights: SharedSlice<'s, f32>, // [n, n_used]
+    pub(super) grouped: SharedSlice<'s, u32>, // [n · n_used] routes, expert by expert
+    pub(super) expert_starts: SharedSlice<'s, u32>, // [n_expert + 1]
+    pub(super) route_slots: SharedSlice<'s, u32>, // [n · n_used] each route's place in `grouped`
+    pub(super) expert_in: SharedSlice<'s, f32>, // [n · n_used, n_embd] grouped rows' inputs
+    pub(super) expert_out: SharedSlice<'s, f32>, // [n · n_used, n_embd] and outputs
     pub(super) normed: SharedSlice<'s, f32>, // [n_rows, n_embd]
     pub(super) logits: SharedSlice<'s, f32>, // [n_rows, n_vocab]
     pub(super) prepared: PreparedInput<'s>,

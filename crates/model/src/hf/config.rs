@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::{Activation, Architecture, SlidingWindow};
+use crate::config::{Activation, Architecture, Experts, SlidingWindow};
 use crate::rope_scaling::{RopeScaling, Yarn};
 use crate::{ModelConfig, ModelError, Result};
 
@@ -79,13 +79,14 @@ fn architecture(json: &Json) -> Result<Architecture> {
         Some("qwen3") => Ok(Architecture::Qwen3),
         Some("smollm3") => Ok(Architecture::SmolLM3),
         Some("phi3") => Ok(Architecture::Phi3),
+        Some("qwen3_moe") => Ok(Architecture::Qwen3Moe),
         Some("gemma3") => Err(bad(
             "config.json is a multimodal Gemma 3 (model_type 'gemma3'); only the text model \
              (Gemma3ForCausalLM, model_type 'gemma3_text') loads from a directory"
                 .to_string(),
         )),
         Some(other) => Err(bad(format!(
-            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, smollm3, phi3, gemma3_text)"
+            "model_type '{other}' is not supported (supported: llama, qwen2, qwen3, qwen3_moe, smollm3, phi3, gemma3_text)"
         ))),
         None => Err(bad("config.json has no 'model_type'".to_string())),
     }
@@ -179,6 +180,7 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         rope_scale: 1.0,
         pooling: None,
         no_rope_layers: no_rope_layers(&json, arch, n_layer)?,
+        experts: experts(&json, arch, n_layer)?,
     };
     // Checked before the factors are sized from head_dim.
     cfg.validate()?;
@@ -186,6 +188,45 @@ pub(crate) fn model_config(root: &Value, name: &str) -> Result<ModelConfig> {
         cfg.apply_rope_scaling(scaling)?;
     }
     Ok(cfg)
+}
+
+/// Qwen3-MoE's routed experts, as transformers reads them: layer `l` is dense when listed in
+/// `mlp_only_layers` or when `(l + 1)` is not a multiple of `decoder_sparse_step`.
+fn experts(json: &Json, arch: Architecture, n_layer: usize) -> Result<Option<Experts>> {
+    if arch != Architecture::Qwen3Moe {
+        return Ok(None);
+    }
+    let n_expert = match json.opt_usize("num_experts")? {
+        Some(n) => n,
+        None => json.usize("num_local_experts")?,
+    };
+    let step = json.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(bad("decoder_sparse_step must be at least 1".to_string()));
+    }
+    let only_mlp: Vec<usize> = match json.get("mlp_only_layers").filter(|v| !v.is_null()) {
+        None => Vec::new(),
+        Some(Value::Array(layers)) => layers
+            .iter()
+            .map(|l| {
+                l.as_u64()
+                    .map(|l| l as usize)
+                    .filter(|&l| l < n_layer)
+                    .ok_or_else(|| bad(format!("mlp_only_layers holds {l}, not a layer index")))
+            })
+            .collect::<Result<_>>()?,
+        Some(other) => return Err(bad(format!("mlp_only_layers is {other}, not a list"))),
+    };
+    Ok(Some(Experts {
+        n_expert,
+        n_used: json.usize("num_experts_per_tok")?,
+        n_ff: json.usize("moe_intermediate_size")?,
+        // Qwen3MoeConfig's default.
+        normalize: json.flag("norm_topk_prob"),
+        dense_layers: (0..n_layer)
+            .filter(|l| only_mlp.contains(l) || !(l + 1).is_multiple_of(step))
+            .collect(),
+    }))
 }
 
 /// SmolLM3's layers without RoPE: `no_rope_layers` (1 rotates, 0 does not, one per layer)
@@ -260,7 +301,10 @@ fn refuse_unimplemented(json: &Json, arch: Architecture) -> Result<()> {
             )));
         }
     }
-    if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) && json.flag("use_sliding_window")
+    if matches!(
+        arch,
+        Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Qwen3Moe
+    ) && json.flag("use_sliding_window")
     {
         return Err(bad(format!(
             "{}'s use_sliding_window is not implemented",
@@ -498,6 +542,30 @@ mod tests {
             .join(name)
             .join("config.json");
         serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    /// Qwen3-MoE's experts as transformers reads them: `num_experts` (or transformers 5's
+    /// `num_local_experts`), and layers left dense by `mlp_only_layers` or off
+    /// `decoder_sparse_step`.
+    #[test]
+    fn qwen3_moe_experts_and_dense_layers() {
+        let mut json = fixture_config("tiny-qwen3moe");
+        let experts = model_config(&json, "m").unwrap().experts.unwrap();
+        assert_eq!((experts.n_expert, experts.n_used, experts.n_ff), (8, 3, 48));
+        assert!(experts.normalize && experts.dense_layers.is_empty());
+        let count = json.as_object_mut().unwrap().remove("num_local_experts");
+        json["num_experts"] = count.unwrap_or(json!(8));
+        json["num_hidden_layers"] = json!(4);
+        json["decoder_sparse_step"] = json!(2);
+        json["mlp_only_layers"] = json!([3]);
+        let experts = model_config(&json, "m").unwrap().experts.unwrap();
+        assert_eq!((experts.n_expert, experts.dense_layers), (8, vec![0, 2, 3]));
+        json["num_experts_per_tok"] = json!(9);
+        let error = model_config(&json, "m").unwrap_err().to_string();
+        assert!(error.contains("8 experts of 48 routed 9 per token"), "{error}");
+        json["mlp_only_layers"] = json!([7]);
+        let error = model_config(&json, "m").unwrap_err().to_string();
+        assert!(error.contains("mlp_only_layers holds 7"), "{error}");
     }
 
     /// transformers 4 wrote `rope_theta`, `rope_scaling`, `rope_local_base_freq` and

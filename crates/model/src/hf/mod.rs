@@ -1,6 +1,6 @@
 //! Hugging Face checkpoints: a directory with `config.json` and one or more
 //! `*.safetensors` files (with `model.safetensors.index.json` when sharded), for the
-//! Llama, Qwen2 and Gemma 3 (text) architectures.
+//! architectures [`Architecture`] names.
 //!
 //! Tensors are offered under GGUF's names and in GGUF's conventions, as llama.cpp's
 //! converter would write them, so everything past loading knows one format: Llama's Q/K
@@ -216,8 +216,39 @@ impl TensorSource for HfCheckpoint {
         Ok(data)
     }
 
+    fn expert_f32(
+        &self,
+        name: &str,
+        expert: usize,
+        [n_rows, n_cols, n_expert]: [usize; 3],
+    ) -> Result<Vec<f32>> {
+        let key = expert_key(name, expert);
+        let mapped = self.tensors.get(&key).ok_or_else(|| {
+            ModelError::MissingTensor(format!(
+                "{name}, expert {expert} of {n_expert} (mlp.experts.{expert}.*)"
+            ))
+        })?;
+        let found = mapped.entry.ggml_dims();
+        if found != [n_cols as u64, n_rows as u64] || expert >= n_expert {
+            return Err(ModelError::TensorShape {
+                name: key,
+                expected: vec![n_cols as u64, n_rows as u64],
+                found,
+            });
+        }
+        self.tensor_f32(&key)
+    }
+
     fn release(&self, name: &str) {
         if let Some(mapped) = self.tensors.get(name) {
+            self.shards[mapped.shard].release(&mapped.entry);
+            return;
+        }
+        // A stacked experts' name: each expert's own tensor.
+        for expert in 0.. {
+            let Some(mapped) = self.tensors.get(&expert_key(name, expert)) else {
+                break;
+            };
             self.shards[mapped.shard].release(&mapped.entry);
         }
     }
@@ -299,8 +330,9 @@ fn ignored(hf_name: &str, tied: bool) -> bool {
 /// tensor this architecture does not have.
 fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Transform)> {
     let gemma = cfg.arch == Architecture::Gemma3;
-    let qwen3 = cfg.arch == Architecture::Qwen3;
+    let qk_norms = cfg.arch.has_qk_norms();
     let phi3 = cfg.arch == Architecture::Phi3;
+    let moe = cfg.layer_experts(layer_of(hf_name)?).is_some();
     let norm = if gemma {
         Transform::AddOne
     } else {
@@ -348,11 +380,48 @@ fn gguf_name(hf_name: &str, cfg: &ModelConfig, tied: bool) -> Option<(String, Tr
         "post_attention_layernorm.weight" => ("ffn_norm.weight", norm),
         "pre_feedforward_layernorm.weight" if gemma => ("ffn_norm.weight", norm),
         "post_feedforward_layernorm.weight" if gemma => ("post_ffw_norm.weight", norm),
-        "self_attn.q_norm.weight" if gemma || qwen3 => ("attn_q_norm.weight", norm),
-        "self_attn.k_norm.weight" if gemma || qwen3 => ("attn_k_norm.weight", norm),
+        "self_attn.q_norm.weight" if qk_norms => ("attn_q_norm.weight", norm),
+        "self_attn.k_norm.weight" if qk_norms => ("attn_k_norm.weight", norm),
+        "mlp.gate.weight" if moe => ("ffn_gate_inp.weight", Transform::None),
+        _ if moe => return expert_name(layer, tensor),
         _ => return None,
     };
     Some((format!("blk.{layer}.{gguf}"), transform))
+}
+
+/// The layer index of a `model.layers.N.…` tensor (0 for others, whose layer is never
+/// asked).
+fn layer_of(hf_name: &str) -> Option<usize> {
+    match hf_name.strip_prefix("model.layers.") {
+        Some(rest) => rest.split('.').next()?.parse().ok(),
+        None => Some(0),
+    }
+}
+
+/// One expert's projection (`mlp.experts.E.gate_proj.weight`) under the name of llama.cpp's
+/// stacked tensor and the expert's index: `blk.N.ffn_gate_exps.weight#E`, which
+/// [`TensorSource::expert_f32`] reads.
+fn expert_name(layer: usize, tensor: &str) -> Option<(String, Transform)> {
+    let rest = tensor.strip_prefix("mlp.experts.")?;
+    let (index, projection) = rest.split_once('.')?;
+    let expert: usize = index.parse().ok()?;
+    if index != expert.to_string() {
+        return None;
+    }
+    let stacked = match projection {
+        "gate_proj.weight" => "ffn_gate_exps.weight",
+        "up_proj.weight" => "ffn_up_exps.weight",
+        "down_proj.weight" => "ffn_down_exps.weight",
+        _ => return None,
+    };
+    Some((
+        expert_key(&format!("blk.{layer}.{stacked}"), expert),
+        Transform::None,
+    ))
+}
+
+fn expert_key(stacked: &str, expert: usize) -> String {
+    format!("{stacked}#{expert}")
 }
 
 /// llama.cpp's Q/K permutation: within each head, row `half * d/2 + i` (rotate-half

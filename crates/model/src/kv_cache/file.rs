@@ -247,6 +247,7 @@ mod kv_file_tests {
             rope_scale: 1.0,
             pooling: None,
             no_rope_layers: Vec::new(),
+            experts: None,
         }
     }
 
