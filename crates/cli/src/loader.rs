@@ -10,15 +10,16 @@ use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{Calibration, Checkpoint, KvType, Model, Precision};
-use pyramid_registry::{IndicatifProgress, ModelCache, DEFAULT_MODEL};
+use pyramid_registry::{HfHub, HfModelId, IndicatifProgress, ModelCache, DEFAULT_MODEL, HF_PREFIX};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A known model name (see `pyramid models`), a path to a GGUF file or to a Hugging
-    /// Face model directory (config.json, *.safetensors, tokenizer.json), or
-    /// `synthetic:SHAPE` (random weights shaped like qwen2.5-0.5b/1.5b/3b/7b or
-    /// llama-3.2-1b/3b: for speed scaling only).
+    /// A known model name (see `pyramid models`), a path to a GGUF file (a split model's
+    /// first part) or to a Hugging Face model directory (config.json, *.safetensors,
+    /// tokenizer.json), a Hugging Face id `hf:ORG/REPO[:QUANT|/FILE]` (downloaded into
+    /// the Hugging Face cache on first use), or `synthetic:SHAPE` (random weights shaped
+    /// like qwen2.5-0.5b/1.5b/3b/7b or llama-3.2-1b/3b: for speed scaling only).
     #[arg(long, short = 'm', default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Worker threads (default: one per core).
@@ -57,9 +58,9 @@ pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
     })
 }
 
-/// What the model at `path` is by content ([`ModelCache::model_identity`]): of its file,
-/// or for a Hugging Face directory of its `config.json`, weight files and
-/// `tokenizer.json` together (calibration tokenizes a text). Read only by commands that
+/// What the model at `path` is by content ([`ModelCache::model_identity`]): of its file
+/// (every part of a split GGUF), or for a Hugging Face directory of its `config.json`,
+/// weight files and `tokenizer.json` together (calibration tokenizes a text). Read only by commands that
 /// key sessions, artifacts or calibrations, not on every load; a file is read through
 /// once, then its digest is remembered.
 pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
@@ -69,7 +70,11 @@ pub fn file_model_id(path: &std::path::Path) -> Result<u64> {
         files.push(path.join("tokenizer.json"));
         files
     } else {
-        vec![path.to_path_buf()]
+        let file = pyramid_gguf::GgufFile::open(path)?;
+        match file.split_paths() {
+            [] => vec![path.to_path_buf()],
+            parts => parts.to_vec(),
+        }
     };
     Ok(ModelCache::from_env()?.model_identity(&files)?)
 }
@@ -133,9 +138,14 @@ fn text_id(text: &str) -> u64 {
 /// shapes (`synthetic:qwen2.5-1.5b`): speed measurements only, never quality.
 pub const SYNTHETIC_PREFIX: &str = "synthetic:";
 
-/// A known name becomes a cached path, fetched first if needed; a `synthetic:` name is
-/// written once into `$PYRAMID_HOME/synthetic`.
+/// A known name becomes a cached path, fetched first if needed; an `hf:` id the path in
+/// the Hugging Face cache, downloaded first if needed; a `synthetic:` name is written once
+/// into `$PYRAMID_HOME/synthetic`.
 pub fn resolve_model_path(name_or_path: &str) -> Result<PathBuf> {
+    if name_or_path.starts_with(HF_PREFIX) {
+        let id = HfModelId::parse(name_or_path)?;
+        return Ok(HfHub::from_env()?.resolve(&id, &IndicatifProgress::new())?);
+    }
     let cache = ModelCache::from_env()?;
     if let Some(shape) = name_or_path.strip_prefix(SYNTHETIC_PREFIX) {
         return synthetic_model_path(&cache, shape);

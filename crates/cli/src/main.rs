@@ -48,7 +48,7 @@ enum Command {
     Devices(commands::devices::DevicesArgs),
     /// List the models known by name and whether they are cached.
     Models,
-    /// Download a known model into the cache.
+    /// Download a known model, or one by Hugging Face id (hf:ORG/REPO[:QUANT|/FILE]), into its cache.
     Fetch(commands::models::FetchArgs),
 }
 

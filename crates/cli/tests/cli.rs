@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use pyramid_model::synthetic::{retype_tensor, synthetic_gguf, SyntheticSpec};
 use pyramid_model::Architecture;
-use pyramid_testdata::{models_dir, refs as golden};
+use pyramid_testdata::{models_dir, refs as golden, FAMILY_FIXTURES};
 use serde_json::Value;
 
 fn pyramid(args: &[&str], home: &Path) -> Output {
@@ -1056,7 +1056,7 @@ fn hf_fixture(name: &str) -> String {
 #[test]
 fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
     let f = Fixture::new();
-    for name in ["tiny-qwen3", "tiny-smollm3", "tiny-phi3"] {
+    for name in FAMILY_FIXTURES {
         let dir = hf_fixture(name);
         let reference: Value = serde_json::from_str(
             &std::fs::read_to_string(Path::new(&dir).join("reference.json")).unwrap(),
@@ -1094,6 +1094,7 @@ fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
             let shown = match name {
                 "tiny-qwen3" => "rope scaled: 16 frequencies divided by 1..4",
                 "tiny-phi3" => "rope rotates 8 of 16 dims per head",
+                "tiny-qwen3moe" => "routed experts: 8 of ffn 48, 3 per token, weights renormalised",
                 _ => "layers without rope: [3]",
             };
             assert!(stdout(&out).contains(shown), "{model}: {}", stdout(&out));
@@ -1166,4 +1167,88 @@ fn a_hugging_face_directory_runs_chats_and_inspects() {
     let out = f.run(&["run", "-m", f.home().to_str().unwrap(), "-p", "x"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("no config.json"), "{}", stderr(&out));
+}
+
+/// `-m hf:ORG/REPO:QUANT` runs a model another tool left in the Hugging Face cache, here
+/// split in three parts, with no request (the endpoint is a closed port): the whole
+/// file's greedy tokens, at f32 and at the default (calibrated) precision; `pyramid
+/// fetch` prints its path, and a malformed id is one line.
+#[test]
+fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {
+    use pyramid_gguf::{split::split_file_name, GgufFile, GgufWriter};
+    let f = Fixture::new();
+    let whole = format!("{}/tiny-qwen3.gguf", hf_fixture("tiny-qwen3"));
+    let parts = GgufWriter::from_file(&GgufFile::open(&whole).unwrap())
+        .unwrap()
+        .to_split_bytes(3)
+        .unwrap();
+    // The layout huggingface_hub writes: blobs, a snapshot of links, the ref.
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = f.home().join("hf/hub/models--test--tiny-qwen3-GGUF");
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    for (idx, bytes) in parts.iter().enumerate() {
+        let blob = format!("blob{idx}");
+        std::fs::write(repo.join("blobs").join(&blob), bytes).unwrap();
+        let link = snapshot.join(split_file_name("tiny-qwen3-Q8_0", idx, 3));
+        std::os::unix::fs::symlink(format!("../../blobs/{blob}"), link).unwrap();
+    }
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_pyramid"))
+            .args(args)
+            .env("PYRAMID_HOME", f.home())
+            .env("HF_HOME", f.home().join("hf"))
+            .env("HF_ENDPOINT", &endpoint)
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("HF_TOKEN")
+            .env_remove("PYRAMID_ISA")
+            .stdin(Stdio::null())
+            .output()
+            .expect("pyramid runs")
+    };
+    let id = "hf:test/tiny-qwen3-GGUF:q8_0";
+    for precision in ["f32", "int8"] {
+        let tokens = |model: &str| {
+            let out = run(&[
+                "run",
+                "-m",
+                model,
+                "--precision",
+                precision,
+                "-p",
+                "The capital",
+                "-n",
+                "6",
+                "--temperature",
+                "0",
+                "--ignore-eos",
+                "--json",
+            ]);
+            assert_ok(&out);
+            let tokens = serde_json::from_str::<Value>(&stdout(&out)).unwrap()["tokens"].clone();
+            assert_eq!(tokens.as_array().map(Vec::len), Some(6), "{model}");
+            tokens
+        };
+        assert_eq!(tokens(id), tokens(&whole), "{precision}");
+    }
+    let out = run(&["fetch", id]);
+    assert_ok(&out);
+    assert_eq!(
+        stdout(&out).trim(),
+        snapshot
+            .join("tiny-qwen3-Q8_0-00001-of-00003.gguf")
+            .to_str()
+            .unwrap()
+    );
+    let out = run(&["run", "-m", "hf:tiny-qwen3", "-p", "x"]);
+    assert!(!out.status.success());
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("ORG/REPO"), "{}", stderr(&out));
 }

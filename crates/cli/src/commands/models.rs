@@ -2,7 +2,10 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use pyramid_registry::{known_models, IndicatifProgress, KnownModel, ModelCache, DEFAULT_MODEL};
+use pyramid_registry::{
+    known_models, HfHub, HfModelId, IndicatifProgress, KnownModel, ModelCache, DEFAULT_MODEL,
+    HF_PREFIX,
+};
 
 pub fn list() -> Result<()> {
     let cache = ModelCache::from_env()?;
@@ -27,16 +30,27 @@ pub fn list() -> Result<()> {
         );
     }
     println!("cache: {}", cache.models_dir().display());
+    println!(
+        "models by Hugging Face id (hf:ORG/REPO[:QUANT|/FILE]) are kept in {}",
+        HfHub::from_env()?.cache_dir().display()
+    );
     Ok(())
 }
 
 #[derive(Args, Debug)]
 pub struct FetchArgs {
-    /// A known model name (see `pyramid models`).
+    /// A known model name (see `pyramid models`), or a Hugging Face id
+    /// `hf:ORG/REPO[:QUANT|/FILE]`.
     pub name: String,
 }
 
 pub fn fetch(args: FetchArgs) -> Result<()> {
+    if args.name.starts_with(HF_PREFIX) {
+        let id = HfModelId::parse(&args.name)?;
+        let path = HfHub::from_env()?.resolve(&id, &IndicatifProgress::new())?;
+        println!("{}", path.display());
+        return Ok(());
+    }
     let model = KnownModel::by_name(&args.name).with_context(|| {
         let names: Vec<&str> = known_models().iter().map(|m| m.name).collect();
         format!(
