@@ -26,6 +26,9 @@ pub struct ChatMessage {
     pub tool_calls: Vec<ToolCall>,
     /// The call a `tool` turn answers.
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thought, apart from its `content` (OpenAI-style clients send it
+    /// back as `reasoning_content`; Qwen3's template prints it inside `<think>`).
+    pub reasoning_content: Option<String>,
 }
 
 /// A function call in an assistant turn, as templates read it
@@ -45,11 +48,12 @@ impl ChatMessage {
             content: content.into(),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 
-    /// The message as Hugging Face passes it to templates: `tool_calls` and
-    /// `tool_call_id` only where present.
+    /// The message as Hugging Face passes it to templates: `tool_calls`,
+    /// `tool_call_id` and `reasoning_content` only where present.
     fn to_value(&self) -> Value {
         let mut fields = vec![
             ("role", Value::from(self.role.as_str())),
@@ -74,6 +78,9 @@ impl ChatMessage {
         }
         if let Some(id) = &self.tool_call_id {
             fields.push(("tool_call_id", Value::from(id.as_str())));
+        }
+        if let Some(thought) = &self.reasoning_content {
+            fields.push(("reasoning_content", Value::from(thought.as_str())));
         }
         Value::from_iter(fields)
     }

@@ -1,5 +1,6 @@
 //! A chat request's `messages`: roles, content as a string or text parts, assistant
-//! `tool_calls` and `tool` results, as the chat template reads them.
+//! `tool_calls` and `reasoning_content`, and `tool` results, as the chat template reads
+//! them.
 
 use pyramid_tokenizer::{ChatMessage, ToolCall};
 use serde_json::{Map, Value};
@@ -103,6 +104,23 @@ pub(super) fn messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, Api
                     return Err(ApiError::bad_param(
                         at("tool_call_id"),
                         format!("{} must be a string, on tool messages", at("tool_call_id")),
+                    ))
+                }
+            }
+            // An earlier reply's thought, as this server returns it: templates that think
+            // (Qwen3's) print it again within the turn that is still calling tools.
+            match m.get("reasoning_content") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(thought)) if role == "assistant" => {
+                    message.reasoning_content = Some(thought.clone())
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_param(
+                        at("reasoning_content"),
+                        format!(
+                            "{} must be a string, on assistant messages",
+                            at("reasoning_content")
+                        ),
                     ))
                 }
             }

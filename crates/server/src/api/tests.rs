@@ -25,6 +25,19 @@ fn a_full_request_parses() {
 }
 
 #[test]
+fn an_assistant_thought_sent_back_reaches_the_template() {
+    let r = chat(
+        r#"{"model": "m", "messages": [{"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "Two and two."},
+        {"role": "assistant", "content": "", "reasoning_content": null}]}"#,
+    )
+    .unwrap();
+    let Prompt::Chat(m) = &r.prompt else { panic!() };
+    let thoughts: Vec<_> = m.iter().map(|m| m.reasoning_content.as_deref()).collect();
+    assert_eq!(thoughts, [None, Some("Two and two."), None]);
+}
+
+#[test]
 fn bad_values_name_their_parameter() {
     for (body, param) in [
         (r#"{"model": "m", "messages": []}"#, "messages"),
@@ -67,6 +80,10 @@ fn bad_values_name_their_parameter() {
         (
             r#"{"messages": [{"role": "user", "content": "x"}]}"#,
             "model",
+        ),
+        (
+            r#"{"model": "m", "messages": [{"role": "user", "content": "x", "reasoning_content": "y"}]}"#,
+            "messages[0].reasoning_content",
         ),
     ] {
         let err = chat(body).unwrap_err();
