@@ -128,7 +128,7 @@ impl ChatTemplate {
         // text sent to clients, and minijinja's renders of it can panic on a malformed
         // template's span (`{% for in x %}`, found by fuzzing): errors stay plain.
         env.set_debug(false);
-        env.add_template_owned(TEMPLATE_NAME, source.clone())?;
+        env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))?;
         Ok(ChatTemplate {
             env,
             source,
@@ -237,6 +237,45 @@ impl std::io::Write for CappedText {
     }
 }
 
+/// `source` with transformers' `{% generation %}…{% endgeneration %}` tags (they mark
+/// the assistant's text for training masks, as SmolLM3's template does) as the block that
+/// renders its body unchanged, `{% if true %}…{% endif %}`, whitespace control kept:
+/// minijinja knows no such tag and would refuse the whole template.
+fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(open) = rest.find("{%") {
+        let (before, tag) = rest.split_at(open);
+        out.push_str(before);
+        let body = &tag[2..];
+        let marker = body.len() - body.trim_start_matches(['-', '+']).len();
+        let inner = body[marker..].trim_start();
+        let keyword = ["endgeneration", "generation"].into_iter().find(|k| {
+            inner.strip_prefix(k).is_some_and(|after| {
+                let after = after.trim_start();
+                after.starts_with("%}") || after.starts_with("-%}") || after.starts_with("+%}")
+            })
+        });
+        match keyword {
+            Some(keyword) => {
+                out.push_str(&tag[..2 + marker]);
+                out.push_str(if keyword == "generation" {
+                    " if true"
+                } else {
+                    " endif"
+                });
+                rest = &inner[keyword.len()..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = body;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Templates call `raise_exception("...")` to reject conversations they cannot format.
 fn raise_exception(message: String) -> std::result::Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
@@ -326,6 +365,16 @@ mod tests {
             .render(&[ChatMessage::new("system", " y ")], false)
             .unwrap_err();
         assert!(err.to_string().contains("no system: y"), "{err}");
+    }
+
+    #[test]
+    fn generation_tags_become_plain_blocks_and_nothing_else_changes() {
+        assert_eq!(
+            without_generation_tags(
+                "{%generation%}a{%- endgeneration +%}{% if generation_x %}{{ '{%' }}{% endif %}{%"
+            ),
+            "{% if true%}a{%- endif +%}{% if generation_x %}{{ '{%' }}{% endif %}{%"
+        );
     }
 
     #[test]

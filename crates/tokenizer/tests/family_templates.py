@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates tests/data/family_templates.json: the chat templates of Qwen3, SmolLM3 and
-Phi-3.5 (tests/data/templates/) rendered by transformers (`render_jinja_template`, Jinja2
-with transformers' `tojson`) for plain and multi-turn chats, tools with assistant tool
+Phi-3.5, and one with `{% generation %}` tags (tests/data/templates/), rendered by
+transformers (`render_jinja_template`, Jinja2 with transformers' `tojson`) for plain and multi-turn chats, tools with assistant tool
 calls and tool results, assistant turns with their reasoning (a `reasoning_content`
 field, or `<think>…</think>` in the content as clients send it back), and each family's
 switches (`enable_thinking`, SmolLM3's `/think` and `/no_think` in the system prompt).
@@ -27,6 +27,8 @@ TEMPLATES = {
     "Qwen-Qwen3-0.6B.jinja": {"bos_token": "", "eos_token": "<|im_end|>"},
     "HuggingFaceTB-SmolLM3-3B.jinja": {"bos_token": "", "eos_token": "<|im_end|>"},
     "microsoft-Phi-3.5-mini-instruct.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
+    # SmolLM3's own template marks assistant turns with transformers' {% generation %} tags.
+    "generation-tags.jinja": {"bos_token": "", "eos_token": "<|im_end|>"},
 }
 
 WEATHER = {
