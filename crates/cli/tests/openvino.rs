@@ -533,28 +533,33 @@ fn hugging_face_directories_run_on_openvino_with_the_native_tokens() {
         assert_eq!(tokens(&v), tokens(&native), "{name}");
         assert_eq!(v["route"]["decode"]["executed"], "CPU", "{name}");
     }
-    // Phi-3 rotates part of each head, which the graphs do not: a clear refusal.
-    let phi3 = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/hf/tiny-phi3");
-    let f = Fixture {
-        dir: tempfile::tempdir().unwrap(),
-        model: phi3.to_str().unwrap().to_string(),
-    };
-    let args = [
-        "run",
-        "-m",
-        &f.model,
-        "--device",
-        "ov:CPU",
-        "--precision",
-        "f32",
-        "-p",
-        "Hi",
-    ];
-    let error = error_of(&f.run(&args));
-    assert!(
-        error.contains("partial RoPE (8 of 16 dimensions)"),
-        "{error}"
-    );
+    // Phi-3 rotates part of each head and Qwen3-MoE routes to experts, which the graphs
+    // do not: clear refusals.
+    for (name, refusal) in [
+        ("tiny-phi3", "partial RoPE (8 of 16 dimensions)"),
+        ("tiny-qwen3moe", "routed experts (8 experts, 3 per token)"),
+    ] {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/hf")
+            .join(name);
+        let f = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+            model: dir.to_str().unwrap().to_string(),
+        };
+        let args = [
+            "run",
+            "-m",
+            &f.model,
+            "--device",
+            "ov:CPU",
+            "--precision",
+            "f32",
+            "-p",
+            "Hi",
+        ];
+        let error = error_of(&f.run(&args));
+        assert!(error.contains(refusal), "{name}: {error}");
+    }
 }
 
 /// `pyramid affinity` on SmolLM2 with `cpu,ov:CPU`, kept short: every level for every

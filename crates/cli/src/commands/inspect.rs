@@ -112,6 +112,20 @@ fn print_config(c: &ModelConfig) {
     if !c.no_rope_layers.is_empty() {
         println!("layers without rope: {:?}", c.no_rope_layers);
     }
+    if let Some(x) = &c.experts {
+        let weights = if x.normalize {
+            "renormalised"
+        } else {
+            "as scored"
+        };
+        println!(
+            "routed experts: {} of ffn {}, {} per token, weights {weights}",
+            x.n_expert, x.n_ff, x.n_used
+        );
+        if !x.dense_layers.is_empty() {
+            println!("dense layers:  {:?}", x.dense_layers);
+        }
+    }
     if let Some(pooling) = c.pooling {
         println!("embedding pooling: {}", pooling.name());
     }

@@ -562,7 +562,10 @@ mod tests {
         assert_eq!((experts.n_expert, experts.dense_layers), (8, vec![0, 2, 3]));
         json["num_experts_per_tok"] = json!(9);
         let error = model_config(&json, "m").unwrap_err().to_string();
-        assert!(error.contains("8 experts of 48 routed 9 per token"), "{error}");
+        assert!(
+            error.contains("8 experts of 48 routed 9 per token"),
+            "{error}"
+        );
         json["mlp_only_layers"] = json!([7]);
         let error = model_config(&json, "m").unwrap_err().to_string();
         assert!(error.contains("mlp_only_layers holds 7"), "{error}");
