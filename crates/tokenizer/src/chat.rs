@@ -1,8 +1,10 @@
 //! Chat templates: the Jinja template a model ships in `tokenizer.chat_template`.
 
+use jiff::civil::DateTime;
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use pyramid_gguf::Metadata;
 
+use crate::strftime;
 use crate::vocab::{opt_str, KEY_BOS, KEY_CHAT_TEMPLATE, KEY_EOS, KEY_TOKENS};
 use crate::{Result, TokenizerError};
 
@@ -88,7 +90,8 @@ impl ChatMessage {
 
 /// A compiled chat template, rendered the way Hugging Face's `apply_chat_template` does:
 /// `trim_blocks` and `lstrip_blocks` on, Python string/dict methods available, a
-/// `raise_exception(msg)` function, transformers' `tojson`, and `bos_token`,
+/// `raise_exception(msg)` function, `strftime_now(format)` (the local time, see
+/// `strftime.rs` for the directives), transformers' `tojson`, and `bos_token`,
 /// `eos_token` and `tools` in scope.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -114,6 +117,17 @@ impl ChatTemplate {
         bos_token: impl Into<String>,
         eos_token: impl Into<String>,
     ) -> Result<ChatTemplate> {
+        ChatTemplate::with_clock(source, bos_token, eos_token, strftime::local_now)
+    }
+
+    /// [`ChatTemplate::new`] with `strftime_now` reading `now` rather than the local clock
+    /// (tests render with a fixed date).
+    pub(crate) fn with_clock(
+        source: impl Into<String>,
+        bos_token: impl Into<String>,
+        eos_token: impl Into<String>,
+        now: impl Fn() -> std::result::Result<DateTime, Error> + Send + Sync + 'static,
+    ) -> Result<ChatTemplate> {
         let source = source.into();
         let mut env = Environment::new();
         // Jinja2 as configured by transformers: block tags do not leave their newline and
@@ -122,6 +136,9 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", move |format: &str| {
+            strftime::strftime(now()?, format)
+        });
         env.add_filter("tojson", crate::pyjson::tojson);
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Debug info would put the template's variables (the conversation) into error
@@ -375,6 +392,81 @@ mod tests {
             ),
             "{% if true%}a{%- endif +%}{% if generation_x %}{{ '{%' }}{% endif %}{%"
         );
+    }
+
+    /// Llama 3.2's template without its tool parts: the date block (3.1's and 3.3's read
+    /// the date the same way), the system header and plain turns.
+    const LLAMA_3_2_HEAD: &str = r#"{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}"#;
+
+    fn on_23_july_2024() -> std::result::Result<DateTime, Error> {
+        Ok(jiff::civil::date(2024, 7, 23).at(10, 0, 0, 0))
+    }
+
+    #[test]
+    fn llama_3_2_prints_todays_date_from_strftime_now() {
+        let t = ChatTemplate::with_clock(LLAMA_3_2_HEAD, "<|begin_of_text|>", "", on_23_july_2024)
+            .unwrap();
+        let msgs = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "hi"),
+        ];
+        assert_eq!(
+            t.render(&msgs, false).unwrap(),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n\
+             Cutting Knowledge Date: December 2023\nToday Date: 23 Jul 2024\n\n\
+             Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        );
+        // A caller's `date_string` (transformers' kwargs) wins, as the template reads it first.
+        let kwargs = serde_json::json!({"date_string": "01 Jan 2025"});
+        let out = t
+            .render_with(&msgs, &[], kwargs.as_object().unwrap(), false)
+            .unwrap();
+        assert!(out.contains("Today Date: 01 Jan 2025\n"), "{out}");
+        // The real clock renders too (whatever today is).
+        let out = ChatTemplate::new(LLAMA_3_2_HEAD, "", "")
+            .unwrap()
+            .render(&msgs, false)
+            .unwrap();
+        assert!(!out.contains("26 Jul 2024"), "{out}");
+    }
+
+    #[test]
+    fn smollm3_date_line_renders() {
+        let src = "Today Date: {{ strftime_now('%d %B %Y') }}";
+        let t = ChatTemplate::with_clock(src, "", "", on_23_july_2024).unwrap();
+        assert_eq!(t.render(&[], false).unwrap(), "Today Date: 23 July 2024");
+    }
+
+    #[test]
+    fn an_unsupported_strftime_directive_is_a_template_error_naming_it() {
+        let t = ChatTemplate::with_clock("{{ strftime_now('%Y-%W') }}", "", "", on_23_july_2024)
+            .unwrap();
+        let err = t.render(&[], false).unwrap_err();
+        assert!(matches!(err, TokenizerError::Template(_)), "{err}");
+        assert!(err.to_string().contains("'%W'"), "{err}");
     }
 
     #[test]

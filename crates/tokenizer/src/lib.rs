@@ -25,6 +25,7 @@ mod pyjson;
 mod special;
 mod spm;
 mod stream;
+mod strftime;
 mod vocab;
 
 use pyramid_gguf::Metadata;
