@@ -1078,6 +1078,8 @@ fn newer_families_run_transformers_tokens_and_chat_from_directories_and_gguf() {
                 "-n",
                 "12",
                 "--ignore-eos",
+                // The random weights predict the fixture's control tokens.
+                "--sample-control-tokens",
                 "--json",
             ]);
             assert_ok(&out);
@@ -1251,4 +1253,110 @@ fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {
     assert!(!out.status.success());
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("ORG/REPO"), "{}", stderr(&out));
+}
+
+/// The README's own generating commands (`pyramid run` on the packaged models, and the
+/// quick start's chat) write text: no control token's text and not one word or line
+/// over and over. Commands needing a device or the network are left out; `prompt.txt`
+/// is written for the one that reads it.
+#[test]
+fn the_readme_commands_write_text() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let commands: Vec<Vec<String>> = readme
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            line.strip_prefix("pyramid run ").or_else(|| {
+                line.split_once("-p pyramid-cli -- run ")
+                    .map(|(_, rest)| rest)
+            })
+        })
+        .map(shell_words)
+        .filter(|args| {
+            !args
+                .iter()
+                .any(|a| a.ends_with("device") || a.starts_with("hf:"))
+        })
+        .collect();
+    assert!(commands.len() >= 5, "{commands:?}");
+    let home = models_dir().parent().unwrap().to_path_buf();
+    let cwd = tempfile::tempdir().unwrap();
+    std::fs::write(cwd.path().join("prompt.txt"), "Three facts about the Moon:").unwrap();
+    for args in commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_pyramid"))
+            .arg("run")
+            .args(&args)
+            .current_dir(cwd.path())
+            .env("PYRAMID_HOME", &home)
+            .env_remove("PYRAMID_ISA")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        let text = match serde_json::from_str::<Value>(&stdout(&out)) {
+            Ok(v) => v["text"].as_str().unwrap().to_string(),
+            Err(_) => stdout(&out),
+        };
+        for marker in [
+            "<start_of_",
+            "<end_of_",
+            "<|",
+            "<unused",
+            "<pad>",
+            "<bos>",
+            "<eos>",
+        ] {
+            assert!(
+                !text.contains(marker),
+                "run {args:?} wrote {marker}: {text}"
+            );
+        }
+        let words: Vec<&str> = text.split_whitespace().collect();
+        assert!(!words.is_empty(), "run {args:?} wrote nothing");
+        let most = words
+            .iter()
+            .map(|w| words.iter().filter(|x| *x == w).count())
+            .max()
+            .unwrap_or(0);
+        assert!(
+            words.len() < 8 || most * 3 < words.len(),
+            "run {args:?} repeats one word: {text}"
+        );
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let same = lines.windows(2).filter(|w| w[0] == w[1]).count();
+        assert!(
+            lines.len() < 4 || same * 2 < lines.len(),
+            "run {args:?} repeats one line: {text}"
+        );
+    }
+}
+
+/// A README line's arguments as a shell splits them: double quotes group, a `#` starting
+/// a word begins a comment.
+fn shell_words(line: &str) -> Vec<String> {
+    let (mut words, mut word, mut quoted, mut in_word) = (Vec::new(), String::new(), false, false);
+    for c in line.chars() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                in_word = true;
+            }
+            '#' if !quoted && !in_word => break,
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
 }

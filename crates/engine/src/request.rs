@@ -4,6 +4,8 @@
 //! with [`Event`]s. Detokenisation, stop strings and the formatting of log-probabilities
 //! belong to whoever drives the engine (the server, the CLI).
 
+use std::sync::Arc;
+
 use pyramid_grammar::Constraint;
 use pyramid_model::Pooling;
 use pyramid_runtime::SamplerConfig;
@@ -25,6 +27,9 @@ pub struct Request {
     /// Tokens that end generation when sampled (end of sequence, end of turn); empty to
     /// generate until `max_tokens`.
     pub stop_tokens: Vec<u32>,
+    /// Tokens never sampled, whatever their logits (the tokenizer's `suppressed_ids`:
+    /// control tokens a text reply has no use for); empty to sample the whole vocabulary.
+    pub suppressed_tokens: Arc<[u32]>,
     /// Stop tokens are not sampled before the reply holds this many tokens (unless a
     /// grammar allows nothing else); 0 lets them end it at once.
     pub min_tokens: usize,
@@ -59,6 +64,7 @@ impl Request {
             max_tokens,
             sampler: SamplerConfig::greedy(),
             stop_tokens: Vec::new(),
+            suppressed_tokens: Arc::from([]),
             min_tokens: 0,
             logprobs: None,
             constraint: None,

@@ -159,6 +159,7 @@ impl EngineThread {
         let embeds = core.embeds();
         let worker = Worker {
             stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
+            suppressed_tokens: tokenizer.suppressed_ids().into(),
             core,
             tokenizer,
             pool,
@@ -281,6 +282,7 @@ struct Worker {
     core: Core,
     tokenizer: Arc<Tokenizer>,
     stop_tokens: Vec<u32>,
+    suppressed_tokens: Arc<[u32]>,
     pool: ThreadPool,
     metrics: Arc<Metrics>,
     queued: Arc<AtomicUsize>,
@@ -384,6 +386,7 @@ impl Worker {
                 max_tokens,
                 sampler: job.sampler.clone(),
                 stop_tokens,
+                suppressed_tokens: Arc::clone(&self.suppressed_tokens),
                 min_tokens: job.min_tokens,
                 logprobs: job.logprobs,
                 constraint: job.constraint.take(),

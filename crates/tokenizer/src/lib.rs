@@ -56,6 +56,24 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<end_of_turn>",
 ];
 
+/// Added tokens that mark images, video or audio in the families pyramid runs. Files often
+/// type them as ordinary added tokens (Gemma 3's GGUF: user-defined, like its whitespace
+/// runs and HTML tags), so they are known by their text, as end-of-turn tokens are.
+const MEDIA_MARKER_TEXTS: &[&str] = &[
+    "<start_of_image>",
+    "<end_of_image>",
+    "<image_soft_token>",
+    "<start_of_audio>",
+    "<end_of_audio>",
+    "<audio_soft_token>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|image|>",
+];
+
 /// How many times longer than its NFC composition a text can be, in bytes: a Hangul
 /// syllable written as three jamo (9 bytes) composes to one (3 bytes).
 pub(crate) const MAX_NFC_SHRINK: usize = 4;
@@ -389,6 +407,36 @@ impl Tokenizer {
     /// All ids for which [`Tokenizer::is_end_of_generation`] holds, ascending.
     pub fn end_of_generation_ids(&self) -> &[u32] {
         &self.eog_ids
+    }
+
+    /// Tokens a text-only reply never samples, ascending: the markers of images, video and
+    /// audio (Gemma 3's `<start_of_image>`, Qwen's `<|vision_start|>`), and control,
+    /// unknown and unused tokens that neither end a reply nor appear in the chat template
+    /// (`<pad>`, `<unused12>`, fill-in-the-middle markers, ids the vocabulary leaves
+    /// empty). A model sampling one would go on as if after an image it cannot see. Base Gemma 3 270M ranks `<start_of_image>` within 0.25 nats of its top
+    /// token after "The old lighthouse at the top of the hill" (transformers on the same
+    /// weights agrees), so sampling text must rule such tokens out, not merely hope.
+    pub fn suppressed_ids(&self) -> Vec<u32> {
+        let template = self.chat_template.as_deref().unwrap_or("");
+        let mut ids: Vec<u32> = (0..self.n_vocab() as u32)
+            .filter(|&id| {
+                matches!(
+                    self.token_type(id),
+                    Some(TokenType::Control | TokenType::Unknown | TokenType::Unused)
+                ) && !self.is_end_of_generation(id)
+                    && self
+                        .token_piece(id)
+                        .is_none_or(|piece| piece.is_empty() || !template.contains(piece))
+            })
+            .chain(
+                MEDIA_MARKER_TEXTS
+                    .iter()
+                    .filter_map(|text| self.vocab.find_added(text)),
+            )
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Uses `source` as the chat template instead of the model's own (a model may have

@@ -116,7 +116,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
     let template = crate::loader::chat_template(&loaded.tokenizer)?;
     // Checked now, so a bad flag is reported before the first turn.
     args.sampling
-        .request(0, vec![0], &[])?
+        .request(0, vec![0], &loaded.tokenizer)?
         .sampler
         .check_vocab(loaded.tokenizer.n_vocab())?;
     let grammar = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)?;
@@ -163,9 +163,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
 
         let mut stream = StreamDecoder::new();
         let mut reply_tokens = Vec::new();
-        let mut request = args
-            .sampling
-            .request(turn, prompt, tokenizer.end_of_generation_ids())?;
+        let mut request = args.sampling.request(turn, prompt, tokenizer)?;
         request.constraint = grammar.as_ref().map(ReplyGrammar::constraint).transpose()?;
         let result = engine.generate(&loaded.pool, request, &mut |token| {
             if tokenizer.is_end_of_generation(token) {

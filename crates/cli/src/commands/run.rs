@@ -77,6 +77,11 @@ pub struct SamplingArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Let the reply sample media markers and control tokens outside the chat format
+    /// (never sampled by default), as transformers' `generate` does: to compare tokens
+    /// with it on models that predict them, such as random-weight ones.
+    #[arg(long)]
+    pub sample_control_tokens: bool,
     /// Constrain the reply to JSON valid against the JSON schema in this file.
     #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
     pub json_schema: Option<PathBuf>,
@@ -135,9 +140,14 @@ impl SamplingArgs {
         Ok(Some((grammar, flag, path)))
     }
 
-    /// A request for `prompt` with these settings, ending at `stop_tokens` unless
-    /// `--ignore-eos`.
-    pub fn request(&self, id: RequestId, prompt: Vec<u32>, stop_tokens: &[u32]) -> Result<Request> {
+    /// A request for `prompt` with these settings, ending at the tokenizer's end tokens
+    /// unless `--ignore-eos`, never sampling its suppressed ones.
+    pub fn request(
+        &self,
+        id: RequestId,
+        prompt: Vec<u32>,
+        tokenizer: &Tokenizer,
+    ) -> Result<Request> {
         if self.max_tokens == 0 {
             bail!("--max-tokens must be at least 1");
         }
@@ -160,7 +170,12 @@ impl SamplingArgs {
             stop_tokens: if self.ignore_eos {
                 Vec::new()
             } else {
-                stop_tokens.to_vec()
+                tokenizer.end_of_generation_ids().to_vec()
+            },
+            suppressed_tokens: if self.sample_control_tokens {
+                Arc::from([])
+            } else {
+                tokenizer.suppressed_ids().into()
             },
             min_tokens: 0,
             logprobs: None,
@@ -278,9 +293,9 @@ pub fn run(mut args: RunArgs) -> Result<()> {
             prompt.len()
         );
     }
-    let mut request =
-        args.sampling
-            .request(0, prompt.clone(), loaded.tokenizer.end_of_generation_ids())?;
+    let mut request = args
+        .sampling
+        .request(0, prompt.clone(), &loaded.tokenizer)?;
     request.sampler.check_vocab(loaded.tokenizer.n_vocab())?;
     if let Some(grammar) = ReplyGrammar::from_args(&args.sampling, &loaded.tokenizer)? {
         request.constraint = Some(grammar.constraint()?);

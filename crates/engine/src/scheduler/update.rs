@@ -185,6 +185,7 @@ impl SampledRows<'_> {
                 (k, raw)
             });
             let seen = &seq.session.tokens()[..before + 1 + j];
+            suppress(row, &seq.request.suppressed_tokens);
             if seq.generated < seq.request.min_tokens {
                 hold_back(row, &seq.request.stop_tokens);
             }
@@ -230,6 +231,29 @@ impl SampledRows<'_> {
         // The rejected part of the draft leaves the cache.
         seq.session.truncate(before + 1 + kept);
         outcome
+    }
+}
+
+/// Masks the `suppressed` tokens (ascending) out of `row`, unless nothing else could be
+/// sampled. The list may be thousands long (Gemma's unused tokens) over a vocabulary of a
+/// quarter million, so whether another token remains is asked of the row's best first.
+fn suppress(row: &mut [f32], suppressed: &[u32]) {
+    if suppressed.is_empty() {
+        return;
+    }
+    let is_suppressed = |i: usize| suppressed.binary_search(&(i as u32)).is_ok();
+    let best = pyramid_kernels::ops::argmax(row) as usize;
+    let other = (row[best] > f32::NEG_INFINITY && !is_suppressed(best))
+        || row
+            .iter()
+            .enumerate()
+            .any(|(i, &x)| x > f32::NEG_INFINITY && !is_suppressed(i));
+    if other {
+        for &t in suppressed {
+            if let Some(x) = row.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
     }
 }
 
