@@ -54,6 +54,9 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
     "<|eom_id|>",
     "<|end_of_text|>",
     "<end_of_turn>",
+    // Phi-3.5 and Phi-4-mini end a turn with it; their GGUF files name `<|endoftext|>` as
+    // EOS (llama.cpp ends on it by the same rule).
+    "<|end|>",
 ];
 
 /// Added tokens that mark images, video or audio in the families pyramid runs. Files often

@@ -123,6 +123,19 @@ fn end_of_generation_covers_eos_and_known_end_tokens() {
 }
 
 #[test]
+fn phi3s_turn_end_ends_a_reply() {
+    let mut md = toy_metadata();
+    let mut tokens = md.get_array("tokenizer.ggml.tokens").unwrap().to_vec();
+    let mut types = md.get_array("tokenizer.ggml.token_type").unwrap().to_vec();
+    tokens.push(Value::String("<|end|>".into()));
+    types.push(Value::I32(3));
+    md.insert("tokenizer.ggml.tokens", Value::Array(tokens));
+    md.insert("tokenizer.ggml.token_type", Value::Array(types));
+    let tok = Tokenizer::from_gguf(&md).unwrap();
+    assert_eq!(tok.end_of_generation_ids(), [260, 262]);
+}
+
+#[test]
 fn unsupported_model_is_named() {
     let mut md = toy_metadata();
     md.insert("tokenizer.ggml.model", Value::String("rwkv".into()));

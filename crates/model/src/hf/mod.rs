@@ -88,9 +88,7 @@ impl HfCheckpoint {
             ));
         }
         let json = read_json(&config_path)?;
-        let name = dir
-            .file_name()
-            .map_or_else(|| "model".to_string(), |n| n.to_string_lossy().into_owned());
+        let name = model_name(dir);
         let mut config =
             config::model_config(&json, &name).map_err(|e| problem(&config_path, e.to_string()))?;
         let pooling_path = dir.join("1_Pooling").join("config.json");
@@ -254,7 +252,6 @@ impl TensorSource for HfCheckpoint {
     }
 }
 
-/// The weight files: those the index names, else every `*.safetensors` in the directory.
 /// The pooling a sentence-transformers directory names in `1_Pooling/config.json`:
 /// exactly one mode pyramid implements.
 fn sentence_transformers_pooling(json: &Value) -> std::result::Result<Pooling, String> {
@@ -278,6 +275,25 @@ fn sentence_transformers_pooling(json: &Value) -> std::result::Result<Pooling, S
     }
 }
 
+/// What a directory's model is called: its name, or for a snapshot in the Hugging Face
+/// cache (`models--ORG--REPO/snapshots/<commit>`) the repository's `ORG/REPO`.
+fn model_name(dir: &Path) -> String {
+    fn name(p: Option<&Path>) -> Option<String> {
+        Some(p?.file_name()?.to_string_lossy().into_owned())
+    }
+    let parent = dir.parent();
+    if name(parent).as_deref() == Some("snapshots") {
+        if let Some(repo) = name(parent.and_then(Path::parent))
+            .as_deref()
+            .and_then(|n| n.strip_prefix("models--"))
+        {
+            return repo.replace("--", "/");
+        }
+    }
+    name(Some(dir)).unwrap_or_else(|| "model".to_string())
+}
+
+/// The weight files: those the index names, else every `*.safetensors` in the directory.
 fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join(INDEX_FILE);
     if index.is_file() {
@@ -461,6 +477,14 @@ fn interleave_rope_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hugging_face_cache_snapshot_is_named_for_its_repository() {
+        let snapshot = Path::new("/c/hub/models--Qwen--Qwen3-0.6B/snapshots/0123abc");
+        assert_eq!(model_name(snapshot), "Qwen/Qwen3-0.6B");
+        assert_eq!(model_name(Path::new("/m/tiny-qwen3")), "tiny-qwen3");
+        assert_eq!(model_name(Path::new("/x/snapshots/abc")), "abc");
+    }
 
     #[test]
     fn rope_rows_interleave_within_each_head() {
