@@ -16,6 +16,7 @@
 //! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
 //!   taken yet.
 //! - [`metrics`]: Prometheus text for `/metrics`.
+//! - [`ui`]: the web page at `/` (chat and engine view), embedded in the binary.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
 //! window, and submits a [`worker::Job`] with a channel; the engine thread streams
@@ -39,6 +40,7 @@ mod stop;
 #[cfg(test)]
 mod test_vocab;
 pub mod tools;
+pub mod ui;
 pub mod worker;
 
 pub use error::ApiError;

@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Sleep;
 
 use crate::routes::{router, AppState};
+use crate::ui::WebPage;
 
 /// What a connection may take; defaults suit a local server with a few clients.
 #[derive(Debug, Clone)]
@@ -66,20 +67,27 @@ impl Default for Limits {
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves. Then new requests are refused
-/// (503) and in-flight ones get [`Limits::shutdown_grace`] to finish (idle connections
-/// close at once); `again` resolving (a second signal) cuts the grace short. Requests
-/// still running then end with a shutting-down error event, which their connections get
-/// a moment to write, and it returns. The engine thread keeps the conversations: the
+/// Serves `state` on `listener` (with the web page at `/` unless `page` is off) until
+/// `shutdown` resolves. Then new requests are refused (503) and in-flight ones get
+/// [`Limits::shutdown_grace`] to finish (idle connections close at once); `again`
+/// resolving (a second signal) cuts the grace short. Requests still running then end
+/// with a shutting-down error event, which their connections get a moment to write, and
+/// it returns. The engine thread keeps the conversations: the
 /// caller shuts it down ([`crate::EngineThread::shutdown`]) to save them.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<AppState>,
+    page: WebPage,
     shutdown: impl Future<Output = ()> + Send + 'static,
     again: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = state.limits.clone();
     let app = router(Arc::clone(&state));
+    // Merged after the API's layers, so the static page needs no key (see `ui`).
+    let app = match page {
+        WebPage::Served => app.merge(crate::ui::router()),
+        WebPage::Off => app,
+    };
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);

@@ -12,6 +12,7 @@ use pyramid_engine::{Arm, EngineConfig, Pooling, PyramidConfig, Speculation};
 use pyramid_runtime::WindowLadder;
 use pyramid_server::metrics::{Metrics, PriorityLabels};
 use pyramid_server::reasoning::ReasoningFormat;
+use pyramid_server::ui::WebPage;
 use pyramid_server::{ApiKey, AppState, EmbeddingSetup, EngineThread, Limits};
 
 use crate::loader::ModelArgs;
@@ -126,6 +127,9 @@ pub struct ServeArgs {
     /// sentence-transformers' `1_Pooling`), else `mean`.
     #[arg(long, value_parser = parse_pooling)]
     pub pooling: Option<Pooling>,
+    /// Do not serve the web page (chat and engine view) at `/`; the API is unchanged.
+    #[arg(long)]
+    pub no_ui: bool,
     #[command(flatten)]
     pub route: RouteArgs,
 }
@@ -327,6 +331,11 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
     });
     state.prepare_grammars();
     let route_name = route.name();
+    let page = if args.no_ui {
+        WebPage::Off
+    } else {
+        WebPage::Served
+    };
     let grace = Duration::from_secs_f64(args.shutdown_grace);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -337,6 +346,14 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
         let local = listener.local_addr()?;
+        if page == WebPage::Served {
+            // Before stdout's line, so a script that has read that line finds this one.
+            let mut shown = local;
+            if shown.ip().is_unspecified() {
+                shown.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            eprintln!("pyramid serve: web page: http://{shown}/");
+        }
         // The first line of stdout is the address, for scripts that start us on port 0.
         println!(
             "pyramid serve: listening on http://{local} (model '{model_id}', route {route_name})"
@@ -357,7 +374,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
             seen.notified().await;
             pyramid_server::shutdown_signal().await;
         };
-        pyramid_server::serve(listener, Arc::clone(&state), first, second).await?;
+        pyramid_server::serve(listener, Arc::clone(&state), page, first, second).await?;
         // The engine thread finishes and saves every conversation it holds.
         state.engine.shutdown();
         eprintln!("pyramid serve: shut down");
