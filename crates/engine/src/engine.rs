@@ -24,6 +24,7 @@ use serde::Serialize;
 use crate::config::EngineConfig;
 use crate::executor::Executor;
 use crate::kv::KvAllocator;
+use crate::observe::{EngineView, Happening, What};
 use crate::persist::{Found, PersistStats, SessionWriter};
 use crate::pyramid::{ArtifactPair, PyramidStats, WindowPyramid};
 use crate::request::{Event, FinishReason, Request, RequestId, Timings, Usage};
@@ -70,6 +71,8 @@ pub struct Engine {
     model_id: u64,
     /// What the last step ran.
     summary: StepSummary,
+    /// Whether a watcher follows the engine's happenings ([`Engine::watch`]).
+    watched: bool,
 }
 
 impl Engine {
@@ -122,6 +125,7 @@ impl Engine {
             sessions: SessionWriter::default(),
             model_id,
             summary: StepSummary::default(),
+            watched: false,
         })
     }
 
@@ -171,6 +175,12 @@ impl Engine {
     /// kept for reuse. Returns its usage, or `None` if the engine does not hold it.
     pub fn abort(&mut self, id: RequestId) -> Option<Usage> {
         let usage = self.scheduler.abort(id);
+        if usage.is_some() {
+            self.scheduler.record(What::Finished {
+                id,
+                reason: Some(FinishReason::Aborted),
+            });
+        }
         self.write_evicted();
         usage
     }
@@ -226,10 +236,16 @@ impl Engine {
             // that no running sequence will free.
             self.scheduler.resolve_memory_stall(&schedule);
         }
+        if self.watched {
+            self.scheduler.record_moves(&schedule);
+        }
         let batch = self.scheduler.batch(&schedule);
         let mut executed = self.executor.execute(pool, &schedule, batch);
         self.summary = std::mem::take(&mut executed.summary);
         let events = self.scheduler.update(pool, &schedule, &mut executed);
+        if self.watched {
+            self.record_events(&events);
+        }
         self.executor.recycle(executed);
         for window in self.scheduler.take_compile_ahead() {
             self.executor.pyramid().prepare(window);
@@ -241,6 +257,58 @@ impl Engine {
     /// What the last step ran.
     pub fn last_step(&self) -> &StepSummary {
         &self.summary
+    }
+
+    /// Starts recording [`Happening`]s for a watcher, who drains them with
+    /// [`Engine::drain_happenings`]. Until then nothing is recorded.
+    pub fn watch(&mut self) {
+        self.watched = true;
+        self.scheduler.watch();
+        self.executor.pyramid().watch();
+    }
+
+    /// Moves what happened since the last call into `out`, oldest first: the
+    /// scheduler's admissions, pauses, forks, swaps, moves and endings, and the
+    /// pyramid's compiles and evictions (which run in the background).
+    pub fn drain_happenings(&mut self, out: &mut Vec<Happening>) {
+        let start = out.len();
+        self.scheduler.drain_happenings(out);
+        self.executor.pyramid().drain_happenings(out);
+        out[start..].sort_by_key(|h| h.at);
+    }
+
+    /// The engine now: its sessions, the window ladder's artifacts, and memory against
+    /// the budgets. Allocates; meant for a watcher a few times a second, not per token.
+    pub fn observe(&self) -> EngineView {
+        let mut sessions = Vec::new();
+        self.scheduler.observe(&mut sessions);
+        let (ladder, artifact_bytes) = self.executor.pyramid().ladder();
+        let s = self.scheduler.stats();
+        EngineView {
+            sessions,
+            ladder,
+            kv_used_bytes: s.kv_bytes_used,
+            kv_reserved_bytes: s.kv_bytes_reserved,
+            kv_budget_bytes: self.config.kv_budget,
+            artifact_bytes,
+            artifact_budget_bytes: self.config.pyramid.artifact_budget,
+        }
+    }
+
+    /// Admissions and endings, from the step's events.
+    fn record_events(&mut self, events: &[Event]) {
+        for event in events {
+            let what = match *event {
+                Event::Started { id, cached_tokens } => What::Admitted { id, cached_tokens },
+                Event::Finished { id, reason, .. } => What::Finished {
+                    id,
+                    reason: Some(reason),
+                },
+                Event::Failed { id, .. } => What::Finished { id, reason: None },
+                Event::Token { .. } | Event::Embedding { .. } => continue,
+            };
+            self.scheduler.record(what);
+        }
     }
 
     pub fn stats(&self) -> EngineStats {

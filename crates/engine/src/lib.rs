@@ -16,6 +16,8 @@
 //! - [`WindowPyramid`]: the artifact side of the ladder of static-shape windows (the
 //!   artifact cache and background compiles; [`Arm`] names the window policies).
 //! - [`GrowthPredictor`]: when a session will outgrow its window, from its own growth.
+//! - [`EngineView`] and [`Happening`]: what a watcher sees (`Engine::observe`, and what
+//!   `Engine::drain_happenings` returns once `Engine::watch` is on).
 //! - [`replay`]: agent traces (JSONL or synthetic) run through the engine under every
 //!   arm, with the figures `pyramid replay` reports.
 //!
@@ -31,6 +33,7 @@ mod engine;
 mod error;
 mod executor;
 mod kv;
+mod observe;
 mod persist;
 mod predictor;
 mod prefix_cache;
@@ -59,6 +62,10 @@ pub use config::{EngineConfig, DEFAULT_AGING};
 pub use engine::{Completion, Engine, EngineStats};
 pub use error::{EngineError, Result};
 pub use executor::Executor;
+pub use observe::{
+    ArtifactState, ArtifactView, EngineView, Happening, RungView, SessionKey, SessionState,
+    SessionView, What,
+};
 pub use persist::PersistStats;
 pub use predictor::GrowthPredictor;
 pub use prefix_cache::common_prefix;

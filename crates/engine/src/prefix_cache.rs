@@ -11,11 +11,15 @@ use crate::session::Session;
 struct Entry {
     session: Session,
     last_used: Instant,
+    /// Names the entry to a watcher for as long as it is cached.
+    key: u64,
+    cached_at: Instant,
 }
 
 #[derive(Default)]
 pub(crate) struct PrefixCache {
     entries: Vec<Entry>,
+    next_key: u64,
 }
 
 /// Leading tokens `a` and `b` have in common.
@@ -62,13 +66,28 @@ impl PrefixCache {
         self.entries.swap_remove(i).session
     }
 
-    pub fn insert(&mut self, session: Session) {
-        if !session.is_empty() {
-            self.entries.push(Entry {
-                session,
-                last_used: Instant::now(),
-            });
+    /// Keeps `session` (an empty one is dropped); returns its key.
+    pub fn insert(&mut self, session: Session) -> Option<u64> {
+        if session.is_empty() {
+            return None;
         }
+        let key = self.next_key;
+        self.next_key += 1;
+        let now = Instant::now();
+        self.entries.push(Entry {
+            session,
+            last_used: now,
+            key,
+            cached_at: now,
+        });
+        Some(key)
+    }
+
+    /// Every cached session with its key and since when it is cached.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &Session, Instant)> + '_ {
+        self.entries
+            .iter()
+            .map(|e| (e.key, &e.session, e.cached_at))
     }
 
     /// Takes every session out, least recently used first.
@@ -78,8 +97,8 @@ impl PrefixCache {
     }
 
     /// Evicts least recently used sessions until at most `max_entries` remain and their
-    /// bytes are at most `max_bytes`; returns those that went.
-    pub fn evict_to(&mut self, max_entries: usize, max_bytes: usize) -> Vec<Session> {
+    /// bytes are at most `max_bytes`; returns those that went, with their keys.
+    pub fn evict_to(&mut self, max_entries: usize, max_bytes: usize) -> Vec<(u64, Session)> {
         self.entries.sort_by_key(|e| std::cmp::Reverse(e.last_used));
         let mut bytes = 0;
         let mut keep = 0;
@@ -91,7 +110,10 @@ impl PrefixCache {
             bytes += b;
             keep += 1;
         }
-        self.entries.drain(keep..).map(|e| e.session).collect()
+        self.entries
+            .drain(keep..)
+            .map(|e| (e.key, e.session))
+            .collect()
     }
 }
 

@@ -23,6 +23,7 @@ use pyramid_runtime::{
 };
 use serde::Serialize;
 
+use crate::observe::{ArtifactState, ArtifactView, Happening, HappeningLog, RungView, What};
 use crate::{EngineError, Result};
 
 /// How a session's window follows its growth.
@@ -110,7 +111,14 @@ impl PyramidStats {
 
 struct State {
     cache: ArtifactCache,
-    compiling: HashSet<ArtifactShape>,
+    /// Compiles in flight, with when each started.
+    compiling: HashMap<ArtifactShape, Instant>,
+    /// Every shape compiled so far: those no longer in the cache were evicted.
+    compiled: HashSet<ArtifactShape>,
+    /// Compiled shapes whose eviction has been recorded (until compiled again).
+    evicted: HashSet<ArtifactShape>,
+    /// Compiles and evictions, for a watcher.
+    happenings: HappeningLog,
     /// Background compiles that failed, kept for the session that needs the shape; it
     /// retries once in the foreground before giving up.
     failed: HashMap<ArtifactShape, String>,
@@ -161,7 +169,10 @@ impl WindowPyramid {
         Ok(Arc::new(Self {
             state: Mutex::new(State {
                 cache: ArtifactCache::new(config.artifact_budget),
-                compiling: HashSet::new(),
+                compiling: HashMap::new(),
+                compiled: HashSet::new(),
+                evicted: HashSet::new(),
+                happenings: HappeningLog::default(),
                 failed: HashMap::new(),
                 last_prefill_compile: None,
             }),
@@ -219,7 +230,7 @@ impl WindowPyramid {
         let state = lock(&self.state);
         self.shapes(window)
             .iter()
-            .all(|&s| state.compiling.contains(&s) || state.cache.contains(&self.key(s)))
+            .all(|&s| state.compiling.contains_key(&s) || state.cache.contains(&self.key(s)))
     }
 
     /// The expected compile time of `window`'s artifacts: the latest measurement scaled
@@ -242,13 +253,13 @@ impl WindowPyramid {
         for &shape in shapes {
             {
                 let mut state = lock(&self.state);
-                if state.compiling.contains(&shape)
+                if state.compiling.contains_key(&shape)
                     || state.failed.contains_key(&shape)
                     || state.cache.contains(&self.key(shape))
                 {
                     continue;
                 }
-                state.compiling.insert(shape);
+                state.start_compile(shape);
             }
             let pyramid = Arc::clone(self);
             let handle = std::thread::spawn(move || {
@@ -282,7 +293,9 @@ impl WindowPyramid {
             })
         });
         let mut state = lock(&self.state);
-        state.compiling.remove(&shape);
+        let started = state.compiling.remove(&shape);
+        let took = started.map_or(Duration::ZERO, |t| t.elapsed());
+        let n_evicted = state.cache.n_evicted();
         let published = result.map_err(EngineError::from).and_then(|compiled| {
             let t = compiled.compile_time;
             let device = compiled.executable.executing_device();
@@ -290,6 +303,8 @@ impl WindowPyramid {
                 state.last_prefill_compile = Some((shape.window(), t));
             }
             let exe = state.cache.insert(self.key(shape), compiled)?;
+            state.compiled.insert(shape);
+            state.evicted.remove(&shape);
             let mut stats = lock(&self.stats);
             stats.n_compiles += 1;
             stats.compile_ms += t.as_secs_f64() * 1e3;
@@ -309,6 +324,14 @@ impl WindowPyramid {
         });
         if let Err(e) = &published {
             state.failed.insert(shape, e.to_string());
+        }
+        state.happenings.record(What::CompileFinished {
+            shape,
+            took,
+            ok: published.is_ok(),
+        });
+        if state.cache.n_evicted() != n_evicted {
+            state.record_evictions(|s| self.key(s));
         }
         drop(state);
         self.compiled.notify_all();
@@ -336,12 +359,12 @@ impl WindowPyramid {
                 return Ok((exe, wait));
             }
             waited = true;
-            if state.compiling.contains(&shape) {
+            if state.compiling.contains_key(&shape) {
                 state = self.compiled.wait(state).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
             state.failed.remove(&shape);
-            state.compiling.insert(shape);
+            state.start_compile(shape);
             drop(state);
             let exe = self
                 .compile_and_publish(shape)
@@ -409,6 +432,112 @@ impl WindowPyramid {
 
     pub(crate) fn record(&self, update: impl FnOnce(&mut PyramidStats)) {
         update(&mut lock(&self.stats));
+    }
+
+    /// Starts recording compiles and evictions for a watcher.
+    pub(crate) fn watch(&self) {
+        lock(&self.state).happenings.enable();
+    }
+
+    /// Moves the compiles and evictions since the last call into `out`.
+    pub(crate) fn drain_happenings(&self, out: &mut Vec<Happening>) {
+        lock(&self.state).happenings.drain_into(out);
+    }
+
+    /// The ladder's rungs with every artifact shape known on each (resident, compiling
+    /// or evicted), ordered by kind and rows, and the bytes the cache holds.
+    pub(crate) fn ladder(&self) -> (Vec<RungView>, usize) {
+        let state = lock(&self.state);
+        let resident: HashMap<ArtifactShape, usize> = state.cache.entries().collect();
+        let mut rungs: Vec<RungView> = self
+            .config
+            .ladder
+            .windows()
+            .iter()
+            .map(|&window| RungView {
+                window,
+                artifacts: Vec::new(),
+            })
+            .collect();
+        let shapes = state
+            .compiled
+            .iter()
+            .chain(state.compiling.keys())
+            .chain(resident.keys());
+        let mut seen = HashSet::new();
+        for &shape in shapes {
+            if !seen.insert(shape) {
+                continue;
+            }
+            let view = match (resident.get(&shape), state.compiling.get(&shape)) {
+                (Some(&bytes), _) => ArtifactView {
+                    shape,
+                    state: ArtifactState::Resident,
+                    compiling_for: None,
+                    bytes: Some(bytes),
+                },
+                (None, Some(since)) => ArtifactView {
+                    shape,
+                    state: ArtifactState::Compiling,
+                    compiling_for: Some(since.elapsed()),
+                    bytes: None,
+                },
+                (None, None) => ArtifactView {
+                    shape,
+                    state: ArtifactState::Evicted,
+                    compiling_for: None,
+                    bytes: None,
+                },
+            };
+            let window = shape.window();
+            let i = match rungs.iter().position(|r| r.window == window) {
+                Some(i) => i,
+                None => {
+                    rungs.push(RungView {
+                        window,
+                        artifacts: Vec::new(),
+                    });
+                    rungs.len() - 1
+                }
+            };
+            rungs[i].artifacts.push(view);
+        }
+        rungs.sort_by_key(|r| r.window);
+        for rung in &mut rungs {
+            rung.artifacts.sort_by_key(|a| shape_order(a.shape));
+        }
+        (rungs, state.cache.bytes())
+    }
+}
+
+/// Prefill, decode, mixed; fewer rows first.
+fn shape_order(shape: ArtifactShape) -> (u8, usize) {
+    match shape {
+        ArtifactShape::Prefill { chunk, .. } => (0, chunk),
+        ArtifactShape::Decode { batch, .. } => (1, batch),
+        ArtifactShape::Mixed { rows, .. } => (2, rows),
+    }
+}
+
+impl State {
+    fn start_compile(&mut self, shape: ArtifactShape) {
+        self.compiling.insert(shape, Instant::now());
+        self.happenings.record(What::CompileStarted { shape });
+    }
+
+    /// Records the compiled shapes the cache no longer holds whose eviction is not
+    /// recorded yet.
+    fn record_evictions(&mut self, key: impl Fn(ArtifactShape) -> ArtifactKey) {
+        let gone: Vec<ArtifactShape> = self
+            .compiled
+            .iter()
+            .copied()
+            .filter(|&s| !self.evicted.contains(&s) && !self.cache.contains(&key(s)))
+            .collect();
+        for shape in gone {
+            self.evicted.insert(shape);
+            self.happenings.record(What::ArtifactEvicted { shape });
+        }
     }
 }
 

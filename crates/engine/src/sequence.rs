@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use pyramid_runtime::Sampler;
 
+use crate::observe::{SessionKey, SessionState, SessionView};
 use crate::request::{Request, RequestId, Timings, Usage};
 use crate::session::Session;
 use crate::speculate::Drafter;
@@ -127,6 +128,31 @@ impl Sequence {
 
     pub fn id(&self) -> RequestId {
         self.request.id
+    }
+
+    /// How a watcher sees it (`None` once finished).
+    pub fn view(&self) -> Option<SessionView> {
+        let state = match self.status {
+            SequenceStatus::Queued => SessionState::Queued,
+            SequenceStatus::Prefilling | SequenceStatus::Decoding => SessionState::Running,
+            SequenceStatus::Paused => SessionState::Paused,
+            SequenceStatus::Swapped => SessionState::Swapped,
+            SequenceStatus::Loading => match self.before_loading {
+                Some(SequenceStatus::Swapped) => SessionState::Swapped,
+                _ => SessionState::Queued,
+            },
+            SequenceStatus::Finished => return None,
+        };
+        Some(SessionView {
+            key: SessionKey::Request(self.request.id),
+            state,
+            priority: self.request.priority,
+            prompt_len: self.prompt_len,
+            n_generated: self.generated,
+            context_len: self.session.len(),
+            window: self.session.window(),
+            since: self.submitted,
+        })
     }
 
     pub fn status(&self) -> SequenceStatus {

@@ -26,6 +26,7 @@ use std::time::Instant;
 use pyramid_runtime::RuntimeError;
 
 use super::{Scheduler, Stored, StoredPrefixes};
+use crate::observe::What;
 use crate::request::{Event, Request, RequestId};
 use crate::sequence::{Sequence, SequenceStatus};
 use crate::session::Session;
@@ -124,6 +125,11 @@ impl Scheduler {
         match stored.longer_prefix(seq.id(), &seq.input, cached) {
             Stored::Nothing => false,
             Stored::Ready(session) => {
+                let id = seq.id();
+                self.happenings.record(What::Restored {
+                    id: Some(id),
+                    tokens: session.len(),
+                });
                 self.candidate_mut(c).restored = Some(*session);
                 false
             }
@@ -143,6 +149,12 @@ impl Scheduler {
             .iter_mut()
             .chain(self.paused.iter_mut())
             .find(|s| s.id() == id);
+        if let Some(session) = &restored {
+            self.happenings.record(What::Restored {
+                id: Some(id),
+                tokens: session.len(),
+            });
+        }
         match (seq, restored) {
             (Some(seq), restored) => seq.loaded(restored),
             (None, Some(session)) => self.retire(session),
@@ -316,6 +328,7 @@ impl Scheduler {
         let mut seq = self.running.remove(i);
         seq.pause(now);
         self.preemption.n_paused += 1;
+        self.happenings.record(What::Pause { id: seq.id() });
         self.paused.push(seq);
     }
 
@@ -348,6 +361,9 @@ impl Scheduler {
     fn swap_out(&mut self, i: usize) {
         let session = self.paused[i].swap_out();
         self.preemption.n_swapped_out += 1;
+        self.happenings.record(What::SwapOut {
+            id: self.paused[i].id(),
+        });
         if self.paused[i].embeds() {
             // It will prefill again, pooling every row: nothing of it is kept.
             let mut session = session;
@@ -403,6 +419,11 @@ impl Scheduler {
     fn run(&mut self, mut seq: Sequence, level: i64, now: Instant) {
         if seq.is_paused() {
             self.preemption.n_resumed += 1;
+            let id = seq.id();
+            self.happenings.record(match seq.status() {
+                SequenceStatus::Swapped => What::SwapIn { id },
+                _ => What::Resume { id },
+            });
             if seq.swapped_len > 0 {
                 self.preemption.recomputed_tokens += seq.swapped_len.saturating_sub(seq.fed);
                 seq.swapped_len = 0;
@@ -436,6 +457,12 @@ impl Scheduler {
             None if seq.embeds() => (Session::default(), 0, false),
             None => self.reuse_for(&seq.input, seq.request.max_tokens, restored),
         };
+        if forked {
+            self.happenings.record(What::Fork {
+                id: seq.id(),
+                shared: reused,
+            });
+        }
         session.truncate(reused);
         if session.is_empty() {
             let reply = seq

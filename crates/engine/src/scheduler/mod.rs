@@ -34,12 +34,13 @@ pub use admission::PreemptionStats;
 
 use crate::config::EngineConfig;
 use crate::kv::KvAllocator;
+use crate::observe::{Happening, HappeningLog, SessionKey, SessionState, SessionView, What};
 use crate::prefix_cache::PrefixCache;
 use crate::request::{Event, Request, RequestId, Usage};
 use crate::sequence::Sequence;
 use crate::session::Session;
 use crate::speculate::DraftStats;
-use crate::step::{Batch, Schedule, Slot};
+use crate::step::{Batch, Move, Schedule, Slot};
 use crate::EngineError;
 
 /// What the scheduler knows of the route's artifacts: which windows are compiled and
@@ -125,6 +126,8 @@ pub struct Scheduler {
     compile_ahead: Vec<usize>,
     /// What speculation did across every request.
     speculative: DraftStats,
+    /// What a watcher follows: pauses, forks, swaps, moves, caching.
+    happenings: HappeningLog,
 }
 
 impl Scheduler {
@@ -152,6 +155,7 @@ impl Scheduler {
             evicted: Vec::new(),
             compile_ahead: Vec::new(),
             speculative: DraftStats::default(),
+            happenings: HappeningLog::default(),
         }
     }
 
@@ -378,6 +382,80 @@ impl Scheduler {
         }
     }
 
+    /// Starts recording [`Happening`]s for a watcher.
+    pub(crate) fn watch(&mut self) {
+        self.happenings.enable();
+    }
+
+    /// Records a happening the scheduler did not cause itself (its events', the
+    /// engine's).
+    pub(crate) fn record(&mut self, what: What) {
+        self.happenings.record(what);
+    }
+
+    /// Moves the happenings since the last call into `out`.
+    pub(crate) fn drain_happenings(&mut self, out: &mut Vec<Happening>) {
+        self.happenings.drain_into(out);
+    }
+
+    /// Records the window moves and stalls `schedule` is about to carry out, before
+    /// they change the sessions' windows.
+    pub(crate) fn record_moves(&mut self, schedule: &Schedule) {
+        for &(id, to, how) in &schedule.moves {
+            if how == Move::First {
+                continue;
+            }
+            if let Some(&(_, waited)) = schedule.stalls.iter().find(|s| s.0 == id) {
+                self.happenings.record(What::Stall {
+                    id,
+                    window: to,
+                    waited,
+                });
+            }
+            let from = self
+                .running
+                .iter()
+                .find(|s| s.id() == id)
+                .and_then(|s| s.session.window());
+            self.happenings.record(What::Migration {
+                id,
+                from,
+                to,
+                reprefill: how == Move::Reprefill,
+            });
+        }
+    }
+
+    /// Every session the scheduler holds, as a watcher sees it: running, paused, queued
+    /// and swapped sequences, then cached conversations.
+    pub(crate) fn observe(&self, out: &mut Vec<SessionView>) {
+        let mut sequences: Vec<SessionView> = self
+            .running
+            .iter()
+            .chain(&self.paused)
+            .chain(&self.waiting)
+            .filter_map(|s| s.view())
+            .collect();
+        sequences.sort_by_key(|v| match v.state {
+            SessionState::Running => 0,
+            SessionState::Paused => 1,
+            SessionState::Queued => 2,
+            SessionState::Swapped => 3,
+            SessionState::Cached => 4,
+        });
+        out.extend(sequences);
+        out.extend(self.cache.iter().map(|(key, session, since)| SessionView {
+            key: SessionKey::Cached(key),
+            state: SessionState::Cached,
+            priority: 0,
+            prompt_len: 0,
+            n_generated: 0,
+            context_len: session.len(),
+            window: session.window(),
+            since,
+        }));
+    }
+
     /// The prefix cache, for the session writer: conversations to save at shutdown,
     /// to export, and to take restored ones in.
     pub(crate) fn cache_mut(&mut self) -> &mut PrefixCache {
@@ -391,6 +469,10 @@ impl Scheduler {
     /// Takes a conversation read from disk into the prefix cache, then evicts what the
     /// budgets no longer allow.
     pub(crate) fn cache_restored(&mut self, session: Session) {
+        self.happenings.record(What::Restored {
+            id: None,
+            tokens: session.len(),
+        });
         self.retire(session);
     }
 
@@ -410,7 +492,14 @@ impl Scheduler {
     /// Keeps a session for reuse, then evicts what the session limit and the KV budget
     /// no longer allow.
     pub(crate) fn retire(&mut self, session: Session) {
-        self.cache.insert(session);
+        let (tokens, window) = (session.len(), session.window());
+        if let Some(key) = self.cache.insert(session) {
+            self.happenings.record(What::Cached {
+                key,
+                tokens,
+                window,
+            });
+        }
         self.fit_budget(self.running_bytes(), self.max_cached());
     }
 
@@ -441,7 +530,12 @@ impl Scheduler {
     /// first, to the session writer's outbox).
     fn fit_budget(&mut self, running_bytes: usize, max_cached: usize) {
         let room = self.config.kv_budget.saturating_sub(running_bytes);
-        let evicted = self.cache.evict_to(max_cached, room);
-        self.evicted.extend(evicted);
+        for (key, session) in self.cache.evict_to(max_cached, room) {
+            self.happenings.record(What::SessionEvicted {
+                key,
+                tokens: session.len(),
+            });
+            self.evicted.push(session);
+        }
     }
 }
