@@ -16,6 +16,8 @@
 //! - [`outbox`]: each request's bounded event queue, merging text a slow reader has not
 //!   taken yet.
 //! - [`metrics`]: Prometheus text for `/metrics`.
+//! - [`engine_view`]: the engine's sessions, ladder and timeline for
+//!   `/v1/engine/snapshot` and `/v1/engine/events`, published by the engine thread.
 //! - [`ui`]: the web page at `/` (chat and engine view), embedded in the binary.
 //!
 //! Data flow: a handler parses and tokenises the request, checks it against the largest
@@ -27,6 +29,7 @@
 pub mod anthropic;
 pub mod api;
 pub mod embeddings;
+pub mod engine_view;
 pub mod error;
 pub mod extensions;
 pub mod listen;

@@ -26,6 +26,7 @@ use pyramid_runtime::SamplerConfig;
 use pyramid_tokenizer::{StreamDecoder, Tokenizer};
 use serde::Serialize;
 
+use crate::engine_view::{EngineWatch, Publisher};
 use crate::error::ApiError;
 use crate::metrics::{lock, Metrics};
 use crate::outbox::Outbox;
@@ -139,12 +140,14 @@ pub struct EngineThread {
     /// Set when the shutdown grace is over: every request still running ends.
     ending: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// What the engine thread publishes for the engine view.
+    view: Arc<EngineWatch>,
 }
 
 impl EngineThread {
     /// Starts the thread that drives `core` on `pool`; at most `max_queue` requests wait.
     pub fn start(
-        core: Core,
+        mut core: Core,
         tokenizer: Arc<Tokenizer>,
         pool: ThreadPool,
         max_queue: usize,
@@ -157,7 +160,9 @@ impl EngineThread {
         metrics.publish_engine(core.stats());
         let speculates = core.speculates();
         let embeds = core.embeds();
+        let (publisher, view) = Publisher::new(&mut core);
         let worker = Worker {
+            view: publisher,
             stop_tokens: tokenizer.end_of_generation_ids().to_vec(),
             suppressed_tokens: tokenizer.suppressed_ids().into(),
             core,
@@ -181,7 +186,18 @@ impl EngineThread {
             max_queue,
             ending,
             thread: Mutex::new(Some(thread)),
+            view,
         })
+    }
+
+    /// The engine view's snapshots and timeline.
+    pub fn view(&self) -> &EngineWatch {
+        &self.view
+    }
+
+    /// Whether new jobs are still taken (not shutting down).
+    pub fn is_admitting(&self) -> bool {
+        lock(&self.jobs).is_some()
     }
 
     /// Whether requests can verify drafts: the server's `--speculative`, on a route whose
@@ -291,6 +307,7 @@ struct Worker {
     /// Outboxes of ended requests whose readers have not taken everything yet.
     retired: Vec<Outbox>,
     next_id: RequestId,
+    view: Publisher,
 }
 
 impl Worker {
@@ -303,15 +320,24 @@ impl Worker {
                 if !open {
                     return self.shut_down();
                 }
-                // Outboxes still holding events are retried while waiting for work.
-                let job = if self.retired.is_empty() {
-                    rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                self.view.settle(&mut self.core);
+                // Outboxes still holding events are retried while waiting for work, and
+                // a watched engine keeps its view current.
+                let wait = if self.retired.is_empty() {
+                    self.view.idle_wait(&self.core)
                 } else {
-                    rx.recv_timeout(RETRY_HELD)
+                    Some(RETRY_HELD)
+                };
+                let job = match wait {
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(wait) => rx.recv_timeout(wait),
                 };
                 match job {
                     Ok(job) => self.add(job),
-                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.view.tick(&mut self.core);
+                        continue;
+                    }
                     Err(RecvTimeoutError::Disconnected) => return self.shut_down(),
                 }
             }
@@ -343,6 +369,7 @@ impl Worker {
                     self.fail_after_panic(id, &*payload);
                 }
             }
+            self.view.after_step(&mut self.core);
         }
     }
 
@@ -533,11 +560,14 @@ impl Worker {
         self.metrics
             .generated_tokens
             .fetch_add(1, Ordering::Relaxed);
+        self.view.token(live.job.priority);
         let now = Instant::now();
         match live.last_token_at {
-            None => self
-                .metrics
-                .observe_ttft(live.job.priority, now - live.job.submitted),
+            None => {
+                let ttft = now - live.job.submitted;
+                self.metrics.observe_ttft(live.job.priority, ttft);
+                self.view.first_token(live.job.priority, ttft);
+            }
             Some(last) => self
                 .metrics
                 .observe_inter_token(live.job.priority, now - last),
@@ -595,6 +625,7 @@ impl Worker {
             });
         }
         self.metrics.record_finished(&usage);
+        self.view.finished(live.job.priority);
         live.job.events.send(Event::Done {
             finish_reason: reason,
             usage,

@@ -97,6 +97,16 @@ impl Metrics {
         *lock(&self.route) = (prefill.to_string(), decode.to_string());
     }
 
+    /// The route as one name: the device, or `prefill→decode` when they differ.
+    pub fn route_name(&self) -> String {
+        let (prefill, decode) = &*lock(&self.route);
+        if prefill == decode {
+            prefill.clone()
+        } else {
+            format!("{prefill}→{decode}")
+        }
+    }
+
     /// The engine's state after a step.
     pub fn publish_engine(&self, stats: EngineStats) {
         *lock(&self.engine) = Some(stats);

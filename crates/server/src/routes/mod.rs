@@ -7,11 +7,13 @@
 //! - [`messages`]: Anthropic's Messages endpoints (`crate::anthropic` reads and writes
 //!   their shapes).
 //! - [`embeddings`]: `/v1/embeddings` (`crate::embeddings` reads and writes its shapes).
+//! - [`engine`]: the engine view, `/v1/engine/snapshot` and `/v1/engine/events`.
 //! - [`responses`]: OpenAI's Responses endpoints (`crate::responses` reads, writes and
 //!   keeps them).
 
 mod auth;
 mod embeddings;
+mod engine;
 mod messages;
 mod prepare;
 mod render;
@@ -59,6 +61,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
         .route("/v1/responses", post(responses::create))
         .route("/v1/embeddings", post(embeddings::embeddings))
+        .route("/v1/engine/snapshot", get(engine::snapshot))
+        .route("/v1/engine/events", get(engine::events))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
