@@ -24,6 +24,9 @@ done
 echo "== OpenVINO runtime for the ov:* backend tests"
 scripts/setup-openvino.sh
 
+echo "== headless Chromium for the web page's browser test"
+scripts/setup-browser.sh
+
 echo "== python for the OpenAI-compatibility tests"
 # crates/cli/tests/openai/*.py drive `pyramid serve` with the official openai client (and
 # langchain-openai, with jsonschema to validate structured output) and anthropic client,
