@@ -116,6 +116,9 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens whose KV came from a cached conversation instead of a prefill.
     pub cached_tokens: usize,
+    /// Of those, the tokens of a conversation read back from the session store (kept on
+    /// disk, `--session-dir`), not found in memory.
+    pub restored_tokens: usize,
     /// Drafts verified and accepted, and decode passes run.
     pub speculative: DraftStats,
 }

@@ -55,6 +55,8 @@ pub(crate) struct Sequence {
     /// came with it).
     pub fed: usize,
     pub cached_tokens: usize,
+    /// Of `cached_tokens`, those from a conversation the session store read back.
+    pub restored_tokens: usize,
     /// The sampled token to feed next, once the prompt is in.
     pub next_input: Option<u32>,
     /// An embedding's pooled hidden states so far (`[n_embd]`; empty otherwise).
@@ -103,6 +105,7 @@ impl Sequence {
             session: Session::default(),
             fed: 0,
             cached_tokens: 0,
+            restored_tokens: 0,
             next_input: None,
             pooled: Vec::new(),
             sampler,
@@ -195,6 +198,7 @@ impl Sequence {
     pub fn requeue(&mut self) -> Session {
         self.fed = 0;
         self.cached_tokens = 0;
+        self.restored_tokens = 0;
         self.admitted = None;
         self.status = SequenceStatus::Queued;
         std::mem::take(&mut self.session)
@@ -332,6 +336,7 @@ impl Sequence {
             prompt_tokens: self.prompt_len,
             completion_tokens: self.generated,
             cached_tokens: self.cached_tokens,
+            restored_tokens: self.restored_tokens,
             speculative: self.drafter.stats,
         }
     }

@@ -79,6 +79,11 @@ fn a_conversation_saved_at_shutdown_resumes_in_a_new_engine_with_the_same_tokens
         let done = turn(&mut engine, &pool, 1, &next, 5);
         // Everything the first engine cached: the prompt and the reply but its last token.
         assert_eq!(done.usage.cached_tokens, 30 + 4, "mixed {mixed}");
+        assert_eq!(
+            done.usage.restored_tokens,
+            30 + 4,
+            "read back from the store"
+        );
         let stats = engine.stats();
         assert_eq!(
             (stats.persisted.n_loaded, stats.persisted.loaded_tokens),

@@ -212,7 +212,9 @@ function statsText(msg) {
   const u = s.usage;
   if (u) {
     const cached = u.prompt_tokens_details?.cached_tokens ?? 0;
+    const restored = u.prompt_tokens_details?.restored_tokens ?? 0;
     parts.push(`prompt ${u.prompt_tokens} tokens (${cached} cached)`, `reply ${u.completion_tokens} tokens`);
+    if (restored > 0) parts.push(`resumed from disk (${restored} tokens)`);
   }
   if (s.ttft_ms != null) parts.push(`TTFT ${Math.round(s.ttft_ms)} ms`);
   if (u && u.completion_tokens > 1 && s.decode_ms > 0) parts.push(`${((u.completion_tokens - 1) / (s.decode_ms / 1000)).toFixed(1)} tok/s`);

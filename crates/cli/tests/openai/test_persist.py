@@ -61,6 +61,8 @@ def main() -> None:
         after = common.metrics()
         loaded = after.sum("pyramid_sessions_resumed_from_disk_total") - before.sum("pyramid_sessions_resumed_from_disk_total")
         expect_eq(loaded, 1, "conversations resumed from disk")
+        details = r.usage.model_dump().get("prompt_tokens_details") or {}
+        expect_eq(details.get("restored_tokens"), cached, "usage's restored_tokens (what the web page shows)")
         fresh = cfg.fresh_base_url
         expect(fresh, "PYRAMID_FRESH_BASE_URL is set")
         first = chat(messages[:2], fresh)
@@ -72,6 +74,8 @@ def main() -> None:
         ok(f"resumed from disk: {cached} cached tokens, same reply as an uninterrupted server")
     elif PHASE == "corrupt":
         expect_eq(cached, 0, "cached tokens when the stored conversation is corrupt")
+        details = r.usage.model_dump().get("prompt_tokens_details") or {}
+        expect_eq(details.get("restored_tokens"), 0, "restored tokens when nothing was read back")
         expect_eq(reply, state["second"], "the reply after prefilling instead")
         ok("a corrupt session file was skipped: the turn was prefilled and gave the same reply")
     else:

@@ -448,6 +448,7 @@ impl Scheduler {
             .expect("a candidate's index is in the queue");
         // The last prompt token always runs, for the logits the first sample needs.
         let restored = seq.restored.take();
+        let from_store = restored.is_some();
         let running = (restored.is_none() && !seq.embeds())
             .then(|| self.fork_running(&seq.input, seq.request.max_tokens))
             .flatten();
@@ -472,6 +473,8 @@ impl Scheduler {
             session.assume_turn(seq.prompt_len.saturating_add(reply));
         }
         seq.admit(session, reused, now);
+        // The stored conversation is longer than any cached prefix, so it is the one used.
+        seq.restored_tokens = if from_store { reused } else { 0 };
         (
             seq,
             Reuse {

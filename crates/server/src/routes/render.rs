@@ -103,7 +103,8 @@ fn usage_json(u: &Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        // `restored_tokens` (pyramid's): the cached ones read back from `--session-dir`.
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens, "restored_tokens": u.restored_tokens},
         "completion_tokens_details": {
             "accepted_prediction_tokens": s.accepted_tokens,
             "rejected_prediction_tokens": s.drafted_tokens - s.accepted_tokens,
