@@ -1,6 +1,7 @@
 //! The web page in a real browser: headless Chromium driven over WebDriver (Debian's
 //! `chromium` and `chromium-driver`, which `scripts/setup-browser.sh` installs). The chat
-//! sends a message and shows the streamed reply complete with its stats; a stored reply
+//! sends a message (by the Enter key) and shows the streamed reply complete with its stats,
+//! and fits a 360 px screen; a stored reply
 //! holding an HTML injection renders as text and runs nothing; the engine view shows four
 //! clients streaming at different priorities, one of them paused. Screenshots of both
 //! views go to `target/web-page/` (two of them are committed under `docs/`).
@@ -256,8 +257,14 @@ fn the_page_chats_renders_injections_as_text_and_shows_the_engine() {
         "return document.querySelectorAll('select[name=model] option').length > 0",
         Duration::from_secs(20),
     );
-    browser.type_into("message-input", "Name three colours.");
-    browser.click("send-button");
+    let first_paint = browser.eval(
+        "const p = performance.getEntriesByName('first-contentful-paint')[0]; \
+         return p ? p.startTime : null",
+    );
+    eprintln!("first contentful paint: {first_paint} ms");
+    assert!(first_paint.as_f64().is_some(), "the page painted");
+    // Enter sends (the keyboard alone drives the chat).
+    browser.type_into("message-input", "Name three colours.\u{E007}");
     let done = format!(
         "const m = [...document.querySelectorAll('{ASSISTANTS}')].pop(); \
          return !!m && !!m.querySelector('[data-testid=message-stats]') \
@@ -265,6 +272,24 @@ fn the_page_chats_renders_injections_as_text_and_shows_the_engine() {
     );
     browser.wait_for("the streamed reply", &done, Duration::from_secs(120));
     browser.screenshot("chat.png");
+    // A phone's width: nothing wider than the screen.
+    browser.call(
+        "POST",
+        "/window/rect",
+        Some(json!({"width": 360, "height": 760})),
+    );
+    let overflow = browser
+        .eval("return document.documentElement.scrollWidth - document.documentElement.clientWidth");
+    browser.screenshot("chat-360.png");
+    assert!(
+        overflow.as_i64().unwrap() <= 0,
+        "{overflow} px wider than 360"
+    );
+    browser.call(
+        "POST",
+        "/window/rect",
+        Some(json!({"width": 1200, "height": 900})),
+    );
 
     // A stored reply with an injection: shown as text, nothing run.
     let injection = "Look: <script>window.__pwned = 1</script> \
