@@ -257,8 +257,9 @@ fn survive_restarts(name: &str, route: &[&str]) {
     std::fs::write(&files[0], bytes).unwrap();
     let server = Server::start_logged(&with_dir, &log);
     phase(&server, "corrupt", None);
-    assert!(server.terminate().success());
+    let status = server.terminate();
     let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
     assert!(
         stderr.contains("warning: skipping") && stderr.contains("corrupt session file"),
         "{stderr}"
