@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Headless Chromium and its WebDriver for the web page's browser test
-# (crates/cli/tests/web_browser.rs): Debian's `chromium` and `chromium-driver` from apt.
+# (crates/cli/tests/web_page.rs): Debian's `chromium` and `chromium-driver` from apt.
 # Nothing at run time needs them.
 set -euo pipefail
 if command -v chromedriver >/dev/null && { command -v chromium >/dev/null || [ -n "${PYRAMID_CHROMIUM:-}" ]; }; then

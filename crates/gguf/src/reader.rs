@@ -359,16 +359,33 @@ impl GgufFile {
 
     /// A tensor dequantised to f32, in GGML element order.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.tensor_part_f32(name, 0, 1)
+    }
+
+    /// Part `part` of a tensor cut into `n_parts` equal consecutive parts, dequantised
+    /// alone: one expert of llama.cpp's stacked expert tensors, without the rest.
+    pub fn tensor_part_f32(&self, name: &str, part: usize, n_parts: usize) -> Result<Vec<f32>> {
         let info = self.tensor_info(name)?;
-        let mut out = vec![0f32; info.n_elements() as usize];
-        quants::dequantize(info.ggml_type, self.tensor_bytes(info), &mut out).map_err(|err| {
-            match err {
-                GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
-                    tensor: name.to_string(),
-                    ty,
-                },
-                other => other,
-            }
+        let bytes = self.tensor_bytes(info);
+        let n_elements = info.n_elements() as usize;
+        if part >= n_parts
+            || !bytes.len().is_multiple_of(n_parts)
+            || !n_elements.is_multiple_of(n_parts)
+        {
+            return Err(GgufError::Invalid(format!(
+                "tensor '{name}' ({n_elements} values in {} bytes) has no part {part} of {n_parts}",
+                bytes.len()
+            )));
+        }
+        let per_part = bytes.len() / n_parts;
+        let mut out = vec![0f32; n_elements / n_parts];
+        let bytes = &bytes[part * per_part..(part + 1) * per_part];
+        quants::dequantize(info.ggml_type, bytes, &mut out).map_err(|err| match err {
+            GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
+                tensor: name.to_string(),
+                ty,
+            },
+            other => other,
         })?;
         Ok(out)
     }

@@ -646,3 +646,23 @@ fn bad_metadata_values() {
     r.str(b"general.alignment").u32(8).str(b"32");
     assert!(is_corrupt(&err(r.parse())), "string alignment");
 }
+
+/// A stacked tensor's parts (one expert each) dequantise alone to the whole one's slices;
+/// a part the tensor does not split into is an error, not a panic.
+#[test]
+fn a_tensor_part_is_its_slice_of_the_whole() {
+    let values: Vec<f32> = (0..3 * 2 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut w = GgufWriter::new();
+    w.add_tensor_f32("exps", &[64, 2, 3], GgmlType::Q8_0, &values)
+        .unwrap();
+    let file = GgufFile::from_bytes(w.to_bytes()).unwrap();
+    let whole = file.tensor_f32("exps").unwrap();
+    for part in 0..3 {
+        let got = file.tensor_part_f32("exps", part, 3).unwrap();
+        assert_eq!(got, whole[part * 128..(part + 1) * 128], "part {part}");
+    }
+    for (part, n_parts) in [(3, 3), (0, 0), (0, 5)] {
+        let err = file.tensor_part_f32("exps", part, n_parts).unwrap_err();
+        assert!(err.to_string().contains("has no part"), "{err}");
+    }
+}

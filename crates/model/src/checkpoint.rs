@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use pyramid_gguf::{GgufError, GgufFile};
+use pyramid_gguf::GgufFile;
 
 use crate::hf::HfCheckpoint;
 use crate::{ModelConfig, ModelError, Result};
@@ -47,8 +47,7 @@ impl TensorSource for GgufFile {
     ) -> Result<Vec<f32>> {
         let info = self.tensor_info(name)?;
         let expected = [n_cols as u64, n_rows as u64, n_expert as u64];
-        let bytes = self.tensor_bytes(info);
-        if info.dims != expected || expert >= n_expert || !bytes.len().is_multiple_of(n_expert) {
+        if info.dims != expected {
             return Err(ModelError::TensorShape {
                 name: name.to_string(),
                 expected: expected.to_vec(),
@@ -56,21 +55,7 @@ impl TensorSource for GgufFile {
             });
         }
         // Experts are consecutive whole rows, so each one's blocks are its own bytes.
-        let per_expert = bytes.len() / n_expert;
-        let mut out = vec![0f32; n_rows * n_cols];
-        pyramid_gguf::quants::dequantize(
-            info.ggml_type,
-            &bytes[expert * per_expert..(expert + 1) * per_expert],
-            &mut out,
-        )
-        .map_err(|err| match err {
-            GgufError::UnsupportedTensorType(ty) => GgufError::UnsupportedTensor {
-                tensor: name.to_string(),
-                ty,
-            },
-            other => other,
-        })?;
-        Ok(out)
+        Ok(self.tensor_part_f32(name, expert, n_expert)?)
     }
 
     fn release(&self, name: &str) {

@@ -5,32 +5,15 @@
 //! results, assistant thoughts in `reasoning_content` or in `<think>` within the content,
 //! `enable_thinking`, and SmolLM3's `/think` and `/no_think`.
 
-use pyramid_tokenizer::{ChatMessage, ChatTemplate, ToolCall};
+mod common;
+
+use common::message;
+use pyramid_tokenizer::{ChatMessage, ChatTemplate};
 use serde_json::Value;
 
 fn data(path: &str) -> String {
     let path = format!("{}/tests/data/{path}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn message(m: &Value) -> ChatMessage {
-    let mut message = ChatMessage::new(
-        m["role"].as_str().unwrap(),
-        m["content"].as_str().unwrap_or_default(),
-    );
-    message.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
-    message.reasoning_content = m["reasoning_content"].as_str().map(str::to_string);
-    if let Some(calls) = m["tool_calls"].as_array() {
-        message.tool_calls = calls
-            .iter()
-            .map(|c| ToolCall {
-                id: c["id"].as_str().unwrap().to_string(),
-                name: c["function"]["name"].as_str().unwrap().to_string(),
-                arguments: c["function"]["arguments"].clone(),
-            })
-            .collect();
-    }
-    message
 }
 
 #[test]

@@ -4,27 +4,9 @@
 
 mod common;
 
-use pyramid_tokenizer::{ChatMessage, ChatTemplate, ToolCall};
+use common::message;
+use pyramid_tokenizer::{ChatMessage, ChatTemplate};
 use serde_json::Value;
-
-fn message(m: &Value) -> ChatMessage {
-    let mut message = ChatMessage::new(
-        m["role"].as_str().unwrap(),
-        m["content"].as_str().unwrap_or_default(),
-    );
-    message.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
-    if let Some(calls) = m["tool_calls"].as_array() {
-        message.tool_calls = calls
-            .iter()
-            .map(|c| ToolCall {
-                id: c["id"].as_str().unwrap().to_string(),
-                name: c["function"]["name"].as_str().unwrap().to_string(),
-                arguments: c["function"]["arguments"].clone(),
-            })
-            .collect();
-    }
-    message
-}
 
 #[test]
 fn tools_render_as_transformers_renders_them() {

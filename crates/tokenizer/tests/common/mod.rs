@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use pyramid_gguf::{GgufFile, Metadata};
-use pyramid_tokenizer::Tokenizer;
+use pyramid_tokenizer::{ChatMessage, Tokenizer, ToolCall};
 use serde_json::Value as Json;
 
 #[allow(unused_imports)] // as above
@@ -49,4 +49,26 @@ pub fn str_field<'a>(value: &'a Json, key: &str) -> &'a str {
     value[key]
         .as_str()
         .unwrap_or_else(|| panic!("field '{key}' is not a string in {value}"))
+}
+
+/// A chat message as the golden files write it (OpenAI's shape: `tool_calls` with
+/// `function.name` and `function.arguments`, `tool_call_id`, `reasoning_content`).
+pub fn message(m: &Json) -> ChatMessage {
+    let mut message = ChatMessage::new(
+        m["role"].as_str().unwrap(),
+        m["content"].as_str().unwrap_or_default(),
+    );
+    message.tool_call_id = m["tool_call_id"].as_str().map(str::to_string);
+    message.reasoning_content = m["reasoning_content"].as_str().map(str::to_string);
+    if let Some(calls) = m["tool_calls"].as_array() {
+        message.tool_calls = calls
+            .iter()
+            .map(|c| ToolCall {
+                id: c["id"].as_str().unwrap().to_string(),
+                name: c["function"]["name"].as_str().unwrap().to_string(),
+                arguments: c["function"]["arguments"].clone(),
+            })
+            .collect();
+    }
+    message
 }
