@@ -336,3 +336,39 @@ fn errors_say_what_is_wrong() {
         "{err}"
     );
 }
+
+/// A fetch killed between hf-hub linking a file and its check leaves the blob marked
+/// unchecked: the cache does not serve it, and the next fetch checks it (here: bytes
+/// changed on disk, so it is refused and removed) instead of trusting it.
+#[test]
+fn a_file_left_unchecked_by_a_cut_fetch_is_checked_before_it_is_served() {
+    let hub = gguf_hub();
+    let dir = tempfile::tempdir().unwrap();
+    let client = client(&hub, dir.path());
+    let path = client
+        .resolve(&id("hf:test/tiny-GGUF:Q8_0"), &NoProgress)
+        .unwrap();
+    let blob = std::fs::canonicalize(&path).unwrap();
+    let marker = PathBuf::from(format!("{}.unverified", blob.display()));
+    assert!(!marker.exists(), "a checked file leaves no marker");
+    // As if killed after the link, before the check, with the bytes not the hub's.
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&blob, bytes).unwrap();
+    std::fs::write(&marker, b"").unwrap();
+    assert!(client.cached(&id("hf:test/tiny-GGUF:Q8_0")).is_none());
+    let err = client
+        .resolve(&id("hf:test/tiny-GGUF:Q8_0"), &NoProgress)
+        .unwrap_err();
+    assert!(
+        matches!(err, RegistryError::ChecksumMismatch { .. }),
+        "{err}"
+    );
+    assert!(!path.exists() && !blob.exists() && !marker.exists());
+    // The next fetch downloads it again, checked.
+    client
+        .resolve(&id("hf:test/tiny-GGUF:Q8_0"), &NoProgress)
+        .unwrap();
+    assert!(path.is_file() && !marker.exists());
+}

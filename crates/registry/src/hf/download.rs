@@ -202,7 +202,7 @@ impl Fetch<'_> {
     fn all(&self, files: &[String], progress: &dyn FetchProgress) -> Result<()> {
         let missing: Vec<&String> = files
             .iter()
-            .filter(|f| !self.snapshot.join(f).is_file())
+            .filter(|f| !super::is_checked_file(&self.snapshot.join(f)))
             .collect();
         if missing.is_empty() {
             return Ok(());
@@ -224,12 +224,26 @@ impl Fetch<'_> {
     /// downloaded; either way checked against the listing.
     fn get(&self, file: &str, progress: &dyn FetchProgress) -> Result<PathBuf> {
         let pointer = self.snapshot.join(file);
+        let marker = self.unverified_marker(file);
         if pointer.is_file() {
+            // A fetch was cut between hf-hub linking the file and its check: check it now.
+            if let Some(marker) = marker.as_ref().filter(|m| m.exists()) {
+                let verified = self.verify(file, &pointer);
+                let _ = std::fs::remove_file(marker);
+                verified?;
+            }
             return Ok(pointer);
         }
         if self.link_cached_blob(file, &pointer)? {
             progress.advance(self.sibling(file).and_then(|s| s.size).unwrap_or(0));
             return Ok(pointer);
+        }
+        if let Some(marker) = &marker {
+            // hf-hub links the file before it can be checked: until the check passes, the
+            // marker keeps the cache from serving it.
+            std::fs::create_dir_all(self.repo_dir.join("blobs"))
+                .and_then(|()| std::fs::File::create(marker).map(drop))
+                .map_err(io_err("write", marker))?;
         }
         let got = self
             .api
@@ -248,8 +262,20 @@ impl Fetch<'_> {
                 ),
             ));
         }
-        self.verify(file, &pointer)?;
-        Ok(pointer)
+        let verified = self.verify(file, &pointer);
+        if let Some(marker) = &marker {
+            let _ = std::fs::remove_file(marker);
+        }
+        verified.map(|()| pointer)
+    }
+
+    /// Where an LFS file's blob (named by its SHA-256, as hf-hub names it by the ETag the
+    /// hub gives) is marked unchecked; `None` for a small file kept in Git, which is
+    /// checked by size only.
+    fn unverified_marker(&self, file: &str) -> Option<PathBuf> {
+        let sha256 = &self.sibling(file)?.lfs.as_ref()?.sha256;
+        let blob = self.repo_dir.join("blobs").join(sha256);
+        (!sha256.contains(['/', '.'])).then(|| super::unverified_marker(&blob))
     }
 
     /// Links `file` to `blobs/<sha256>` when another snapshot already brought those
@@ -266,7 +292,10 @@ impl Fetch<'_> {
         if !blob.is_file() || sha256.contains(['/', '.']) {
             return Ok(false);
         }
-        if self.check(file, &blob).is_err() {
+        let checked = self.check(file, &blob);
+        // Checked now, whatever a cut fetch left marked.
+        let _ = std::fs::remove_file(super::unverified_marker(&blob));
+        if checked.is_err() {
             let _ = std::fs::remove_file(&blob);
             return Ok(false);
         }

@@ -10,8 +10,10 @@
 //! another snapshot already holds, and errors that say what to do.
 //!
 //! Invariants: a model whose files are all in the snapshot `refs/main` names is resolved
-//! without any request; a downloaded file whose size or SHA-256 is not the listing's is
-//! removed, blob and link, before the error is returned; a download cut short stays as
+//! without any request, unless one of them is marked unchecked (`<blob>.unverified`,
+//! written before a download and removed after its check, so a fetch killed in between
+//! checks the file next time); a downloaded file whose size or SHA-256 is not the
+//! listing's is removed, blob and link, before the error is returned; a download cut short stays as
 //! hf-hub's `blobs/<etag>.part` and the next fetch resumes it with a range request.
 
 mod download;
@@ -152,7 +154,7 @@ impl HfHub {
         };
         needed
             .iter()
-            .all(|f| snapshot.join(f).is_file())
+            .all(|f| is_checked_file(&snapshot.join(f)))
             .then(|| model_path(&snapshot, &plan))
     }
 
@@ -161,6 +163,21 @@ impl HfHub {
         self.cache_dir
             .join(hf_hub::Repo::model(repo.to_string()).folder_name())
     }
+}
+
+/// Beside a blob while it has not passed its check: a fetch cut between hf-hub linking
+/// the file into the snapshot and the SHA-256 check leaves it, so the cache does not
+/// serve the file until a fetch checks it.
+fn unverified_marker(blob: &Path) -> PathBuf {
+    let mut name = blob.as_os_str().to_owned();
+    name.push(".unverified");
+    PathBuf::from(name)
+}
+
+/// A snapshot file that is there and not marked unchecked.
+fn is_checked_file(pointer: &Path) -> bool {
+    pointer.is_file()
+        && std::fs::canonicalize(pointer).is_ok_and(|blob| !unverified_marker(&blob).exists())
 }
 
 /// The snapshot of `commit`, if `commit` is a name and not a path.
