@@ -73,36 +73,26 @@ fn nibble_position(row: usize, kk: usize, k_pad: usize) -> (usize, bool) {
     )
 }
 
-/// Packs up to 16 rows `w` (`[rows, k]`) into one row block's `data`, `scales` and
-/// `mins` ([`PackedI4`]'s layout, from the block's start).
-fn quantize_row_block(w: &[f32], k: usize, data: &mut [u8], scales: &mut [f16], mins: &mut [f16]) {
-    let n_groups = k.div_ceil(GROUP);
-    let k_pad = n_groups * GROUP;
-    for (row, w_row) in w.chunks_exact(k).enumerate() {
-        for (g, values) in w_row.chunks(GROUP).enumerate() {
-            let min = values.iter().copied().fold(f32::INFINITY, f32::min);
-            let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let (min, scale) = if min.is_finite() && max > min {
-                (f16::from_f32(min), f16::from_f32((max - min) / 15.0))
-            } else {
-                (
-                    f16::from_f32(if min.is_finite() { min } else { 0.0 }),
-                    f16::ZERO,
-                )
-            };
-            let (min_f, scale_f) = (min.to_f32(), scale.to_f32());
-            let inv = if scale_f == 0.0 { 0.0 } else { 1.0 / scale_f };
-            // Padding keeps nibble 0: its activations are zero.
-            for (j, &v) in values.iter().enumerate() {
-                let nibble = round_to_nibble((v - min_f) * inv);
-                let (byte, high) = nibble_position(row, g * GROUP + j, k_pad);
-                data[byte] |= if high { nibble << 4 } else { nibble };
-            }
-            let at = scale_index(row, g, n_groups);
-            scales[at] = scale;
-            mins[at] = min;
-        }
+/// Row `w`'s group (at most [`GROUP`] values) cut into 15 steps from its minimum: its
+/// nibbles into `nibbles` (padding left 0, whose activations are zero), its f16 scale and
+/// minimum returned.
+fn quantize_group(values: &[f32], nibbles: &mut [u8; GROUP]) -> (f16, f16) {
+    let min = values.iter().copied().fold(f32::INFINITY, f32::min);
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let (min, scale) = if min.is_finite() && max > min {
+        (f16::from_f32(min), f16::from_f32((max - min) / 15.0))
+    } else {
+        (
+            f16::from_f32(if min.is_finite() { min } else { 0.0 }),
+            f16::ZERO,
+        )
+    };
+    let (min_f, scale_f) = (min.to_f32(), scale.to_f32());
+    let inv = if scale_f == 0.0 { 0.0 } else { 1.0 / scale_f };
+    for (nibble, &v) in nibbles.iter_mut().zip(values) {
+        *nibble = round_to_nibble((v - min_f) * inv);
     }
+    (scale, min)
 }
 
 /// `x.round().clamp(0.0, 15.0) as u8` (NaN gives 0) without `f32::round`, a libm call on
@@ -122,20 +112,67 @@ impl PackedI4 {
     /// weight by more than it must).
     pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w must be [n, k]");
+        Self::pack(n, k, |row, g, nibbles| {
+            quantize_group(
+                &w[row * k + g * GROUP..row * k + k.min((g + 1) * GROUP)],
+                nibbles,
+            )
+        })
+    }
+
+    /// Packs weights already quantised as `w = nibble · scale + min` (GGUF's Q4_1; Q4_0
+    /// with `min = -8 · scale`) without rounding them again: `nibbles` (`[n, k]`,
+    /// row-major, each in `0..=15`) and one scale and minimum per row and group of 32
+    /// (`[n, k.div_ceil(32)]` each).
+    pub fn from_groups(n: usize, k: usize, nibbles: &[u8], scales: &[f16], mins: &[f16]) -> Self {
+        let n_groups = k.div_ceil(GROUP);
+        assert_eq!(nibbles.len(), n * k, "nibbles must be [n, k]");
+        assert!(nibbles.iter().all(|&v| v < 16), "nibbles hold 0..=15");
+        assert!(
+            scales.len() == n * n_groups && mins.len() == scales.len(),
+            "scales and mins must be [n, k / 32]"
+        );
+        Self::pack(n, k, |row, g, out| {
+            let group = &nibbles[row * k + g * GROUP..row * k + k.min((g + 1) * GROUP)];
+            out[..group.len()].copy_from_slice(group);
+            let at = row * n_groups + g;
+            (scales[at], mins[at])
+        })
+    }
+
+    /// The one packer behind [`PackedI4::quantize`] and [`PackedI4::from_groups`]:
+    /// `group(row, g, nibbles)` writes row `row`'s group `g` into `nibbles` (zeroed before,
+    /// so the padding past `k` stays 0) and returns its scale and minimum. Row blocks are
+    /// packed on every core, as [`PackedI8`](crate::int8::PackedI8)'s are.
+    fn pack(
+        n: usize,
+        k: usize,
+        group: impl Fn(usize, usize, &mut [u8; GROUP]) -> (f16, f16) + Sync,
+    ) -> Self {
         let k_pad = k.div_ceil(GROUP) * GROUP;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         let n_groups = k_pad / GROUP;
         let mut data = vec![0u8; n_pad * k_pad / 2];
         let mut scales = vec![f16::ZERO; n_pad * n_groups];
         let mut mins = vec![f16::ZERO; n_pad * n_groups];
-        // Row blocks on every core, as `PackedI8::quantize` packs them.
         if n > 0 && k > 0 {
-            w.par_chunks(ROWS_PER_BLOCK * k)
-                .zip(data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2))
+            data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2)
                 .zip(scales.par_chunks_mut(ROWS_PER_BLOCK * n_groups))
                 .zip(mins.par_chunks_mut(ROWS_PER_BLOCK * n_groups))
-                .for_each(|(((w, data), scales), mins)| {
-                    quantize_row_block(w, k, data, scales, mins)
+                .enumerate()
+                .for_each(|(row_block, ((data, scales), mins))| {
+                    let first = row_block * ROWS_PER_BLOCK;
+                    for row in 0..ROWS_PER_BLOCK.min(n - first) {
+                        for g in 0..n_groups {
+                            let mut nibbles = [0u8; GROUP];
+                            let at = scale_index(row, g, n_groups);
+                            (scales[at], mins[at]) = group(first + row, g, &mut nibbles);
+                            for (j, &nibble) in nibbles.iter().enumerate() {
+                                let (byte, high) = nibble_position(row, g * GROUP + j, k_pad);
+                                data[byte] |= if high { nibble << 4 } else { nibble };
+                            }
+                        }
+                    }
                 });
         }
         Self {
@@ -406,6 +443,55 @@ mod tests {
         let w = PackedI4::quantize(&wf, 17, 64);
         for row in 0..17 {
             assert_eq!(w.dequantize_row(row), wf[row * 64..(row + 1) * 64]);
+        }
+    }
+
+    /// `p`'s nibbles `[n, k]`, scales and minimums `[n, k / 32]`, row-major: what
+    /// `from_groups` takes.
+    fn unpacked(p: &PackedI4) -> (Vec<u8>, Vec<f16>, Vec<f16>) {
+        let nibbles = (0..p.n * p.k).map(|i| p.nibble(i / p.k, i % p.k)).collect();
+        let n_groups = p.n_groups();
+        let at = |i: usize| scale_index(i / n_groups, i % n_groups, n_groups);
+        let scales = (0..p.n * n_groups).map(|i| p.scales[at(i)]).collect();
+        let mins = (0..p.n * n_groups).map(|i| p.mins[at(i)]).collect();
+        (nibbles, scales, mins)
+    }
+
+    #[test]
+    fn from_groups_packs_what_quantize_packed() {
+        // Padding along both axes, a shape without, and a tiny one.
+        for (n, k) in [(37, 7 * GROUP + 5), (16, 2 * GROUP), (3, 10)] {
+            let w: Vec<f32> = random(n * k, 13).iter().map(|v| v * 3.0).collect();
+            let quantized = PackedI4::quantize(&w, n, k);
+            let (nibbles, scales, mins) = unpacked(&quantized);
+            let packed = PackedI4::from_groups(n, k, &nibbles, &scales, &mins);
+            assert_eq!((packed.n, packed.k, packed.k_pad), (n, k, quantized.k_pad));
+            assert_eq!(packed.data, quantized.data, "{n}×{k}");
+            assert_eq!(packed.scales, quantized.scales, "{n}×{k}");
+            assert_eq!(packed.mins, quantized.mins, "{n}×{k}");
+        }
+    }
+
+    #[test]
+    fn from_groups_dequantises_to_its_inputs_exactly() {
+        let (n, k) = (21, 3 * GROUP + 7);
+        let n_groups = k.div_ceil(GROUP);
+        let nibbles: Vec<u8> = (0..n * k).map(|i| ((i * 7) % 16) as u8).collect();
+        let scales: Vec<f16> = (0..n * n_groups)
+            .map(|i| f16::from_f32((i as f32 - 30.0) * 0.0123))
+            .collect();
+        let mins: Vec<f16> = (0..n * n_groups)
+            .map(|i| f16::from_f32((i as f32 - 40.0) * -0.071))
+            .collect();
+        let packed = PackedI4::from_groups(n, k, &nibbles, &scales, &mins);
+        for row in 0..n {
+            let want: Vec<f32> = (0..k)
+                .map(|kk| {
+                    let g = row * n_groups + kk / GROUP;
+                    f32::from(nibbles[row * k + kk]) * scales[g].to_f32() + mins[g].to_f32()
+                })
+                .collect();
+            assert_eq!(packed.dequantize_row(row), want, "row {row}");
         }
     }
 

@@ -65,12 +65,16 @@ pub struct PackedI8 {
     pub block_sums: Vec<i16>,
 }
 
+/// A code [`PackedI8::from_blocks`] cannot pack exactly: -128 at `w[row][col]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("INT8 code -128 at row {row}, column {col}: the kernels multiply codes in -127..=127")]
+pub struct UnrepresentableCode {
+    pub row: usize,
+    pub col: usize,
+}
+
 impl PackedI8 {
     /// Quantises a row-major f32 matrix `[n, k]` to INT8, one scale per row and block.
-    ///
-    /// Each 16-row block's bytes, scales and sums are contiguous, so the blocks are packed
-    /// on every core ([`rayon`]): a model is packed once per load, and on one core this
-    /// was most of Qwen2.5-0.5B's.
     pub fn quantize(w: &[f32], n: usize, k: usize) -> Self {
         Self::quantize_with(isa::active(), w, n, k)
     }
@@ -80,6 +84,60 @@ impl PackedI8 {
     pub fn quantize_with(isa: Isa, w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w must be [n, k]");
         isa.assert_supported();
+        Self::pack(n, k, |row, b, q| {
+            let xb = &w[row * k + b * BLOCK_K..row * k + k.min((b + 1) * BLOCK_K)];
+            let mut padded = [0.0f32; BLOCK_K];
+            let block = if xb.len() == BLOCK_K {
+                xb
+            } else {
+                padded[..xb.len()].copy_from_slice(xb);
+                &padded
+            };
+            // The f16 value `Scaling::Weights` quantised against: exact in f16.
+            f16::from_f32(quantize_block(isa, block, q, Scaling::Weights))
+        })
+    }
+
+    /// Packs weights already quantised in Q8_0's form, without rounding them again: `q`
+    /// (`[n, k]`, row-major) and one scale per row and block of 32 (`scales`,
+    /// `[n, k.div_ceil(32)]`), so `w = q · scale` exactly. Fails on a code of -128, which
+    /// the AVX2 kernel's sign trick cannot multiply exactly (Q8_0's quantiser never
+    /// writes one: its codes are `round(127 · x / max)`).
+    pub fn from_blocks(
+        n: usize,
+        k: usize,
+        q: &[i8],
+        scales: &[f16],
+    ) -> Result<Self, UnrepresentableCode> {
+        let n_blocks = k.div_ceil(BLOCK_K);
+        assert_eq!(q.len(), n * k, "q must be [n, k]");
+        assert_eq!(scales.len(), n * n_blocks, "scales must be [n, k / 32]");
+        if let Some(at) = q.iter().position(|&v| v == i8::MIN) {
+            return Err(UnrepresentableCode {
+                row: at / k,
+                col: at % k,
+            });
+        }
+        Ok(Self::pack(n, k, |row, b, out| {
+            let block = &q[row * k + b * BLOCK_K..row * k + k.min((b + 1) * BLOCK_K)];
+            out[..block.len()].copy_from_slice(block);
+            out[block.len()..].fill(0);
+            scales[row * n_blocks + b]
+        }))
+    }
+
+    /// The one packer behind [`PackedI8::quantize`] and [`PackedI8::from_blocks`]:
+    /// `block(row, b, q)` writes row `row`'s block `b` (zeros past `k`) into `q` and
+    /// returns its scale.
+    ///
+    /// Each 16-row block's bytes, scales and sums are contiguous, so the blocks are packed
+    /// on every core ([`rayon`]): a model is packed once per load, and on one core this
+    /// was most of Qwen2.5-0.5B's.
+    fn pack(
+        n: usize,
+        k: usize,
+        block: impl Fn(usize, usize, &mut [i8; BLOCK_K]) -> f16 + Sync,
+    ) -> Self {
         let k_pad = k.div_ceil(BLOCK_K) * BLOCK_K;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         let n_blocks = k_pad / BLOCK_K;
@@ -87,12 +145,24 @@ impl PackedI8 {
         let mut scales = vec![f16::ZERO; n_pad * n_blocks];
         let mut block_sums = vec![0i16; n_pad * n_blocks];
         if n > 0 && k > 0 {
-            w.par_chunks(ROWS_PER_BLOCK * k)
-                .zip(data.par_chunks_mut(ROWS_PER_BLOCK * k_pad))
+            data.par_chunks_mut(ROWS_PER_BLOCK * k_pad)
                 .zip(scales.par_chunks_mut(ROWS_PER_BLOCK * n_blocks))
                 .zip(block_sums.par_chunks_mut(ROWS_PER_BLOCK * n_blocks))
-                .for_each(|(((w, data), scales), sums)| {
-                    quantize_row_block(isa, w, k, data, scales, sums)
+                .enumerate()
+                .for_each(|(row_block, ((data, scales), sums))| {
+                    let first = row_block * ROWS_PER_BLOCK;
+                    let mut q = [0i8; BLOCK_K];
+                    for row in 0..ROWS_PER_BLOCK.min(n - first) {
+                        for b in 0..n_blocks {
+                            let at = scale_index(row, b, n_blocks);
+                            scales[at] = block(first + row, b, &mut q);
+                            sums[at] = q.iter().map(|&v| i16::from(v)).sum();
+                            for (g, group) in q.chunks_exact(K_PER_GROUP).enumerate() {
+                                let at = packed_index(row, b * BLOCK_K + g * K_PER_GROUP, k_pad);
+                                data[at..at + K_PER_GROUP].copy_from_slice(group);
+                            }
+                        }
+                    }
                 });
         }
         Self {
@@ -149,40 +219,6 @@ pub fn packed_index(row: usize, kk: usize, k_pad: usize) -> usize {
 #[inline]
 pub fn scale_index(row: usize, block: usize, n_blocks: usize) -> usize {
     ((row / ROWS_PER_BLOCK) * n_blocks + block) * ROWS_PER_BLOCK + row % ROWS_PER_BLOCK
-}
-
-/// Packs up to 16 rows `w` (`[rows, k]`) into one row block's `data`, `scales` and
-/// `sums` ([`PackedI8`]'s layout, from the block's start).
-fn quantize_row_block(
-    isa: Isa,
-    w: &[f32],
-    k: usize,
-    data: &mut [i8],
-    scales: &mut [f16],
-    sums: &mut [i16],
-) {
-    let n_blocks = k.div_ceil(BLOCK_K);
-    let k_pad = n_blocks * BLOCK_K;
-    let (mut q, mut padded) = ([0i8; BLOCK_K], [0.0f32; BLOCK_K]);
-    for (row, w_row) in w.chunks_exact(k).enumerate() {
-        for (b, xb) in w_row.chunks(BLOCK_K).enumerate() {
-            let block = if xb.len() == BLOCK_K {
-                xb
-            } else {
-                padded[..xb.len()].copy_from_slice(xb);
-                padded[xb.len()..].fill(0.0);
-                &padded
-            };
-            let at = scale_index(row, b, n_blocks);
-            // The f16 value `Scaling::Weights` quantised against: exact in f16.
-            scales[at] = f16::from_f32(quantize_block(isa, block, &mut q, Scaling::Weights));
-            sums[at] = q.iter().map(|&v| i16::from(v)).sum();
-            for (g, group) in q.chunks_exact(K_PER_GROUP).enumerate() {
-                let at = packed_index(row, b * BLOCK_K + g * K_PER_GROUP, k_pad);
-                data[at..at + K_PER_GROUP].copy_from_slice(group);
-            }
-        }
-    }
 }
 
 /// How a block's scale follows from its largest magnitude.
@@ -704,6 +740,62 @@ mod tests {
             let half_step = 3.0 * magnitude(i) / 254.0;
             assert!((got - want).abs() <= half_step * 1.001, "{got} vs {want}");
         }
+    }
+
+    /// `p`'s codes `[n, k]` and scales `[n, k / 32]`, row-major: what `from_blocks` takes.
+    fn unpacked(p: &PackedI8) -> (Vec<i8>, Vec<f16>) {
+        let q = (0..p.n * p.k)
+            .map(|i| p.data[packed_index(i / p.k, i % p.k, p.k_pad)])
+            .collect();
+        let n_blocks = p.n_blocks();
+        let scales = (0..p.n * n_blocks)
+            .map(|i| p.scales[scale_index(i / n_blocks, i % n_blocks, n_blocks)])
+            .collect();
+        (q, scales)
+    }
+
+    #[test]
+    fn from_blocks_packs_what_quantize_packed() {
+        // Padding along both axes, a shape without, and a tiny one.
+        for (n, k) in [(37, 7 * BLOCK_K + 5), (16, 2 * BLOCK_K), (3, 10)] {
+            let w: Vec<f32> = random(n * k, 12).iter().map(|v| v * 3.0).collect();
+            let quantized = PackedI8::quantize(&w, n, k);
+            let (q, scales) = unpacked(&quantized);
+            let packed = PackedI8::from_blocks(n, k, &q, &scales).expect("no -128");
+            assert_eq!((packed.n, packed.k, packed.k_pad), (n, k, quantized.k_pad));
+            assert_eq!(packed.data, quantized.data, "{n}×{k}");
+            assert_eq!(packed.scales, quantized.scales, "{n}×{k}");
+            assert_eq!(packed.block_sums, quantized.block_sums, "{n}×{k}");
+        }
+    }
+
+    #[test]
+    fn from_blocks_dequantises_to_its_inputs_exactly() {
+        let (n, k) = (21, 3 * BLOCK_K + 7);
+        let n_blocks = k.div_ceil(BLOCK_K);
+        let q: Vec<i8> = (0..n * k)
+            .map(|i| ((i * 37) % 255) as i8 / 2 * 2 + 1)
+            .collect();
+        let scales: Vec<f16> = (0..n * n_blocks)
+            .map(|i| f16::from_f32((i as f32 - 30.0) * 0.0123))
+            .collect();
+        let packed = PackedI8::from_blocks(n, k, &q, &scales).expect("no -128");
+        for row in 0..n {
+            let want: Vec<f32> = (0..k)
+                .map(|kk| {
+                    scales[row * n_blocks + kk / BLOCK_K].to_f32() * f32::from(q[row * k + kk])
+                })
+                .collect();
+            assert_eq!(packed.dequantize_row(row), want, "row {row}");
+        }
+    }
+
+    #[test]
+    fn from_blocks_refuses_minus_128() {
+        let mut q = vec![1i8; 2 * 40];
+        q[40 + 33] = i8::MIN;
+        let err = PackedI8::from_blocks(2, 40, &q, &[f16::ONE; 4]).unwrap_err();
+        assert_eq!(err, UnrepresentableCode { row: 1, col: 33 });
     }
 
     #[test]
