@@ -25,8 +25,8 @@ pub struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// Weight precision: int8 (W8A8), int4 (4-bit weights, INT8 activations), bf16, or
-    /// f32 (the reference).
+    /// Weight precision: int8 (W8A8), int4 (4-bit weights, INT8 activations), bf16, f32
+    /// (the reference), or file (a GGUF's Q8_0, Q4_0 and Q4_1 blocks as stored).
     #[arg(long, default_value = "int8", value_parser = parse_precision)]
     pub precision: Precision,
     /// KV cache storage: f32, f16 (half the bytes), or int8 (about a quarter).
@@ -286,7 +286,7 @@ impl ModelArgs {
                 .then(|| Model::from_checkpoint(&checkpoint, Precision::F32, None).map(Arc::new))
                 .transpose()
                 .with_context(loading)?;
-            let calibration = if self.precision.quantises_activations() {
+            let calibration = if self.precision.calibrates() {
                 Some(calibration(
                     &path,
                     &checkpoint,

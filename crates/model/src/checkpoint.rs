@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use pyramid_gguf::GgufFile;
+use pyramid_gguf::{GgmlType, GgufFile};
 
 use crate::hf::HfCheckpoint;
 use crate::{ModelConfig, ModelError, Result};
@@ -16,6 +16,11 @@ pub trait TensorSource {
     fn tensor_dims(&self, name: &str) -> Result<Vec<u64>>;
     fn has_tensor(&self, name: &str) -> bool;
     fn tensor_f32(&self, name: &str) -> Result<Vec<f32>>;
+    /// How the tensor is stored: a GGUF's block type, or a float dtype under GGML's name.
+    /// Stacked experts' names answer for their experts.
+    fn tensor_type(&self, name: &str) -> Result<GgmlType>;
+    /// The tensor's bytes as stored, for `--precision file` to repack a block type.
+    fn tensor_bytes(&self, name: &str) -> Result<&[u8]>;
     /// Expert `expert`'s `[n_rows, n_cols]` matrix of the experts' tensor `name`
     /// (`shape` `[n_rows, n_cols, n_expert]`; GGML dims `[n_cols, n_rows, n_expert]`, as
     /// llama.cpp stacks them), as f32:
@@ -37,6 +42,15 @@ impl TensorSource for GgufFile {
 
     fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         Ok(GgufFile::tensor_f32(self, name)?)
+    }
+
+    fn tensor_type(&self, name: &str) -> Result<GgmlType> {
+        Ok(self.tensor_info(name)?.ggml_type)
+    }
+
+    fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
+        // The reader maps each tensor from its own part of a split file.
+        Ok(GgufFile::tensor_bytes(self, self.tensor_info(name)?))
     }
 
     fn expert_f32(

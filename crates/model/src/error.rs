@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use pyramid_gguf::GgufError;
+use pyramid_gguf::{GgmlType, GgufError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -21,6 +21,12 @@ pub enum ModelError {
         expected: Vec<u64>,
         found: Vec<u64>,
     },
+    /// `--precision file` met a block type no kernel runs exactly yet.
+    #[error("--precision file does not run {ty} yet ({name}); use --precision int8 or int4")]
+    FileType { name: String, ty: GgmlType },
+    /// `--precision file` cannot run this tensor's blocks exactly.
+    #[error("--precision file cannot run {name} exactly: {reason}; use --precision int8 or int4")]
+    FileBlocks { name: String, reason: String },
     #[error("invalid model hyper-parameter: {0}")]
     BadConfig(String),
     #[error("token id {id} is out of range (vocabulary has {n_vocab} tokens)")]

@@ -16,6 +16,7 @@ mod block;
 mod checkpoint;
 mod config;
 mod error;
+mod file_weights;
 mod forward;
 mod hf;
 mod kv_cache;
@@ -53,14 +54,19 @@ pub enum Precision {
     Int8,
     /// W4A8: 4-bit weights per group of 32, activations INT8 per token and block of 32.
     Int4,
+    /// The weights exactly as a GGUF file stores them: Q8_0 blocks as W8A8, Q4_0 and Q4_1
+    /// as W4A8, float tensors in their float form; other block types are refused. A
+    /// Hugging Face directory's tensors are floats, so `file` is their dtype there.
+    File,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 4] = [
+    pub const ALL: [Precision; 5] = [
         Precision::F32,
         Precision::Bf16,
         Precision::Int8,
         Precision::Int4,
+        Precision::File,
     ];
 
     pub fn name(self) -> &'static str {
@@ -69,11 +75,13 @@ impl Precision {
             Precision::Bf16 => "bf16",
             Precision::Int8 => "int8",
             Precision::Int4 => "int4",
+            Precision::File => "file",
         }
     }
 
-    /// Whether activations are quantised, so calibrated outlier channels matter.
-    pub fn quantises_activations(self) -> bool {
+    /// Whether a load calibrates outlier channels: the precisions that quantise weights
+    /// and activations. Not `File`, whose weights are the file's own.
+    pub fn calibrates(self) -> bool {
         matches!(self, Precision::Int8 | Precision::Int4)
     }
 

@@ -7,10 +7,12 @@
 //! Loading streams: each tensor is dequantised to f32, converted, and its mapped pages are
 //! released before the next, so an INT8 model never holds its f32 weights (four times its
 //! size) nor the file's pages at once. The output projection goes first, while nothing
-//! else is resident: its f32 form is the largest transient of the load.
+//! else is resident: its f32 form is the largest transient of the load. At
+//! [`Precision::File`] block types skip the f32 form ([`crate::file_weights`]).
 
 use crate::checkpoint::TensorSource;
 use crate::config::{Architecture, ModelConfig};
+use crate::file_weights;
 use crate::linear::{Calibration, Linear, QuantLinear, Site, WeightBits};
 use crate::{ModelError, Precision, Result};
 
@@ -24,7 +26,7 @@ pub struct Matrix {
 
 impl Matrix {
     /// Consecutive blocks of rows, `rows[i]` each (a fused projection's parts).
-    fn split_rows(self, rows: &[usize]) -> Vec<Matrix> {
+    pub(crate) fn split_rows(self, rows: &[usize]) -> Vec<Matrix> {
         let mut at = 0;
         rows.iter()
             .map(|&n| {
@@ -187,13 +189,14 @@ impl ModelWeights {
     }
 
     /// Converts the f32 projections to `precision`; with a calibration, integer projections
-    /// keep their inputs' outlier channels in f32.
+    /// keep their inputs' outlier channels in f32. [`Precision::File`] converts nothing:
+    /// the file's own blocks are gone once loaded in f32.
     pub fn into_precision(
         mut self,
         precision: Precision,
         calibration: Option<&Calibration>,
     ) -> Self {
-        if precision == Precision::F32 {
+        if matches!(precision, Precision::F32 | Precision::File) {
             return self;
         }
         let to_precision = |lin: &mut Linear, layer: usize, site: Site| {
@@ -264,19 +267,31 @@ fn load_vocabulary(
     } else {
         "output.weight"
     };
-    let output = convert(
-        streamed_matrix(file, output_name, cfg.n_vocab, cfg.n_embd)?,
+    let output = projection(
+        file,
+        output_name,
+        cfg.n_vocab,
+        cfg.n_embd,
         output_precision,
         calibration,
         0,
         Site::Head,
-    );
+    )?;
     let token_embd = if tied {
         Embedding::Output
     } else {
+        // At `File` a float table keeps its form; blocks go to INT8, as for the integer
+        // precisions.
+        let table_precision = match embedding_precision {
+            Precision::File => {
+                file_weights::float_precision(file.tensor_type("token_embd.weight")?)
+                    .unwrap_or(Precision::Int8)
+            }
+            other => other,
+        };
         embedding_table(
             streamed_matrix(file, "token_embd.weight", cfg.n_vocab, cfg.n_embd)?,
-            embedding_precision,
+            table_precision,
         )
     };
     Ok((token_embd, output))
@@ -314,11 +329,22 @@ pub(crate) fn load_layer(
             .transpose()
     };
     let linear = |t: &str, n_rows, n_cols, site| -> Result<Linear> {
-        let m = streamed_matrix(file, &name(t), n_rows, n_cols)?;
-        Ok(convert(m, precision, calibration, i, site))
+        projection(
+            file,
+            &name(t),
+            n_rows,
+            n_cols,
+            precision,
+            calibration,
+            i,
+            site,
+        )
     };
     // Phi-3 fuses Q/K/V into one projection and gate/up into another: split by rows.
     let fused = |t: &str, parts: &[usize], site| -> Result<Vec<Linear>> {
+        if precision == Precision::File {
+            return file_weights::projections(file, &name(t), parts, e);
+        }
         let m = streamed_matrix(file, &name(t), parts.iter().sum(), e)?;
         Ok(m.split_rows(parts)
             .into_iter()
@@ -365,6 +391,9 @@ pub(crate) fn load_layer(
             Ffn::Dense(GatedFfn { gate, up, down })
         }
     };
+    if precision == Precision::File {
+        check_sites(i, [&wq, &wk, &wv], &ffn)?;
+    }
     Ok(LayerWeights {
         attn_norm: vector(file, &name("attn_norm.weight"), e)?,
         wq,
@@ -401,6 +430,9 @@ fn load_experts(
         stacked("ffn_down_exps.weight"),
     );
     let expert = |name: &str, x: usize, n_rows: usize, n_cols: usize, site| -> Result<Linear> {
+        if precision == Precision::File {
+            return file_weights::expert(file, name, x, [n_rows, n_cols, n]);
+        }
         let m = Matrix {
             data: file.expert_f32(name, x, [n_rows, n_cols, n])?,
             n_rows,
@@ -447,15 +479,64 @@ fn convert(
             .unwrap_or_default()
     };
     match precision {
-        Precision::F32 => Linear::F32(m),
+        // `File`'s loader reads block types itself: what comes here is a matrix already
+        // in f32, kept as it is.
+        Precision::F32 | Precision::File => Linear::F32(m),
         Precision::Bf16 => Linear::to_bf16(&m),
         Precision::Int8 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Eight, outliers())),
         Precision::Int4 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Four, outliers())),
     }
 }
 
+/// Projection `name` (`[n_rows, n_cols]`) in `precision`: at [`Precision::File`] as the
+/// file stores it, otherwise dequantised and converted.
+#[allow(clippy::too_many_arguments)]
+fn projection(
+    file: &dyn TensorSource,
+    name: &str,
+    n_rows: usize,
+    n_cols: usize,
+    precision: Precision,
+    calibration: Option<&Calibration>,
+    layer: usize,
+    site: Site,
+) -> Result<Linear> {
+    if precision == Precision::File {
+        let mut parts = file_weights::projections(file, name, &[n_rows], n_cols)?;
+        return parts
+            .pop()
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()));
+    }
+    let m = streamed_matrix(file, name, n_rows, n_cols)?;
+    Ok(convert(m, precision, calibration, layer, site))
+}
+
+/// At [`Precision::File`], the projections of each input site of layer `i` are all float
+/// or all blocks ([`file_weights::check_site`]).
+fn check_sites(i: usize, [wq, wk, wv]: [&Linear; 3], ffn: &Ffn) -> Result<()> {
+    file_weights::check_site(
+        i,
+        &[
+            ("attn_q.weight", wq),
+            ("attn_k.weight", wk),
+            ("attn_v.weight", wv),
+        ],
+    )?;
+    let ffns = match ffn {
+        Ffn::Dense(ffn) => std::slice::from_ref(ffn),
+        Ffn::Routed(routed) => routed.experts.as_slice(),
+    };
+    let ins: Vec<_> = ffns
+        .iter()
+        .flat_map(|f| [("ffn_gate.weight", &f.gate), ("ffn_up.weight", &f.up)])
+        .collect();
+    let downs: Vec<_> = ffns.iter().map(|f| ("ffn_down.weight", &f.down)).collect();
+    file_weights::check_site(i, &ins)?;
+    file_weights::check_site(i, &downs)
+}
+
 /// A matrix dequantised from the file, whose mapped pages are then given back.
-fn streamed_matrix(
+pub(crate) fn streamed_matrix(
     file: &dyn TensorSource,
     name: &str,
     n_rows: usize,
@@ -466,7 +547,7 @@ fn streamed_matrix(
     Ok(m)
 }
 
-fn check_dims(file: &dyn TensorSource, name: &str, expected: &[u64]) -> Result<()> {
+pub(crate) fn check_dims(file: &dyn TensorSource, name: &str, expected: &[u64]) -> Result<()> {
     let found = file.tensor_dims(name)?;
     if found != expected {
         return Err(ModelError::TensorShape {

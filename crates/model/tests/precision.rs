@@ -103,9 +103,14 @@ fn compare(
     let reference = reference(file, golden);
     let gguf = GgufFile::open(model_path(file)).unwrap();
     let pool = ThreadPool::with_available_parallelism();
-    let fast = Model::from_gguf(&gguf)
-        .unwrap()
-        .into_precision(precision, calibrate.then_some(&reference.calibration));
+    // `file` reads the file's blocks, which an f32 model no longer has.
+    let fast = if precision == Precision::File {
+        Model::from_gguf_with(&gguf, precision).unwrap()
+    } else {
+        Model::from_gguf(&gguf)
+            .unwrap()
+            .into_precision(precision, calibrate.then_some(&reference.calibration))
+    };
     let mut results = Vec::new();
     for t in &reference.trajectories {
         let mut kv = fast.new_kv_cache(t.ids.len() + N_STEPS);
@@ -188,6 +193,18 @@ const GEMMA3_INT4: Claim = Claim {
     min_full_agreement: 0.0,
     min_mean_prefix: 1.0,
     outliers: true,
+};
+
+/// `file` on SmolLM2's Q4_1 file (Q8_0 embeddings): the file's own blocks, activations
+/// INT8 as in W4A8, and no calibration. Measured: 2 of 6 prompts agree for all 16 steps
+/// (11.8 steps on average), KL at most 0.0037 — below INT8 without its outlier channels
+/// (0.0060), above INT8 with them (0.0021), which gives 5 of 6. INT8's agreement is the
+/// issue's aim for `file`, not yet met: activations without outlier channels cost it.
+const FILE: Claim = Claim {
+    max_kl: 0.005,
+    min_full_agreement: 0.3,
+    min_mean_prefix: 10.0,
+    outliers: false,
 };
 
 /// bf16: f32's greedy tokens for all 16 steps on at least 3 of 4 prompts (all measured),
@@ -282,6 +299,11 @@ fn gemma3_int8_agrees_with_f32() {
 #[test]
 fn gemma3_int4_stays_close_to_f32() {
     check(GEMMA3.0, GEMMA3.1, Precision::Int4, GEMMA3_INT4);
+}
+
+#[test]
+fn smollm2_file_agrees_with_f32() {
+    check(SMOLLM2.0, SMOLLM2.1, Precision::File, FILE);
 }
 
 /// Four-bit groups with a minimum re-pack the GGUF's Q4_1 blocks nearly exactly; what is

@@ -53,6 +53,9 @@ impl WeightFormat {
             Precision::Bf16 => WeightFormat::Bf16,
             Precision::Int8 => WeightFormat::Int8,
             Precision::Int4 => WeightFormat::Int4,
+            // The graph has no block formats of its own: the file's blocks of up to 8 bits
+            // go to its INT8.
+            Precision::File => WeightFormat::Int8,
         }
     }
 }

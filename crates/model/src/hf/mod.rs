@@ -14,6 +14,8 @@ mod safetensors;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use ::safetensors::Dtype;
+use pyramid_gguf::GgmlType;
 use pyramid_kernels::ops::RopeStyle;
 use serde_json::Value;
 
@@ -212,6 +214,29 @@ impl TensorSource for HfCheckpoint {
             }
         }
         Ok(data)
+    }
+
+    fn tensor_type(&self, name: &str) -> Result<GgmlType> {
+        let mapped = match self.tensors.get(name) {
+            Some(mapped) => mapped,
+            // A stacked experts' name: the first expert's own tensor.
+            None => self.mapped(&expert_key(name, 0))?,
+        };
+        Ok(match mapped.entry.dtype {
+            Dtype::BF16 => GgmlType::BF16,
+            Dtype::F16 => GgmlType::F16,
+            // `open` admitted nothing else.
+            _ => GgmlType::F32,
+        })
+    }
+
+    /// A directory stores floats, which are read through `tensor_f32`: no tensor of one is
+    /// ever asked for as blocks.
+    fn tensor_bytes(&self, name: &str) -> Result<&[u8]> {
+        Err(problem(
+            &self.dir,
+            format!("tensor '{name}' is float; a Hugging Face directory stores no blocks"),
+        ))
     }
 
     fn expert_f32(

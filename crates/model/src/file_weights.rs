@@ -1,0 +1,211 @@
+//! `--precision file`: projections exactly as the file stores them. The block formats the
+//! integer kernels already represent exactly are repacked without rounding again:
+//!
+//! - Q8_0 (`d`, 32 × i8, `w = d · q`) is [`PackedI8`]'s layout itself.
+//! - Q4_1 (`d`, `m`, 32 nibbles, `w = d · q + m`) is [`PackedI4`]'s.
+//! - Q4_0 (`d`, 32 nibbles, `w = d · (q - 8)`) is Q4_1 with `m = -8 · d`, which f16 holds
+//!   exactly unless it overflows; a tensor where it would goes to [`PackedI8`] with codes
+//!   `q - 8` instead, exact too.
+//!
+//! Float tensors keep their form: F32 and F16 in f32 (bf16 has fewer mantissa bits than
+//! f16, and f32 holds every f16), BF16 in bf16. Any other block type is refused by name:
+//! a second rounding is what `int8` and `int4` are for, never done silently here. No
+//! calibration: the weights are the file's, so no outlier channels are split off.
+//!
+//! The blocks are read from the mapped file and unpacked one tensor at a time (a byte per
+//! weight at most), never through an f32 copy.
+
+use half::f16;
+use pyramid_gguf::GgmlType;
+use pyramid_kernels::int4::PackedI4;
+use pyramid_kernels::int8::PackedI8;
+
+use crate::checkpoint::TensorSource;
+use crate::linear::{Linear, PackedWeights, QuantLinear};
+use crate::weights::{check_dims, streamed_matrix, Matrix};
+use crate::{ModelError, Precision, Result};
+
+/// Elements per block of the types repacked here.
+const QK: usize = 32;
+
+/// The float precision a tensor of `ty` keeps, `None` for a block type.
+pub(crate) fn float_precision(ty: GgmlType) -> Option<Precision> {
+    match ty {
+        GgmlType::F32 | GgmlType::F16 => Some(Precision::F32),
+        GgmlType::BF16 => Some(Precision::Bf16),
+        _ => None,
+    }
+}
+
+/// The float form of a tensor whose type `float_precision` named.
+fn float_linear(precision: Precision, m: Matrix) -> Linear {
+    match precision {
+        Precision::Bf16 => Linear::to_bf16(&m),
+        _ => Linear::F32(m),
+    }
+}
+
+/// Matrix `name` (`[Σ parts, n_cols]`) as consecutive blocks of `parts` rows (Phi-3's
+/// fused projections; one part otherwise), each as the file stores it.
+pub(crate) fn projections(
+    file: &dyn TensorSource,
+    name: &str,
+    parts: &[usize],
+    n_cols: usize,
+) -> Result<Vec<Linear>> {
+    let ty = file.tensor_type(name)?;
+    let n_rows: usize = parts.iter().sum();
+    if let Some(precision) = float_precision(ty) {
+        let m = streamed_matrix(file, name, n_rows, n_cols)?;
+        return Ok(match parts {
+            [_] => vec![float_linear(precision, m)],
+            _ => m
+                .split_rows(parts)
+                .into_iter()
+                .map(|m| float_linear(precision, m))
+                .collect(),
+        });
+    }
+    check_dims(file, name, &[n_cols as u64, n_rows as u64])?;
+    let row_bytes = row_bytes(name, ty, n_cols)?;
+    let bytes = file.tensor_bytes(name)?;
+    let mut at = 0;
+    let linears = parts
+        .iter()
+        .map(|&n| {
+            let part = &bytes[at * row_bytes..(at + n) * row_bytes];
+            at += n;
+            repack(name, ty, part, n, n_cols)
+        })
+        .collect();
+    file.release(name);
+    linears
+}
+
+/// Expert `expert` of the stacked experts' tensor `name` (`[n_rows, n_cols, n_expert]`),
+/// as the file stores it.
+pub(crate) fn expert(
+    file: &dyn TensorSource,
+    name: &str,
+    expert: usize,
+    [n_rows, n_cols, n_expert]: [usize; 3],
+) -> Result<Linear> {
+    let ty = file.tensor_type(name)?;
+    if let Some(precision) = float_precision(ty) {
+        let m = Matrix {
+            data: file.expert_f32(name, expert, [n_rows, n_cols, n_expert])?,
+            n_rows,
+            n_cols,
+        };
+        return Ok(float_linear(precision, m));
+    }
+    check_dims(file, name, &[n_cols as u64, n_rows as u64, n_expert as u64])?;
+    let expert_bytes = n_rows * row_bytes(name, ty, n_cols)?;
+    let bytes = file.tensor_bytes(name)?;
+    let start = expert * expert_bytes;
+    let part = bytes
+        .get(start..start + expert_bytes)
+        .ok_or_else(|| ModelError::MissingTensor(format!("{name}, expert {expert}")))?;
+    repack(name, ty, part, n_rows, n_cols)
+}
+
+/// Bytes of one row of `n_cols` elements of `ty`: rows are whole blocks in GGUF.
+fn row_bytes(name: &str, ty: GgmlType, n_cols: usize) -> Result<usize> {
+    ty.bytes_for(n_cols as u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| ModelError::FileBlocks {
+            name: name.to_string(),
+            reason: format!("rows of {n_cols} are not whole {ty} blocks"),
+        })
+}
+
+/// `n_rows` rows of `n_cols` elements of `ty` (`bytes`, whole blocks) repacked exactly.
+fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) -> Result<Linear> {
+    if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+        return Err(ModelError::FileType {
+            name: name.to_string(),
+            ty,
+        });
+    }
+    let inexact = |reason: String| ModelError::FileBlocks {
+        name: name.to_string(),
+        reason,
+    };
+    if bytes.len() != n_rows * row_bytes(name, ty, n_cols)? {
+        return Err(inexact(format!(
+            "{} bytes for {n_rows} rows of {n_cols} {ty}",
+            bytes.len()
+        )));
+    }
+    let blocks = bytes.chunks_exact(ty.block_bytes());
+    let n_blocks = blocks.len();
+    let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
+    let packed = match ty {
+        GgmlType::Q8_0 => {
+            let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
+            let q: Vec<i8> = blocks
+                .flat_map(|b| b[2..2 + QK].iter().map(|&v| v as i8))
+                .collect();
+            PackedWeights::I8(
+                PackedI8::from_blocks(n_rows, n_cols, &q, &scales)
+                    .map_err(|e| inexact(e.to_string()))?,
+            )
+        }
+        _ => {
+            // Q4_0 is `d, qs[16]`, Q4_1 `d, m, qs[16]`; byte `j` of `qs` holds element `j`
+            // in its low nibble and element `j + 16` in its high one.
+            let qs_at = if ty == GgmlType::Q4_1 { 4 } else { 2 };
+            let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
+            let mut nibbles = vec![0u8; n_blocks * QK];
+            for (b, out) in blocks.clone().zip(nibbles.chunks_exact_mut(QK)) {
+                for (j, &byte) in b[qs_at..qs_at + QK / 2].iter().enumerate() {
+                    (out[j], out[j + QK / 2]) = (byte & 0x0f, byte >> 4);
+                }
+            }
+            let mins: Option<Vec<f16>> = if ty == GgmlType::Q4_1 {
+                Some(blocks.map(|b| f16_at(b, 2)).collect())
+            } else {
+                // -8·d is exact in f16 wherever it is finite.
+                scales
+                    .iter()
+                    .map(|d| Some(f16::from_f32(-8.0 * d.to_f32())).filter(|m| m.is_finite()))
+                    .collect()
+            };
+            match mins {
+                Some(mins) => PackedWeights::I4(PackedI4::from_groups(
+                    n_rows, n_cols, &nibbles, &scales, &mins,
+                )),
+                None => {
+                    let q: Vec<i8> = nibbles.iter().map(|&v| v as i8 - 8).collect();
+                    PackedWeights::I8(
+                        PackedI8::from_blocks(n_rows, n_cols, &q, &scales)
+                            .map_err(|e| inexact(e.to_string()))?,
+                    )
+                }
+            }
+        }
+    };
+    Ok(Linear::Quant(QuantLinear {
+        packed,
+        outlier_channels: Vec::new(),
+        outlier_weights: Vec::new(),
+    }))
+}
+
+/// Projections that share their prepared input (one site of a layer) must all be float
+/// or all integer: an integer one reads the rows the first one prepared.
+pub(crate) fn check_site(layer: usize, site: &[(&str, &Linear)]) -> Result<()> {
+    let is_int = |l: &Linear| matches!(l, Linear::Quant(_));
+    if let Some((first, lin)) = site.first() {
+        if let Some((other, _)) = site.iter().find(|(_, l)| is_int(l) != is_int(lin)) {
+            return Err(ModelError::FileBlocks {
+                name: format!("blk.{layer}.{other}"),
+                reason: format!(
+                    "it shares its input with blk.{layer}.{first}, but one is stored in \
+                     float and the other in blocks"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
