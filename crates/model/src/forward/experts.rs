@@ -10,7 +10,7 @@
 
 use pyramid_kernels::{Team, COLUMN_ALIGN};
 
-use super::layer::{gated_activation, project};
+use super::layer::{gated_cols, project};
 use super::scratch::Pass;
 use crate::linear::Site;
 use crate::weights::{LayerWeights, RoutedFfn};
@@ -111,18 +111,15 @@ impl Model {
                 let input = b.expert_in.range(rows.start * e..rows.end * e);
                 let prepared = b.prepared.rows(&expert.gate, rows.clone());
                 let out_rows = rows.start * ff..rows.end * ff;
-                for (lin, buf) in [(&expert.gate, &b.gate), (&expert.up, &b.up)] {
-                    let out = buf.sub(out_rows.clone());
-                    lin.forward_cols(input, &prepared, None, &out, rows.len(), my_cols.clone());
-                }
-                for r in rows {
-                    let cols = r * ff + my_cols.start..r * ff + my_cols.end;
-                    gated_activation(
-                        cfg.activation,
-                        b.gate.range_mut(cols.clone()),
-                        b.up.range(cols),
-                    );
-                }
+                gated_cols(
+                    expert,
+                    cfg.activation,
+                    input,
+                    &prepared,
+                    (&b.gate.sub(out_rows.clone()), &b.up.sub(out_rows)),
+                    rows.len(),
+                    my_cols.clone(),
+                );
             }
         }
         team.sync();

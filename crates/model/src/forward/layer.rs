@@ -240,22 +240,16 @@ impl Model {
         team.sync();
         unsafe {
             pass.record(team, li, Site::FfnIn, b.h.as_slice(), e);
-            let h = b.h.as_slice();
             let my_cols = team.split(cfg.n_ff, COLUMN_ALIGN);
-            ffn.gate
-                .forward_cols(h, &b.prepared, None, &b.gate, n, my_cols.clone());
-            ffn.up
-                .forward_cols(h, &b.prepared, None, &b.up, n, my_cols.clone());
-            // The gated activation on the columns this thread just produced: no extra pass
-            // over memory.
-            for r in 0..n {
-                let cols = r * cfg.n_ff + my_cols.start..r * cfg.n_ff + my_cols.end;
-                gated_activation(
-                    cfg.activation,
-                    b.gate.range_mut(cols.clone()),
-                    b.up.range(cols),
-                );
-            }
+            gated_cols(
+                ffn,
+                cfg.activation,
+                b.h.as_slice(),
+                &b.prepared,
+                (&b.gate, &b.up),
+                n,
+                my_cols,
+            );
         }
         team.sync();
         unsafe {
@@ -403,11 +397,34 @@ impl Model {
     }
 }
 
-/// `gate = act(gate) · up`, the gated FFN's activation.
-pub(super) fn gated_activation(activation: Activation, gate: &mut [f32], up: &[f32]) {
-    match activation {
-        Activation::Silu => silu_mul_in_place(gate, up),
-        Activation::GeluTanh => gelu_tanh_mul_in_place(gate, up),
+/// This thread's columns `cols` of a gated FFN's hidden rows, `gate = act(gate(x)) · up(x)`
+/// for the `n` rows of `input` (`out`: the `gate` and `up` buffers, `[n, n_ff]`), the
+/// activation applied to the columns just produced: no extra pass over memory.
+///
+/// # Safety
+/// As [`Linear::forward_cols`] for both outputs, with columns split by the team.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gated_cols(
+    ffn: &GatedFfn,
+    activation: Activation,
+    input: &[f32],
+    prepared: &PreparedInput<'_>,
+    (gate, up): (&SharedSlice<'_, f32>, &SharedSlice<'_, f32>),
+    n: usize,
+    cols: std::ops::Range<usize>,
+) {
+    ffn.gate
+        .forward_cols(input, prepared, None, gate, n, cols.clone());
+    ffn.up
+        .forward_cols(input, prepared, None, up, n, cols.clone());
+    let n_ff = ffn.gate.n_out();
+    for r in 0..n {
+        let row = r * n_ff + cols.start..r * n_ff + cols.end;
+        let (g, u) = (gate.range_mut(row.clone()), up.range(row));
+        match activation {
+            Activation::Silu => silu_mul_in_place(g, u),
+            Activation::GeluTanh => gelu_tanh_mul_in_place(g, u),
+        }
     }
 }
 
