@@ -185,9 +185,11 @@ impl SampledRows<'_> {
                 (k, raw)
             });
             let seen = &seq.session.tokens()[..before + 1 + j];
-            suppress(row, &seq.request.suppressed_tokens);
+            let suppressed = &seq.request.suppressed_tokens;
+            mask_unless_alone(row, suppressed, |id| suppressed.binary_search(&id).is_ok());
             if seq.generated < seq.request.min_tokens {
-                hold_back(row, &seq.request.stop_tokens);
+                let stop = &seq.request.stop_tokens;
+                mask_unless_alone(row, stop, |id| stop.contains(&id));
             }
             let token = seq.sampler.sample(row, seen);
             if let Some(constraint) = seq.request.constraint.as_mut() {
@@ -234,38 +236,25 @@ impl SampledRows<'_> {
     }
 }
 
-/// Masks the `suppressed` tokens (ascending) out of `row`, unless nothing else could be
-/// sampled. The list may be thousands long (Gemma's unused tokens) over a vocabulary of a
-/// quarter million, so whether another token remains is asked of the row's best first.
-fn suppress(row: &mut [f32], suppressed: &[u32]) {
-    if suppressed.is_empty() {
+/// Masks `tokens` out of `row` unless nothing else could be sampled: the suppressed
+/// tokens (ascending; thousands long for Gemma's unused tokens), and stop tokens while a
+/// reply is short of its `min_tokens` (a grammar that allows only an end token ends there).
+/// `is_masked` answers for one id whether it is among `tokens`.
+fn mask_unless_alone(row: &mut [f32], tokens: &[u32], is_masked: impl Fn(u32) -> bool) {
+    if tokens.is_empty() {
         return;
     }
-    let is_suppressed = |i: usize| suppressed.binary_search(&(i as u32)).is_ok();
+    let masked = |i: usize| is_masked(i as u32);
+    // Over a quarter-million vocabulary, whether another token remains is asked of the
+    // row's best first.
     let best = pyramid_kernels::ops::argmax(row) as usize;
-    let other = (row[best] > f32::NEG_INFINITY && !is_suppressed(best))
+    let other = (row[best] > f32::NEG_INFINITY && !masked(best))
         || row
             .iter()
             .enumerate()
-            .any(|(i, &x)| x > f32::NEG_INFINITY && !is_suppressed(i));
+            .any(|(i, &x)| x > f32::NEG_INFINITY && !masked(i));
     if other {
-        for &t in suppressed {
-            if let Some(x) = row.get_mut(t as usize) {
-                *x = f32::NEG_INFINITY;
-            }
-        }
-    }
-}
-
-/// Masks the `stop` tokens out of `row` (a reply short of its `min_tokens`), unless
-/// nothing else could be sampled: a grammar that allows only an end token ends there.
-fn hold_back(row: &mut [f32], stop: &[u32]) {
-    let other = row
-        .iter()
-        .enumerate()
-        .any(|(i, &x)| x > f32::NEG_INFINITY && !stop.contains(&(i as u32)));
-    if other {
-        for &t in stop {
+        for &t in tokens {
             if let Some(x) = row.get_mut(t as usize) {
                 *x = f32::NEG_INFINITY;
             }
