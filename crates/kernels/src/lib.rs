@@ -19,6 +19,7 @@ pub mod int8;
 pub mod isa;
 pub mod matmul;
 pub mod ops;
+pub mod scales;
 #[cfg(test)]
 mod test_support;
 pub mod threadpool;

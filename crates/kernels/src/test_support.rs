@@ -1,5 +1,6 @@
 //! Inputs the kernel tests share.
 
+use half::f16;
 use rand::{Rng, SeedableRng};
 
 use crate::int4::{gemm_i4_cols, gemm_i4_with, PackedI4};
@@ -103,6 +104,91 @@ impl PackedGemm for PackedI4 {
     ) {
         gemm_i4_cols(isa, a, w, out, cols)
     }
+}
+
+/// INT8 weights in a K-quant's form (Q6_K's): codes in -32..=31 from the seeded weights,
+/// a signed 8-bit scale per 16 and an f16 factor per 256 that vary by row and group.
+pub struct SubBlockI8(pub PackedI8);
+
+impl PackedGemm for SubBlockI8 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        let q: Vec<i8> = w
+            .iter()
+            .map(|v| (v * 31.5).round().clamp(-32.0, 31.0) as i8)
+            .collect();
+        let (d, _) = super_factors(n, k);
+        let sub: Vec<i8> = (0..n * k.div_ceil(16))
+            .map(|i| (((i * 53 + 11) % 255) as i32 - 127) as i8)
+            .collect();
+        Self(PackedI8::from_super_blocks(n, k, &q, 16, &d, &sub).expect("no -128"))
+    }
+    fn k_pad(&self) -> usize {
+        self.0.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i8_with(isa, pool, a, &w.0, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i8_cols(isa, a, &w.0, out, cols)
+    }
+}
+
+/// INT4 weights in Q4_K's form: nibbles from the seeded weights, 6-bit scales and
+/// minimums per 32 and f16 `d` and `dmin` per 256 that vary by row and group.
+pub struct SuperGroupI4(pub PackedI4);
+
+impl PackedGemm for SuperGroupI4 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        let nibbles: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 7.5).round() as u8).collect();
+        let (d, dmin) = super_factors(n, k);
+        let six_bits = |mul: usize| -> Vec<u8> {
+            (0..n * k.div_ceil(32))
+                .map(|i| ((i * mul + 5) % 64) as u8)
+                .collect()
+        };
+        Self(PackedI4::from_super_groups(
+            n,
+            k,
+            &nibbles,
+            &d,
+            &six_bits(29),
+            &dmin,
+            &six_bits(41),
+        ))
+    }
+    fn k_pad(&self) -> usize {
+        self.0.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i4_with(isa, pool, a, &w.0, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i4_cols(isa, a, &w.0, out, cols)
+    }
+}
+
+/// Per-256 f16 factors `[n, k.div_ceil(256)]` (a `d` and a `dmin`) whose products with
+/// 6- and 8-bit sub-scales need more bits than f16 has.
+fn super_factors(n: usize, k: usize) -> (Vec<f16>, Vec<f16>) {
+    let supers = n * k.div_ceil(256);
+    let factor = |mul: f32| -> Vec<f16> {
+        (0..supers)
+            .map(|i| f16::from_f32(mul * (1.0 + (i % 7) as f32 * 0.1377)))
+            .collect()
+    };
+    (factor(0.000_713), factor(0.000_391))
 }
 
 /// Seeded `[n, k]` weights packed as `W` and `[m, k]` activations quantised to match.

@@ -31,6 +31,7 @@ use rayon::prelude::*;
 
 use crate::int8::{scale_index, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
 use crate::isa::{self, Isa};
+use crate::scales::Scales;
 use crate::threadpool::{SharedSlice, ThreadPool};
 use crate::COLUMN_ALIGN;
 
@@ -54,11 +55,11 @@ pub struct PackedI4 {
     pub k_pad: usize,
     /// `[n_pad / 16][k_pad / 4][32]`, see the module documentation.
     pub data: Vec<u8>,
-    /// `w ≈ nibble · scale + min`, laid out as the INT8 scales:
-    /// `[n_pad / 16][k_pad / 32][16]`.
-    pub scales: Vec<f16>,
-    /// Same layout as `scales`.
-    pub mins: Vec<f16>,
+    /// `w ≈ nibble · scale + min`, per row and group of 32: f16 each as in Q4_1, or
+    /// Q4_K's 6-bit factors times its per-256 `d` (and `-dmin`).
+    pub scales: Scales,
+    /// Same form and layout as `scales`.
+    pub mins: Scales,
 }
 
 /// Byte of `w[row][kk]` in the packed layout, and whether it is the high nibble.
@@ -140,6 +141,33 @@ impl PackedI4 {
         })
     }
 
+    /// Packs GGUF's Q4_K exactly: `nibbles` (`[n, k]`, row-major, each in `0..=15`), a
+    /// 6-bit scale `sc` and minimum `m` per row and group of 32 (`[n, k.div_ceil(32)]`),
+    /// and `d` and `dmin` per row and super-block of 256 (`[n, k.div_ceil(256)]`), so
+    /// `w = nibble · (d · sc) - dmin · m` exactly.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_super_groups(
+        n: usize,
+        k: usize,
+        nibbles: &[u8],
+        d: &[f16],
+        sc: &[u8],
+        dmin: &[f16],
+        m: &[u8],
+    ) -> Self {
+        let n_groups = k.div_ceil(GROUP);
+        let zeros = vec![f16::ZERO; n * n_groups];
+        let mut packed = Self::from_groups(n, k, nibbles, &zeros, &zeros);
+        let six_bits = |v: &[u8]| -> Vec<i8> {
+            assert!(v.iter().all(|&x| x < 64), "K-quant scales hold 6 bits");
+            v.iter().map(|&x| x as i8).collect()
+        };
+        let minus_dmin: Vec<f16> = dmin.iter().map(|&x| -x).collect();
+        packed.scales = Scales::super_block(n, k, GROUP, d, &six_bits(sc));
+        packed.mins = Scales::super_block(n, k, GROUP, &minus_dmin, &six_bits(m));
+        packed
+    }
+
     /// The one packer behind [`PackedI4::quantize`] and [`PackedI4::from_groups`]:
     /// `group(row, g, nibbles)` writes row `row`'s group `g` into `nibbles` (zeroed before,
     /// so the padding past `k` stays 0) and returns its scale and minimum. Row blocks are
@@ -180,8 +208,8 @@ impl PackedI4 {
             k,
             k_pad,
             data,
-            scales,
-            mins,
+            scales: Scales::half(GROUP, n_groups, scales),
+            mins: Scales::half(GROUP, n_groups, mins),
         }
     }
 
@@ -191,12 +219,12 @@ impl PackedI4 {
 
     /// The step of `row`'s group `group`.
     pub fn scale(&self, row: usize, group: usize) -> f32 {
-        self.scales[scale_index(row, group, self.n_groups())].to_f32()
+        self.scales.get(row, group)
     }
 
     /// The minimum of `row`'s group `group`.
     pub fn min(&self, row: usize, group: usize) -> f32 {
-        self.mins[scale_index(row, group, self.n_groups())].to_f32()
+        self.mins.get(row, group)
     }
 
     /// The nibble of `w[row][kk]`.
@@ -227,7 +255,7 @@ impl PackedI4 {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + 2 * (self.scales.len() + self.mins.len())
+        self.data.len() + self.scales.bytes() + self.mins.bytes()
     }
 }
 
@@ -277,7 +305,9 @@ pub unsafe fn gemm_i4_cols(
         "packed weights must be [n_pad, k_pad / 2]"
     );
     assert!(
-        w.scales.len() == n_pad * w.n_groups() && w.mins.len() == w.scales.len(),
+        [&w.scales, &w.mins]
+            .iter()
+            .all(|s| s.group_k() == GROUP && s.groups() == w.n_groups() && s.covers(n_pad)),
         "one scale and minimum per row and group"
     );
     assert!(
@@ -326,8 +356,8 @@ mod tests {
     use crate::int8::QuantizedRows;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, L2_CROSSING_GEMM_SHAPES, PREFILL_GEMM_SHAPES,
-        RAGGED_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, SuperGroupI4, L2_CROSSING_GEMM_SHAPES,
+        PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
 
     #[test]
@@ -355,6 +385,43 @@ mod tests {
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
         assert_every_isa_matches_scalar::<PackedI4>(&RAGGED_GEMM_SHAPES, &[2], (2, 1));
+    }
+
+    #[test]
+    fn q4_k_scales_match_scalar_on_every_isa() {
+        assert_every_isa_matches_scalar::<SuperGroupI4>(&RAGGED_GEMM_SHAPES, &[2], (3, 4));
+        assert_every_isa_matches_scalar::<SuperGroupI4>(&L2_CROSSING_GEMM_SHAPES, &[1], (5, 6));
+        assert_every_isa_matches_scalar::<SuperGroupI4>(&PREFILL_GEMM_SHAPES, &[1, 2], (7, 8));
+    }
+
+    #[test]
+    fn from_super_groups_dequantises_to_q4_k_values_exactly() {
+        let (n, k): (usize, usize) = (17, 256 + 64);
+        let n_groups = k.div_ceil(GROUP);
+        let nibbles: Vec<u8> = (0..n * k).map(|i| ((i * 7) % 16) as u8).collect();
+        let d: Vec<f16> = (0..n * 2)
+            .map(|i| f16::from_f32(0.00173 * (i as f32 + 1.0)))
+            .collect();
+        let dmin: Vec<f16> = (0..n * 2)
+            .map(|i| f16::from_f32(0.00311 * (i as f32 + 2.0)))
+            .collect();
+        let sc: Vec<u8> = (0..n * n_groups).map(|i| (i * 13 % 64) as u8).collect();
+        let m: Vec<u8> = (0..n * n_groups).map(|i| (i * 29 % 64) as u8).collect();
+        let w = PackedI4::from_super_groups(n, k, &nibbles, &d, &sc, &dmin, &m);
+        for row in 0..n {
+            let want: Vec<f32> = (0..k)
+                .map(|kk| {
+                    let (g, s) = (row * n_groups + kk / GROUP, row * 2 + kk / 256);
+                    // GGUF's order: both products first, then code times scale minus min.
+                    let (scale, min) = (
+                        d[s].to_f32() * f32::from(sc[g]),
+                        dmin[s].to_f32() * f32::from(m[g]),
+                    );
+                    scale * f32::from(nibbles[row * k + kk]) - min
+                })
+                .collect();
+            assert_eq!(w.dequantize_row(row), want, "row {row}");
+        }
     }
 
     #[test]
@@ -451,9 +518,9 @@ mod tests {
     fn unpacked(p: &PackedI4) -> (Vec<u8>, Vec<f16>, Vec<f16>) {
         let nibbles = (0..p.n * p.k).map(|i| p.nibble(i / p.k, i % p.k)).collect();
         let n_groups = p.n_groups();
-        let at = |i: usize| scale_index(i / n_groups, i % n_groups, n_groups);
-        let scales = (0..p.n * n_groups).map(|i| p.scales[at(i)]).collect();
-        let mins = (0..p.n * n_groups).map(|i| p.mins[at(i)]).collect();
+        let at = |s: &Scales, i: usize| f16::from_f32(s.get(i / n_groups, i % n_groups));
+        let scales = (0..p.n * n_groups).map(|i| at(&p.scales, i)).collect();
+        let mins = (0..p.n * n_groups).map(|i| at(&p.mins, i)).collect();
         (nibbles, scales, mins)
     }
 

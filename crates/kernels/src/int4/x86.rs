@@ -76,7 +76,6 @@ unsafe fn tile<const MR: usize>(
     // [row][half]: rows 0-7 and 8-15 of the block.
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
-    let scale_base = block * n_blocks * ROWS_PER_BLOCK;
     for kb in 0..n_blocks {
         if row0 == 0 {
             prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
@@ -92,16 +91,10 @@ unsafe fn tile<const MR: usize>(
                 }
             }
         }
-        let at = scale_base + kb * ROWS_PER_BLOCK;
-        let (scales, mins) = (w.scales.as_ptr().add(at), w.mins.as_ptr().add(at));
-        let w_scale = [
-            _mm256_cvtph_ps(_mm_loadu_si128(scales.cast())),
-            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8).cast())),
-        ];
-        let w_min = [
-            _mm256_cvtph_ps(_mm_loadu_si128(mins.cast())),
-            _mm256_cvtph_ps(_mm_loadu_si128(mins.add(8).cast())),
-        ];
+        let (w_scale, w_min) = (
+            w.scales.load16_avx2(block, kb),
+            w.mins.load16_avx2(block, kb),
+        );
         for (r, (acc_r, pairs_r)) in acc.iter_mut().zip(&pairs).enumerate() {
             let at = (row0 + r) * n_blocks + kb;
             let a_scale = *a.scales.get_unchecked(at);
@@ -188,9 +181,8 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
             }
         }
         for j in 0..NB {
-            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
-            let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
-            let w_min = _mm512_cvtph_ps(_mm256_loadu_si256(w.mins.as_ptr().add(at).cast()));
+            let w_scale = w.scales.load16_avx512(block0 + j, kb);
+            let w_min = w.mins.load16_avx512(block0 + j, kb);
             for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
                 let at = (row0 + r) * n_blocks + kb;
                 let a_scale = *a.scales.get_unchecked(at);

@@ -21,7 +21,7 @@ use std::ops::Range;
 
 use std::cell::RefCell;
 
-use half::f16;
+use crate::scales::Scales;
 
 use super::x86::{block_chunks, prefetch_ahead, store_block_row, GROUP_BYTES};
 use super::{PackedI8, QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
@@ -154,8 +154,8 @@ struct TileWeights<'w> {
     first: usize,
     n: usize,
     k_pad: usize,
-    scales: &'w [f16],
-    mins: Option<&'w [f16]>,
+    scales: &'w Scales,
+    mins: Option<&'w Scales>,
     /// Whether `data` is read from memory (not a chunk just unpacked into cache), so the
     /// passes ask for it ahead.
     streamed: bool,
@@ -393,11 +393,8 @@ unsafe fn pass<const MT: usize, const NB: usize>(
         }
         let sums = &sums[kb % 2];
         for j in 0..NB {
-            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
-            let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
-            let w_min = w
-                .mins
-                .map(|mins| _mm512_cvtph_ps(_mm256_loadu_si256(mins.as_ptr().add(at).cast())));
+            let w_scale = w.scales.load16_avx512(block0 + j, kb);
+            let w_min = w.mins.map(|mins| mins.load16_avx512(block0 + j, kb));
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let tile_sums = &sums.0[2 * t + j];
                 for (r, acc_tr) in acc_t.iter_mut().enumerate().take(tile_rows[t]) {

@@ -25,6 +25,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::isa::{self, Isa};
+use crate::scales::Scales;
 use std::ops::Range;
 
 use crate::threadpool::{SharedSlice, ThreadPool};
@@ -57,11 +58,12 @@ pub struct PackedI8 {
     pub k_pad: usize,
     /// `[n_pad / 16][k_pad / 4][16][4]`.
     pub data: Vec<i8>,
-    /// Dequantisation scales, `w ≈ q * scale`, in f16 as in Q8_0 (decode reads every byte
-    /// of them per token): `[n_pad / 16][k_pad / 32][16]`.
-    pub scales: Vec<f16>,
-    /// `Σ q` per row and block, to undo the +128 offset VNNI needs on activations; same
-    /// layout as `scales`.
+    /// Dequantisation scales, `w ≈ q * scale`: f16 per row and block of 32 as in Q8_0
+    /// (decode reads every byte of them per token), or a K-quant's factors per sub-block
+    /// of 16 (Q6_K, Q3_K).
+    pub scales: Scales,
+    /// `Σ q` per row and scale group, to undo the +128 offset VNNI needs on activations;
+    /// laid out as the scales, `[n_pad / 16][groups][16]`.
     pub block_sums: Vec<i16>,
 }
 
@@ -126,6 +128,32 @@ impl PackedI8 {
         }))
     }
 
+    /// Packs a K-quant's codes exactly (Q6_K's and Q3_K's sub-blocks of 16): `q`
+    /// (`[n, k]`, row-major), one `sub` scale per row and group of `group_k` (`[n,
+    /// k.div_ceil(group_k)]`) and one `d` per row and super-block of 256 (`[n,
+    /// k.div_ceil(256)]`), so `w = q · (d · sub)` exactly. Fails on a code of -128, as
+    /// [`PackedI8::from_blocks`] does.
+    pub fn from_super_blocks(
+        n: usize,
+        k: usize,
+        q: &[i8],
+        group_k: usize,
+        d: &[f16],
+        sub: &[i8],
+    ) -> Result<Self, UnrepresentableCode> {
+        let mut packed = Self::from_blocks(n, k, q, &vec![f16::ZERO; n * k.div_ceil(BLOCK_K)])?;
+        packed.scales = Scales::super_block(n, k, group_k, d, sub);
+        let groups = packed.scales.groups();
+        packed.block_sums = vec![0; packed.data.len() / group_k];
+        for row in 0..n {
+            for (g, codes) in q[row * k..(row + 1) * k].chunks(group_k).enumerate() {
+                packed.block_sums[scale_index(row, g, groups)] =
+                    codes.iter().map(|&v| i16::from(v)).sum();
+            }
+        }
+        Ok(packed)
+    }
+
     /// The one packer behind [`PackedI8::quantize`] and [`PackedI8::from_blocks`]:
     /// `block(row, b, q)` writes row `row`'s block `b` (zeros past `k`) into `q` and
     /// returns its scale.
@@ -170,18 +198,20 @@ impl PackedI8 {
             k,
             k_pad,
             data,
-            scales,
+            scales: Scales::half(BLOCK_K, n_blocks, scales),
             block_sums,
         }
     }
 
+    /// Blocks of 32 along `k`: the activations' scale blocks.
     pub fn n_blocks(&self) -> usize {
         self.k_pad / BLOCK_K
     }
 
-    /// The scale of `row`'s block `block`.
-    pub fn scale(&self, row: usize, block: usize) -> f32 {
-        self.scales[scale_index(row, block, self.n_blocks())].to_f32()
+    /// The scale of `row`'s scale group `group` (a block of 32 unless the scales are a
+    /// K-quant's sub-blocks).
+    pub fn scale(&self, row: usize, group: usize) -> f32 {
+        self.scales.get(row, group)
     }
 
     /// The weight as the kernels see it, back in f32.
@@ -193,16 +223,17 @@ impl PackedI8 {
 
     /// As [`PackedI8::dequantize_row`], into `out` (`[k]`): a tied model's embeddings.
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
-        for (b, block) in out[..self.k].chunks_mut(BLOCK_K).enumerate() {
-            let scale = self.scale(row, b);
-            for (j, o) in block.iter_mut().enumerate() {
-                *o = f32::from(self.data[packed_index(row, b * BLOCK_K + j, self.k_pad)]) * scale;
+        let group_k = self.scales.group_k();
+        for (g, group) in out[..self.k].chunks_mut(group_k).enumerate() {
+            let scale = self.scale(row, g);
+            for (j, o) in group.iter_mut().enumerate() {
+                *o = f32::from(self.data[packed_index(row, g * group_k + j, self.k_pad)]) * scale;
             }
         }
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + 2 * (self.scales.len() + self.block_sums.len())
+        self.data.len() + self.scales.bytes() + 2 * self.block_sums.len()
     }
 }
 
@@ -526,9 +557,13 @@ pub unsafe fn gemm_i8_cols(
         "packed weights must be [n_pad, k_pad]"
     );
     let n_blocks = w.n_blocks();
+    let split = w.scales.group_k() != BLOCK_K;
     assert!(
-        w.scales.len() == n_pad * n_blocks && w.block_sums.len() == w.scales.len(),
-        "one scale and sum per row and block"
+        w.scales.covers(n_pad)
+            && w.scales.groups() * w.scales.group_k() == w.k_pad
+            && BLOCK_K.is_multiple_of(w.scales.group_k())
+            && w.block_sums.len() == n_pad * w.scales.groups(),
+        "one scale and sum per row and scale group"
     );
     assert!(
         a.data.len() >= m * a.k_pad && a.scales.len() >= m * n_blocks,
@@ -553,8 +588,8 @@ pub unsafe fn gemm_i8_cols(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Amx` is only detected when `amx::enable` granted the tiles to a
-        // CPU with AVX-512.
-        Isa::Amx if m >= AMX_MIN_ROWS => amx::gemm_blocks_amx(a, w, out, blocks),
+        // CPU with AVX-512. The tiles sum whole blocks of 32, so scales per 16 go to VNNI.
+        Isa::Amx if m >= AMX_MIN_ROWS && !split => amx::gemm_blocks_amx(a, w, out, blocks),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` and `Isa::Amx` are only selected when the CPU has AVX-512
         // and AVX2 with FMA and F16C (VNNI checked inside).
@@ -572,8 +607,8 @@ mod tests {
     use super::*;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, L2_CROSSING_GEMM_SHAPES, PREFILL_GEMM_SHAPES,
-        RAGGED_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, PackedGemm, SubBlockI8, L2_CROSSING_GEMM_SHAPES,
+        PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
 
     #[test]
@@ -600,6 +635,65 @@ mod tests {
     #[test]
     fn every_isa_matches_scalar_exactly_on_ragged_shapes() {
         assert_every_isa_matches_scalar::<PackedI8>(&RAGGED_GEMM_SHAPES, &[2], (2, 1));
+    }
+
+    #[test]
+    fn scales_per_16_match_scalar_on_every_isa() {
+        assert_every_isa_matches_scalar::<SubBlockI8>(&RAGGED_GEMM_SHAPES, &[2], (3, 4));
+        assert_every_isa_matches_scalar::<SubBlockI8>(&L2_CROSSING_GEMM_SHAPES, &[1], (5, 6));
+        assert_every_isa_matches_scalar::<SubBlockI8>(&PREFILL_GEMM_SHAPES, &[1, 2], (7, 8));
+    }
+
+    #[test]
+    fn scales_per_16_product_equals_the_dequantised_operands_product() {
+        let (m, k, n) = (3, 2 * 256 + 96, 37);
+        let w = SubBlockI8::pack(&random(n * k, 3), n, k).0;
+        assert_eq!((w.scales.group_k(), w.scales.groups()), (16, w.k_pad / 16));
+        let mut a = QuantizedRows::default();
+        a.quantize(&random(m * k, 4), m, k, w.k_pad);
+        let mut got = vec![0.0; m * n];
+        gemm_i8(&ThreadPool::new(2).unwrap(), &a.view(), &w, &mut got);
+        for i in 0..m {
+            for col in 0..n {
+                let want: f64 = w
+                    .dequantize_row(col)
+                    .iter()
+                    .enumerate()
+                    .map(|(kk, &wv)| {
+                        let a_scale = a.scales[i * w.n_blocks() + kk / BLOCK_K];
+                        f64::from(wv) * f64::from(a.data[i * w.k_pad + kk]) * f64::from(a_scale)
+                    })
+                    .sum();
+                let g = f64::from(got[i * n + col]);
+                assert!(
+                    (g - want).abs() < 1e-4 * want.abs().max(1.0),
+                    "{g} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn from_super_blocks_dequantises_to_the_exact_products() {
+        let (n, k): (usize, usize) = (19, 256 + 48);
+        let q: Vec<i8> = (0..n * k).map(|i| ((i * 7) % 64) as i8 - 32).collect();
+        let d: Vec<f16> = (0..n * 2)
+            .map(|i| f16::from_f32(0.0137 * (i as f32 + 1.0)))
+            .collect();
+        let sub: Vec<i8> = (0..n * k.div_ceil(16))
+            .map(|i| (i % 251) as u8 as i8)
+            .collect();
+        let w = PackedI8::from_super_blocks(n, k, &q, 16, &d, &sub).expect("no -128");
+        for row in 0..n {
+            let want: Vec<f32> = (0..k)
+                .map(|kk| {
+                    let s = d[row * 2 + kk / 256].to_f32() * f32::from(sub[row * 19 + kk / 16]);
+                    s * f32::from(q[row * k + kk])
+                })
+                .collect();
+            assert_eq!(w.dequantize_row(row), want, "row {row}");
+        }
+        assert!(PackedI8::from_super_blocks(1, 16, &[-128; 16], 16, &[f16::ONE], &[1]).is_err());
     }
 
     #[test]
@@ -718,7 +812,9 @@ mod tests {
         w[36 * k + k - 1] = -5000.0;
         let run = |isa| {
             let p = PackedI8::quantize_with(isa, &w, n, k);
-            let scales: Vec<u16> = p.scales.iter().map(|s| s.to_bits()).collect();
+            let scales: Vec<u32> = (0..n * p.n_blocks())
+                .map(|i| p.scale(i / p.n_blocks(), i % p.n_blocks()).to_bits())
+                .collect();
             (p.data, scales, p.block_sums)
         };
         let expected = run(Isa::Scalar);
@@ -749,7 +845,7 @@ mod tests {
             .collect();
         let n_blocks = p.n_blocks();
         let scales = (0..p.n * n_blocks)
-            .map(|i| p.scales[scale_index(i / n_blocks, i % n_blocks, n_blocks)])
+            .map(|i| f16::from_f32(p.scale(i / n_blocks, i % n_blocks)))
             .collect();
         (q, scales)
     }

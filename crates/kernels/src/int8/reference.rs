@@ -1,4 +1,4 @@
-//! The scalar oracle: exact integer dot products per block over the packed layout,
+//! The scalar oracle: exact integer dot products per scale group over the packed layout,
 //! scaled and accumulated in `k` order with a fused multiply-add, as the SIMD variants do.
 
 use super::{packed_index, PackedI8, QuantizedView, BLOCK_K, ROWS_PER_BLOCK};
@@ -11,21 +11,21 @@ pub(super) unsafe fn gemm_blocks_scalar(
     out: *mut f32,
     blocks: std::ops::Range<usize>,
 ) {
-    let (k_pad, n_blocks) = (w.k_pad, w.n_blocks());
+    let (k_pad, n_blocks, group_k) = (w.k_pad, w.n_blocks(), w.scales.group_k());
     for row in 0..a.m {
         let a_row = &a.data[row * k_pad..(row + 1) * k_pad];
         for col in blocks.start * ROWS_PER_BLOCK..(blocks.end * ROWS_PER_BLOCK).min(w.n) {
             let mut acc = 0.0f32;
-            for (b, a_block) in a_row.chunks_exact(BLOCK_K).enumerate() {
-                let dot: i32 = a_block
+            for (g, a_group) in a_row.chunks_exact(group_k).enumerate() {
+                let dot: i32 = a_group
                     .iter()
                     .enumerate()
                     .map(|(j, &x)| {
-                        i32::from(x) * i32::from(w.data[packed_index(col, b * BLOCK_K + j, k_pad)])
+                        i32::from(x) * i32::from(w.data[packed_index(col, g * group_k + j, k_pad)])
                     })
                     .sum();
-                let scale = w.scale(col, b) * a.scales[row * n_blocks + b];
-                acc = (dot as f32).mul_add(scale, acc);
+                let a_scale = a.scales[row * n_blocks + g * group_k / BLOCK_K];
+                acc = (dot as f32).mul_add(w.scale(col, g) * a_scale, acc);
             }
             *out.add(row * w.n + col) = acc;
         }

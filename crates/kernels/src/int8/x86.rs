@@ -116,29 +116,52 @@ pub(super) unsafe fn gemm_blocks_vnni(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
+    let split = w.scales.group_k() != BLOCK_K;
     for_each_pair_tile(
         a.m,
         blocks,
         ROWS_PER_BLOCK * w.k_pad,
-        |rows, row, b, pair| match (rows, pair) {
-            (8, true) => tile_vnni::<8, 2>(a, w, out, row, b),
-            (7, true) => tile_vnni::<7, 2>(a, w, out, row, b),
-            (6, true) => tile_vnni::<6, 2>(a, w, out, row, b),
-            (5, true) => tile_vnni::<5, 2>(a, w, out, row, b),
-            (4, true) => tile_vnni::<4, 2>(a, w, out, row, b),
-            (3, true) => tile_vnni::<3, 2>(a, w, out, row, b),
-            (2, true) => tile_vnni::<2, 2>(a, w, out, row, b),
-            (_, true) => tile_vnni::<1, 2>(a, w, out, row, b),
-            (8, false) => tile_vnni::<8, 1>(a, w, out, row, b),
-            (7, false) => tile_vnni::<7, 1>(a, w, out, row, b),
-            (6, false) => tile_vnni::<6, 1>(a, w, out, row, b),
-            (5, false) => tile_vnni::<5, 1>(a, w, out, row, b),
-            (4, false) => tile_vnni::<4, 1>(a, w, out, row, b),
-            (3, false) => tile_vnni::<3, 1>(a, w, out, row, b),
-            (2, false) => tile_vnni::<2, 1>(a, w, out, row, b),
-            (_, false) => tile_vnni::<1, 1>(a, w, out, row, b),
+        |rows, row, b, pair| {
+            if split {
+                vnni_tiles::<{ GROUPS_PER_BLOCK / 2 }>(a, w, out, rows, row, b, pair)
+            } else {
+                vnni_tiles::<GROUPS_PER_BLOCK>(a, w, out, rows, row, b, pair)
+            }
         },
     );
+}
+
+/// One VNNI tile of `rows` activation rows and one or two (`pair`) weight blocks whose
+/// scales cover `G` packed groups each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn vnni_tiles<const G: usize>(
+    a: &QuantizedView<'_>,
+    w: &PackedI8,
+    out: *mut f32,
+    rows: usize,
+    row: usize,
+    b: usize,
+    pair: bool,
+) {
+    match (rows, pair) {
+        (8, true) => tile_vnni::<8, 2, G>(a, w, out, row, b),
+        (7, true) => tile_vnni::<7, 2, G>(a, w, out, row, b),
+        (6, true) => tile_vnni::<6, 2, G>(a, w, out, row, b),
+        (5, true) => tile_vnni::<5, 2, G>(a, w, out, row, b),
+        (4, true) => tile_vnni::<4, 2, G>(a, w, out, row, b),
+        (3, true) => tile_vnni::<3, 2, G>(a, w, out, row, b),
+        (2, true) => tile_vnni::<2, 2, G>(a, w, out, row, b),
+        (_, true) => tile_vnni::<1, 2, G>(a, w, out, row, b),
+        (8, false) => tile_vnni::<8, 1, G>(a, w, out, row, b),
+        (7, false) => tile_vnni::<7, 1, G>(a, w, out, row, b),
+        (6, false) => tile_vnni::<6, 1, G>(a, w, out, row, b),
+        (5, false) => tile_vnni::<5, 1, G>(a, w, out, row, b),
+        (4, false) => tile_vnni::<4, 1, G>(a, w, out, row, b),
+        (3, false) => tile_vnni::<3, 1, G>(a, w, out, row, b),
+        (2, false) => tile_vnni::<2, 1, G>(a, w, out, row, b),
+        (_, false) => tile_vnni::<1, 1, G>(a, w, out, row, b),
+    }
 }
 
 /// Activation rows one VNNI tile multiplies: eight rows by two weight blocks keep sixteen
@@ -171,9 +194,11 @@ pub(crate) fn for_each_pair_tile(
     }
 }
 
+/// `G` is the packed groups of four `k` per weight scale: eight (a block of 32) or four
+/// (a K-quant's sub-block of 16), whose sums are folded in separately.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[inline]
-unsafe fn tile_vnni<const MR: usize, const NB: usize>(
+unsafe fn tile_vnni<const MR: usize, const NB: usize, const G: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
@@ -181,6 +206,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
     block0: usize,
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_blocks());
+    let scale_groups = w.scales.groups();
     let sign = _mm256_set1_epi8(i8::MIN);
     let mut acc = [[_mm512_setzero_ps(); NB]; MR];
     let w_base = w.data.as_ptr();
@@ -199,40 +225,43 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
         // Read back from memory, so each lane reaches `vpdpbusd` as a broadcast load (a
         // load port) rather than as shuffles of a register (the port `vpdpbusd` needs).
         std::hint::black_box(&mut a_unsigned);
-        // The sums start at `-128 · Σ w`, which takes the offset back out.
-        let mut start = [_mm512_setzero_si512(); NB];
-        for (j, s) in start.iter_mut().enumerate() {
-            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
-            let sums =
-                _mm512_cvtepi16_epi32(_mm256_loadu_si256(w.block_sums.as_ptr().add(at).cast()));
-            *s = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
-        }
-        let mut dots = [start; MR];
-        for g in 0..GROUPS_PER_BLOCK {
-            let group = kb * GROUPS_PER_BLOCK + g;
-            let mut wv = [_mm512_setzero_si512(); NB];
-            for (j, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_si512(
-                    w_base.add(((block0 + j) * n_groups + group) * GROUP_BYTES) as *const _,
-                );
+        for h in 0..GROUPS_PER_BLOCK / G {
+            let s = kb * (GROUPS_PER_BLOCK / G) + h;
+            // The sums start at `-128 · Σ w`, which takes the offset back out.
+            let mut start = [_mm512_setzero_si512(); NB];
+            for (j, st) in start.iter_mut().enumerate() {
+                let at = ((block0 + j) * scale_groups + s) * ROWS_PER_BLOCK;
+                let sums =
+                    _mm512_cvtepi16_epi32(_mm256_loadu_si256(w.block_sums.as_ptr().add(at).cast()));
+                *st = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sums, 7));
             }
-            for (dots_r, a_r) in dots.iter_mut().zip(&a_unsigned) {
-                let av = _mm512_set1_epi32(a_r[g]);
-                for (d, wv_j) in dots_r.iter_mut().zip(&wv) {
-                    *d = _mm512_dpbusd_epi32(*d, av, *wv_j);
+            let mut dots = [start; MR];
+            for g in h * G..(h + 1) * G {
+                let group = kb * GROUPS_PER_BLOCK + g;
+                let mut wv = [_mm512_setzero_si512(); NB];
+                for (j, v) in wv.iter_mut().enumerate() {
+                    *v = _mm512_loadu_si512(
+                        w_base.add(((block0 + j) * n_groups + group) * GROUP_BYTES) as *const _,
+                    );
+                }
+                for (dots_r, a_r) in dots.iter_mut().zip(&a_unsigned) {
+                    let av = _mm512_set1_epi32(a_r[g]);
+                    for (d, wv_j) in dots_r.iter_mut().zip(&wv) {
+                        *d = _mm512_dpbusd_epi32(*d, av, *wv_j);
+                    }
                 }
             }
-        }
-        for j in 0..NB {
-            let at = ((block0 + j) * n_blocks + kb) * ROWS_PER_BLOCK;
-            let w_scale = _mm512_cvtph_ps(_mm256_loadu_si256(w.scales.as_ptr().add(at).cast()));
-            for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
-                let a_scale = _mm512_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
-                acc_r[j] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(dots_r[j]),
-                    _mm512_mul_ps(w_scale, a_scale),
-                    acc_r[j],
-                );
+            for j in 0..NB {
+                let w_scale = w.scales.load16_avx512(block0 + j, s);
+                for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
+                    let a_scale =
+                        _mm512_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
+                    acc_r[j] = _mm512_fmadd_ps(
+                        _mm512_cvtepi32_ps(dots_r[j]),
+                        _mm512_mul_ps(w_scale, a_scale),
+                        acc_r[j],
+                    );
+                }
             }
         }
     }
@@ -277,11 +306,15 @@ pub(super) unsafe fn gemm_blocks_avx2(
         a.m,
         blocks,
         ROWS_PER_BLOCK * w.k_pad,
-        |rows, row, b| match rows {
-            4 => tile_avx2::<4>(a, w, out, row, b),
-            3 => tile_avx2::<3>(a, w, out, row, b),
-            2 => tile_avx2::<2>(a, w, out, row, b),
-            _ => tile_avx2::<1>(a, w, out, row, b),
+        |rows, row, b| match (rows, w.scales.group_k() != BLOCK_K) {
+            (4, false) => tile_avx2::<4, GROUPS_PER_BLOCK>(a, w, out, row, b),
+            (3, false) => tile_avx2::<3, GROUPS_PER_BLOCK>(a, w, out, row, b),
+            (2, false) => tile_avx2::<2, GROUPS_PER_BLOCK>(a, w, out, row, b),
+            (_, false) => tile_avx2::<1, GROUPS_PER_BLOCK>(a, w, out, row, b),
+            (4, true) => tile_avx2::<4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+            (3, true) => tile_avx2::<3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+            (2, true) => tile_avx2::<2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+            (_, true) => tile_avx2::<1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
         },
     );
 }
@@ -308,9 +341,10 @@ pub(crate) fn for_each_tile(
     }
 }
 
+/// `G` is the packed groups of four `k` per weight scale, as in [`tile_vnni`].
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn tile_avx2<const MR: usize>(
+unsafe fn tile_avx2<const MR: usize, const G: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
@@ -322,34 +356,35 @@ unsafe fn tile_avx2<const MR: usize>(
     // [row][half]: rows 0-7 and 8-15 of the block.
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
-    let scale_base = w.scales.as_ptr().add(block * n_blocks * ROWS_PER_BLOCK);
     for kb in 0..n_blocks {
         if row0 == 0 {
             prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
         }
-        let mut dots = [[_mm256_setzero_si256(); 2]; MR];
-        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
-            let w_lo = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES) as *const _);
-            let w_hi = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES + 32) as *const _);
-            for (r, dots_r) in dots.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-                let a_abs = _mm256_abs_epi8(av);
-                for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
-                    let pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wh, av));
-                    *d = _mm256_add_epi32(*d, _mm256_madd_epi16(pairs, ones));
+        for h in 0..GROUPS_PER_BLOCK / G {
+            let mut dots = [[_mm256_setzero_si256(); 2]; MR];
+            let first = kb * GROUPS_PER_BLOCK + h * G;
+            for g in first..first + G {
+                let w_lo = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES) as *const _);
+                let w_hi = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES + 32) as *const _);
+                for (r, dots_r) in dots.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
+                    let a_abs = _mm256_abs_epi8(av);
+                    for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
+                        let pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wh, av));
+                        *d = _mm256_add_epi32(*d, _mm256_madd_epi16(pairs, ones));
+                    }
                 }
             }
-        }
-        let scales = scale_base.add(kb * ROWS_PER_BLOCK);
-        let w_scale = [
-            _mm256_cvtph_ps(_mm_loadu_si128(scales.cast())),
-            _mm256_cvtph_ps(_mm_loadu_si128(scales.add(8).cast())),
-        ];
-        for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
-            let a_scale = _mm256_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
-            for ((acc_rh, d), ws) in acc_r.iter_mut().zip(dots_r).zip(w_scale) {
-                *acc_rh =
-                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(*d), _mm256_mul_ps(ws, a_scale), *acc_rh);
+            let w_scale = w.scales.load16_avx2(block, kb * (GROUPS_PER_BLOCK / G) + h);
+            for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
+                let a_scale = _mm256_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
+                for ((acc_rh, d), ws) in acc_r.iter_mut().zip(dots_r).zip(w_scale) {
+                    *acc_rh = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(*d),
+                        _mm256_mul_ps(ws, a_scale),
+                        *acc_rh,
+                    );
+                }
             }
         }
     }
