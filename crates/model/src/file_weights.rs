@@ -1,22 +1,33 @@
-//! `--precision file`: projections exactly as the file stores them. The block formats the
-//! integer kernels already represent exactly are repacked without rounding again:
+//! `--precision file`: projections exactly as the file stores them. Each block type the
+//! integer kernels represent exactly is repacked without rounding again, its codes and
+//! factors read by `pyramid_gguf::quants::codes`:
 //!
-//! - Q8_0 (`d`, 32 × i8, `w = d · q`) is [`PackedI8`]'s layout itself.
+//! - Q8_0 (`d`, 32 × i8, `w = d · q`) is [`PackedI8`]'s layout itself, and Q5_0 (`w = d ·
+//!   (q - 16)`, q five bits) is too, its codes in -16..=15.
 //! - Q4_1 (`d`, `m`, 32 nibbles, `w = d · q + m`) is [`PackedI4`]'s.
 //! - Q4_0 (`d`, 32 nibbles, `w = d · (q - 8)`) is Q4_1 with `m = -8 · d`, which f16 holds
 //!   exactly unless it overflows; a tensor where it would goes to [`PackedI8`] with codes
 //!   `q - 8` instead, exact too.
+//! - Q4_K (nibbles, a 6-bit scale and minimum per 32, f16 `d` and `dmin` per 256) is
+//!   [`PackedI4`] with K-quant scales: the kernels multiply `d · sc` in f32, where it is
+//!   exact ([`pyramid_kernels::scales`]).
+//! - Q6_K and Q3_K (signed 6- and 3-bit codes, an 8-bit scale per 16, f16 `d` per 256) are
+//!   [`PackedI8`] with K-quant scales per 16: a byte per weight, more than the file's
+//!   6.6 and 3.4 bits, but the file's values.
 //!
 //! Float tensors keep their form: F32 and F16 in f32 (bf16 has fewer mantissa bits than
-//! f16, and f32 holds every f16), BF16 in bf16. Any other block type is refused by name:
-//! a second rounding is what `int8` and `int4` are for, never done silently here. No
-//! calibration: the weights are the file's, so no outlier channels are split off.
+//! f16, and f32 holds every f16), BF16 in bf16. Q5_1, Q2_K, Q5_K and the IQ types are
+//! refused by name (their minimums need 5-bit or 16-wide INT4 kernels not written yet): a
+//! second rounding is what `int8` and `int4` are for, never done silently here. No
+//! calibration: activation outliers are found per token instead
+//! ([`QuantLinear::from_file`]).
 //!
 //! The blocks are read from the mapped file and unpacked one tensor at a time (a byte per
 //! weight at most), never through an f32 copy.
 
 use half::f16;
-use pyramid_gguf::GgmlType;
+use pyramid_gguf::quants::codes;
+use pyramid_gguf::{GgmlType, QK_K};
 use pyramid_kernels::int4::PackedI4;
 use pyramid_kernels::int8::PackedI8;
 
@@ -119,9 +130,15 @@ fn row_bytes(name: &str, ty: GgmlType, n_cols: usize) -> Result<usize> {
         })
 }
 
+/// Whether `--precision file` runs `ty`'s blocks exactly.
+pub(crate) fn runs_blocks_of(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, Q8_0 | Q5_0 | Q4_0 | Q4_1 | Q4K | Q6K | Q3K)
+}
+
 /// `n_rows` rows of `n_cols` elements of `ty` (`bytes`, whole blocks) repacked exactly.
 fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) -> Result<Linear> {
-    if !matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1) {
+    if !runs_blocks_of(ty) {
         return Err(ModelError::FileType {
             name: name.to_string(),
             ty,
@@ -140,14 +157,62 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
     let blocks = bytes.chunks_exact(ty.block_bytes());
     let n_blocks = blocks.len();
     let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
+    let int8 = |q: &[i8], scales: &[f16]| {
+        PackedI8::from_blocks(n_rows, n_cols, q, scales)
+            .map(PackedWeights::I8)
+            .map_err(|e| inexact(e.to_string()))
+    };
     let packed = match ty {
         GgmlType::Q8_0 => {
             let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
             let q: Vec<i8> = blocks
                 .flat_map(|b| b[2..2 + QK].iter().map(|&v| v as i8))
                 .collect();
+            int8(&q, &scales)?
+        }
+        GgmlType::Q5_0 => {
+            let mut q = vec![0i8; n_blocks * QK];
+            let scales: Vec<f16> = blocks
+                .zip(q.chunks_exact_mut(QK))
+                .map(|(b, q)| codes::q5_0_codes(b, q))
+                .collect();
+            int8(&q, &scales)?
+        }
+        GgmlType::Q4K => {
+            let mut nibbles = vec![0u8; n_blocks * QK_K];
+            let (mut d, mut dmin) = (Vec::with_capacity(n_blocks), Vec::with_capacity(n_blocks));
+            let (mut sc, mut m) = (
+                Vec::with_capacity(n_blocks * 8),
+                Vec::with_capacity(n_blocks * 8),
+            );
+            for (b, out) in blocks.zip(nibbles.chunks_exact_mut(QK_K)) {
+                let s = codes::q4_k_codes(b, out);
+                d.push(s.d);
+                dmin.push(s.dmin);
+                sc.extend(s.sc);
+                m.extend(s.m);
+            }
+            PackedWeights::I4(PackedI4::from_super_groups(
+                n_rows, n_cols, &nibbles, &d, &sc, &dmin, &m,
+            ))
+        }
+        GgmlType::Q6K | GgmlType::Q3K => {
+            let mut q = vec![0i8; n_blocks * QK_K];
+            let (mut d, mut sc) = (
+                Vec::with_capacity(n_blocks),
+                Vec::with_capacity(n_blocks * 16),
+            );
+            for (b, out) in blocks.zip(q.chunks_exact_mut(QK_K)) {
+                let s = if ty == GgmlType::Q6K {
+                    codes::q6_k_codes(b, out)
+                } else {
+                    codes::q3_k_codes(b, out)
+                };
+                d.push(s.d);
+                sc.extend(s.sc);
+            }
             PackedWeights::I8(
-                PackedI8::from_blocks(n_rows, n_cols, &q, &scales)
+                PackedI8::from_super_blocks(n_rows, n_cols, &q, 16, &d, &sc)
                     .map_err(|e| inexact(e.to_string()))?,
             )
         }
@@ -177,19 +242,12 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 )),
                 None => {
                     let q: Vec<i8> = nibbles.iter().map(|&v| v as i8 - 8).collect();
-                    PackedWeights::I8(
-                        PackedI8::from_blocks(n_rows, n_cols, &q, &scales)
-                            .map_err(|e| inexact(e.to_string()))?,
-                    )
+                    int8(&q, &scales)?
                 }
             }
         }
     };
-    Ok(Linear::Quant(QuantLinear {
-        packed,
-        outlier_channels: Vec::new(),
-        outlier_weights: Vec::new(),
-    }))
+    Ok(Linear::Quant(QuantLinear::from_file(packed)))
 }
 
 /// Projections that share their prepared input (one site of a layer) must all be float

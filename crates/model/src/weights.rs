@@ -127,7 +127,7 @@ impl RoutedFfn {
 pub enum Embedding {
     /// The GGUF's own table, `[n_vocab, n_embd]`, in the precision `embedding_table`
     /// picks: never an f32 copy beside an integer model.
-    Table(Linear),
+    Table(Box<Linear>),
     /// The rows of the output projection, which a tied model shares with its embedding:
     /// one copy of the vocabulary in the load precision instead of an f32 table beside it.
     Output,
@@ -205,9 +205,11 @@ impl ModelWeights {
                 *lin = convert(m, precision, calibration, layer, site);
             }
         };
-        if let Embedding::Table(Linear::F32(m)) = &mut self.token_embd {
-            let m = std::mem::replace(m, Matrix::empty());
-            self.token_embd = embedding_table(m, precision);
+        if let Embedding::Table(table) = &mut self.token_embd {
+            if let Linear::F32(m) = table.as_mut() {
+                let m = std::mem::replace(m, Matrix::empty());
+                self.token_embd = embedding_table(m, precision);
+            }
         }
         for (i, l) in self.layers.iter_mut().enumerate() {
             for w in [&mut l.wq, &mut l.wk, &mut l.wv] {
@@ -241,7 +243,11 @@ impl ModelWeights {
     /// `None` once converted to another precision.
     pub fn embedding_table(&self) -> Option<&Matrix> {
         match (&self.token_embd, &self.output) {
-            (Embedding::Table(Linear::F32(m)), _) | (Embedding::Output, Linear::F32(m)) => Some(m),
+            (Embedding::Table(table), _) => match table.as_ref() {
+                Linear::F32(m) => Some(m),
+                _ => None,
+            },
+            (Embedding::Output, Linear::F32(m)) => Some(m),
             _ => None,
         }
     }
@@ -280,19 +286,23 @@ fn load_vocabulary(
     let token_embd = if tied {
         Embedding::Output
     } else {
-        // At `File` a float table keeps its form; blocks go to INT8, as for the integer
-        // precisions.
-        let table_precision = match embedding_precision {
-            Precision::File => {
-                file_weights::float_precision(file.tensor_type("token_embd.weight")?)
-                    .unwrap_or(Precision::Int8)
-            }
-            other => other,
-        };
-        embedding_table(
-            streamed_matrix(file, "token_embd.weight", cfg.n_vocab, cfg.n_embd)?,
-            table_precision,
-        )
+        match embedding_precision {
+            // The file's table as it stores it, rows dequantised on lookup.
+            Precision::File => Embedding::Table(Box::new(projection(
+                file,
+                "token_embd.weight",
+                cfg.n_vocab,
+                cfg.n_embd,
+                Precision::File,
+                None,
+                0,
+                Site::Head,
+            )?)),
+            other => embedding_table(
+                streamed_matrix(file, "token_embd.weight", cfg.n_vocab, cfg.n_embd)?,
+                other,
+            ),
+        }
     };
     Ok((token_embd, output))
 }
@@ -462,7 +472,7 @@ fn embedding_table(m: Matrix, precision: Precision) -> Embedding {
         Precision::Int4 => Precision::Int8,
         other => other,
     };
-    Embedding::Table(convert(m, table_precision, None, 0, Site::Head))
+    Embedding::Table(Box::new(convert(m, table_precision, None, 0, Site::Head)))
 }
 
 /// A projection in `precision`, integer ones with their calibrated outlier channels.

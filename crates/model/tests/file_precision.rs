@@ -242,7 +242,7 @@ fn forward_at_file_follows_the_f32_model_and_is_thread_count_invariant() {
 
 #[test]
 fn a_block_type_without_an_exact_kernel_is_refused_by_name() {
-    // Rows of 256 so a Q6_K super-block fits; all-zero bytes are a valid Q6_K block.
+    // Rows of 256 so a Q5_K super-block fits; all-zero bytes are a valid Q5_K block.
     let base = open(
         &synthetic_gguf(&SyntheticSpec {
             n_ff: 256,
@@ -251,16 +251,16 @@ fn a_block_type_without_an_exact_kernel_is_refused_by_name() {
         .expect("synthetic"),
     );
     let name = "blk.0.ffn_down.weight";
-    let n_bytes = GgmlType::Q6K.bytes_for(64 * 256).expect("whole blocks") as usize;
-    let file = open(&replaced(&base, name, GgmlType::Q6K, vec![0; n_bytes]));
+    let n_bytes = GgmlType::Q5K.bytes_for(64 * 256).expect("whole blocks") as usize;
+    let file = open(&replaced(&base, name, GgmlType::Q5K, vec![0; n_bytes]));
     let err = Model::from_gguf_with(&file, Precision::File).expect_err("refused");
     assert!(
-        matches!(&err, ModelError::FileType { name: n, ty } if n == name && *ty == GgmlType::Q6K),
+        matches!(&err, ModelError::FileType { name: n, ty } if n == name && *ty == GgmlType::Q5K),
         "{err}"
     );
     let message = err.to_string();
     assert!(
-        message.contains("Q6_K") && message.contains(name) && message.contains("--precision int8"),
+        message.contains("Q5_K") && message.contains(name) && message.contains("--precision int8"),
         "{message}"
     );
     // The other precisions still load it, re-quantised as they always are.

@@ -35,16 +35,12 @@ pub(super) fn dequant_q4_1(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// `d, qh: u32, qs[16]`: x = d * (q - 16) with q five bits.
+/// Q5_0: `d · code` ([`super::codes::q5_0_codes`]).
 pub(super) fn dequant_q5_0(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let qh = qh_bits(b, 2);
-    let qs = &b[6..6 + QK / 2];
-    for (j, &q) in qs.iter().enumerate() {
-        let lo = (q & 0x0f) as u32 | ((qh >> j) & 1) << 4;
-        let hi = (q >> 4) as u32 | ((qh >> (j + QK / 2)) & 1) << 4;
-        y[j] = d * (lo as i32 - 16) as f32;
-        y[j + QK / 2] = d * (hi as i32 - 16) as f32;
+    let mut codes = [0i8; QK];
+    let d = super::codes::q5_0_codes(b, &mut codes).to_f32();
+    for (y, &q) in y.iter_mut().zip(&codes) {
+        *y = d * q as f32;
     }
 }
 

@@ -3,6 +3,7 @@
 //! Layouts follow GGML (little endian, f16 scales). Every function checks the byte
 //! count against the element count first, so no input can index out of bounds.
 
+pub mod codes;
 mod kquants;
 mod legacy;
 

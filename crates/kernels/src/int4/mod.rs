@@ -246,11 +246,23 @@ impl PackedI4 {
 
     /// As [`PackedI4::dequantize_row`], into `out` (`[k]`): a tied model's embeddings.
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
-        for (g, group) in out[..self.k].chunks_mut(GROUP).enumerate() {
-            let (scale, min) = (self.scale(row, g), self.min(row, g));
-            for (j, o) in group.iter_mut().enumerate() {
-                *o = f32::from(self.nibble(row, g * GROUP + j)) * scale + min;
-            }
+        for (kk, o) in out[..self.k].iter_mut().enumerate() {
+            *o = self.weight(row, kk);
+        }
+    }
+
+    /// `w[row][kk]` as the kernels see it.
+    #[inline]
+    pub fn weight(&self, row: usize, kk: usize) -> f32 {
+        let g = kk / GROUP;
+        f32::from(self.nibble(row, kk)) * self.scale(row, g) + self.min(row, g)
+    }
+
+    /// `out[i] += v · w[cols.start + i][kk]`, as [`PackedI8::add_column`](crate::int8::PackedI8::add_column).
+    pub fn add_column(&self, kk: usize, v: f32, out: &mut [f32], cols: Range<usize>) {
+        assert!(kk < self.k && cols.end <= self.n && out.len() == cols.len());
+        for (o, row) in out.iter_mut().zip(cols) {
+            *o += v * self.weight(row, kk);
         }
     }
 

@@ -225,10 +225,25 @@ impl PackedI8 {
     pub fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
         let group_k = self.scales.group_k();
         for (g, group) in out[..self.k].chunks_mut(group_k).enumerate() {
-            let scale = self.scale(row, g);
             for (j, o) in group.iter_mut().enumerate() {
-                *o = f32::from(self.data[packed_index(row, g * group_k + j, self.k_pad)]) * scale;
+                *o = self.weight(row, g * group_k + j);
             }
+        }
+    }
+
+    /// `w[row][kk]` as the kernels see it.
+    #[inline]
+    pub fn weight(&self, row: usize, kk: usize) -> f32 {
+        f32::from(self.data[packed_index(row, kk, self.k_pad)])
+            * self.scale(row, kk / self.scales.group_k())
+    }
+
+    /// `out[i] += v · w[cols.start + i][kk]`: input channel `kk`'s part of a product,
+    /// for a channel computed beside the integer kernels in f32 (`out` is `[cols.len()]`).
+    pub fn add_column(&self, kk: usize, v: f32, out: &mut [f32], cols: Range<usize>) {
+        assert!(kk < self.k && cols.end <= self.n && out.len() == cols.len());
+        for (o, row) in out.iter_mut().zip(cols) {
+            *o += v * self.weight(row, kk);
         }
     }
 

@@ -1,0 +1,146 @@
+//! A block's integer codes and the factors that scale them, exactly as the file stores
+//! them: what the dequantisers multiply out, and what a consumer running the file's own
+//! precision packs for its integer kernels instead. Each layout's bit positions live here
+//! once.
+//!
+//! Callers pass exactly one block of bytes and one block of codes.
+
+use half::f16;
+
+use crate::QK_K;
+
+fn f16_at(b: &[u8], at: usize) -> f16 {
+    f16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// Q5_0 (`d, qh: u32, qs[16]`): returns `d` and writes the codes `q - 16` (in -16..=15),
+/// so `w = d · code`. Element `j` keeps its low four bits in byte `j % 16` (low nibble
+/// for `j < 16`) and its fifth in bit `j` of `qh`.
+pub fn q5_0_codes(b: &[u8], codes: &mut [i8]) -> f16 {
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    let qs = &b[6..6 + 16];
+    for (j, &q) in qs.iter().enumerate() {
+        let lo = (q & 0x0f) as u32 | ((qh >> j) & 1) << 4;
+        let hi = (q >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+        codes[j] = lo as i8 - 16;
+        codes[j + 16] = hi as i8 - 16;
+    }
+    f16_at(b, 0)
+}
+
+/// The factors of a Q4_K block: `w = (d · sc[s]) · nibble - dmin · m[s]` for sub-block
+/// `s` of 32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Q4KScales {
+    pub d: f16,
+    pub dmin: f16,
+    /// 6-bit scales, one per sub-block of 32.
+    pub sc: [u8; 8],
+    /// 6-bit minimums, one per sub-block of 32.
+    pub m: [u8; 8],
+}
+
+/// Q4_K (`d, dmin, scales[12], qs[128]`): the nibbles (0..=15) and the factors. Each
+/// 32-byte run of `qs` holds one sub-block in its low nibbles and the next in its high
+/// ones. The eight 6-bit scale and minimum pairs fill 12 bytes: the first four keep their
+/// low six bits in bytes 0..8; the last four keep four bits in bytes 8..12 and borrow the
+/// spare top two bits of bytes 0..8.
+pub fn q4_k_codes(b: &[u8], nibbles: &mut [u8]) -> Q4KScales {
+    let qs = &b[16..16 + QK_K / 2];
+    for sub in 0..QK_K / 32 {
+        let shift = 4 * (sub % 2);
+        for (l, &q) in qs[(sub / 2) * 32..][..32].iter().enumerate() {
+            nibbles[sub * 32 + l] = (q >> shift) & 0x0f;
+        }
+    }
+    k4_scales(b)
+}
+
+/// The `d, dmin, scales[12]` that open a Q4_K or Q5_K block.
+pub(super) fn k4_scales(b: &[u8]) -> Q4KScales {
+    let s = &b[4..16];
+    let mut scales = Q4KScales {
+        d: f16_at(b, 0),
+        dmin: f16_at(b, 2),
+        sc: [0; 8],
+        m: [0; 8],
+    };
+    for j in 0..8 {
+        (scales.sc[j], scales.m[j]) = if j < 4 {
+            (s[j] & 63, s[j + 4] & 63)
+        } else {
+            (
+                (s[j + 4] & 0x0f) | (s[j - 4] >> 6) << 4,
+                (s[j + 4] >> 4) | (s[j] >> 6) << 4,
+            )
+        };
+    }
+    scales
+}
+
+/// The factors of a Q6_K or Q3_K block: `w = (d · sc[s]) · code` for sub-block `s` of 16.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SubBlockScales {
+    pub d: f16,
+    pub sc: [i8; 16],
+}
+
+/// Q6_K (`ql[128], qh[64], scales[16]: i8, d`): the codes `q - 32` (in -32..=31) and
+/// the factors. Each half of the block (128 elements) uses 64 bytes of `ql` (low nibbles
+/// then high nibbles, in two 32-byte runs) and 32 bytes of `qh` (two bits for each of the
+/// four 32-element quarters).
+pub fn q6_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
+    let ql = &b[0..QK_K / 2];
+    let qh = &b[QK_K / 2..QK_K / 2 + QK_K / 4];
+    let sc = &b[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + QK_K / 16];
+    for half in 0..2 {
+        let ql = &ql[half * 64..][..64];
+        let qh = &qh[half * 32..][..32];
+        for quarter in 0..4 {
+            let low = &ql[(quarter % 2) * 32..][..32];
+            let (nibble_shift, high_shift) = (4 * (quarter / 2), 2 * quarter);
+            for l in 0..32 {
+                let code = ((low[l] >> nibble_shift) & 0x0f) | ((qh[l] >> high_shift) & 3) << 4;
+                codes[half * 128 + quarter * 32 + l] = code as i8 - 32;
+            }
+        }
+    }
+    SubBlockScales {
+        d: f16_at(b, QK_K / 2 + QK_K / 4 + QK_K / 16),
+        sc: std::array::from_fn(|s| sc[s] as i8),
+    }
+}
+
+/// Q3_K (`hmask[32], qs[64], scales[12], d`): the codes (in -4..=3) and the factors.
+/// A code is two low bits (laid out as in Q2_K: 32 bytes a half, each pass taking the
+/// next two bits of each byte) plus a high bit from `hmask`, whose being clear means
+/// subtract 4. The sixteen 6-bit signed scales (offset 32) keep their low nibbles in
+/// bytes 0..8 and their top two bits in bytes 8..12.
+pub fn q3_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
+    let hmask = &b[0..QK_K / 8];
+    let qs = &b[QK_K / 8..QK_K / 8 + QK_K / 4];
+    let s = &b[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + 12];
+    let mut sc = [0i8; 16];
+    for (sub, sc) in sc.iter_mut().enumerate() {
+        let low = if sub < 8 {
+            s[sub] & 0x0f
+        } else {
+            s[sub - 8] >> 4
+        };
+        let high = (s[8 + sub % 4] >> (2 * (sub / 4))) & 3;
+        *sc = (low | high << 4) as i8 - 32;
+        let start = (sub % 2) * 16;
+        let bytes = &qs[(sub / 8) * 32 + start..][..16];
+        let masks = &hmask[start..start + 16];
+        let shift = 2 * ((sub / 2) % 4);
+        // The high bit of a pass comes from bit (pass index over the whole block).
+        let hbit = 1u8 << (sub / 2);
+        for (l, (&q, &m)) in bytes.iter().zip(masks).enumerate() {
+            codes[sub * 16 + l] = ((q >> shift) & 3) as i8 - if m & hbit != 0 { 0 } else { 4 };
+        }
+    }
+    SubBlockScales {
+        d: f16_at(b, QK_K / 8 + QK_K / 4 + 12),
+        sc,
+    }
+}
