@@ -19,6 +19,10 @@ pub enum GgmlType {
     Q5K,
     Q6K,
     Q8K,
+    /// Non-linear 4-bit codes (a 16-entry table of INT8 levels) with an f16 scale per 32.
+    IQ4NL,
+    /// IQ4_NL's codes with a 6-bit scale per 32 under an f16 per 256.
+    IQ4XS,
     I8,
     I16,
     I32,
@@ -47,6 +51,8 @@ impl GgmlType {
             13 => Self::Q5K,
             14 => Self::Q6K,
             15 => Self::Q8K,
+            20 => Self::IQ4NL,
+            23 => Self::IQ4XS,
             24 => Self::I8,
             25 => Self::I16,
             26 => Self::I32,
@@ -73,6 +79,8 @@ impl GgmlType {
             Self::Q5K => 13,
             Self::Q6K => 14,
             Self::Q8K => 15,
+            Self::IQ4NL => 20,
+            Self::IQ4XS => 23,
             Self::I8 => 24,
             Self::I16 => 25,
             Self::I32 => 26,
@@ -85,8 +93,16 @@ impl GgmlType {
     /// Elements per block (1 for plain types).
     pub fn block_len(self) -> usize {
         match self {
-            Self::Q4_0 | Self::Q4_1 | Self::Q5_0 | Self::Q5_1 | Self::Q8_0 | Self::Q8_1 => 32,
-            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K => QK_K,
+            Self::Q4_0
+            | Self::Q4_1
+            | Self::Q5_0
+            | Self::Q5_1
+            | Self::Q8_0
+            | Self::Q8_1
+            | Self::IQ4NL => 32,
+            Self::Q2K | Self::Q3K | Self::Q4K | Self::Q5K | Self::Q6K | Self::Q8K | Self::IQ4XS => {
+                QK_K
+            }
             _ => 1,
         }
     }
@@ -110,6 +126,8 @@ impl GgmlType {
             Self::Q5K => 2 + 2 + 12 + QK_K / 8 + QK_K / 2,
             Self::Q6K => QK_K / 2 + QK_K / 4 + QK_K / 16 + 2,
             Self::Q8K => 4 + QK_K + QK_K / 8,
+            Self::IQ4NL => 2 + 16,
+            Self::IQ4XS => 2 + 2 + QK_K / 64 + QK_K / 2,
         }
     }
 
@@ -139,6 +157,8 @@ impl GgmlType {
             Self::Q5K => "Q5_K",
             Self::Q6K => "Q6_K",
             Self::Q8K => "Q8_K",
+            Self::IQ4NL => "IQ4_NL",
+            Self::IQ4XS => "IQ4_XS",
             Self::I8 => "I8",
             Self::I16 => "I16",
             Self::I32 => "I32",

@@ -28,6 +28,23 @@ pub struct Scales {
     form: Form,
 }
 
+/// Row-major `[n, per_row.0]` values as `[n_pad / 16][per_row.1][16]`, the rest zero.
+fn lay_out<T: Copy>(
+    values: &[T],
+    n: usize,
+    n_pad: usize,
+    per_row: (usize, usize),
+    zero: T,
+) -> Vec<T> {
+    let mut out = vec![zero; n_pad * per_row.1];
+    for row in 0..n {
+        for g in 0..per_row.0 {
+            out[scale_index(row, g, per_row.1)] = values[row * per_row.0 + g];
+        }
+    }
+    out
+}
+
 #[derive(Debug, Clone, PartialEq)]
 enum Form {
     Half(Vec<f16>),
@@ -48,6 +65,19 @@ impl Scales {
         }
     }
 
+    /// f16 scales for rows `[n, k]`, one per row and block of 32 (`[n, k.div_ceil(32)]`,
+    /// row-major).
+    pub fn per_block(n: usize, k: usize, values: &[f16]) -> Self {
+        let groups = k.div_ceil(BLOCK_K);
+        assert_eq!(values.len(), n * groups, "scales must be [n, k / 32]");
+        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        Self::half(
+            BLOCK_K,
+            groups,
+            lay_out(values, n, n_pad, (groups, groups), f16::ZERO),
+        )
+    }
+
     /// A K-quant's scales for rows `[n, k]`: `d` (`[n, k.div_ceil(256)]`) times `sub`
     /// (`[n, k.div_ceil(group_k)]`), both row-major, `group_k` a divisor of 32. Groups in
     /// the padding of `k` to whole blocks of 32 get a zero scale.
@@ -66,21 +96,6 @@ impl Scales {
         let k_pad = k.div_ceil(BLOCK_K) * BLOCK_K;
         let (groups, supers) = (k_pad / group_k, k_pad.div_ceil(SUPER_K));
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
-        fn lay_out<T: Copy>(
-            values: &[T],
-            n: usize,
-            n_pad: usize,
-            per_row: (usize, usize),
-            zero: T,
-        ) -> Vec<T> {
-            let mut out = vec![zero; n_pad * per_row.1];
-            for row in 0..n {
-                for g in 0..per_row.0 {
-                    out[scale_index(row, g, per_row.1)] = values[row * per_row.0 + g];
-                }
-            }
-            out
-        }
         Self {
             group_k,
             groups,

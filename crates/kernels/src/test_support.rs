@@ -5,6 +5,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::int4::{gemm_i4_cols, gemm_i4_with, PackedI4};
 use crate::int8::{gemm_i8_cols, gemm_i8_with, PackedI8, QuantizedRows, QuantizedView};
+use crate::scales::Scales;
 use crate::{Isa, SharedSlice, ThreadPool};
 
 /// `len` seeded values in `[-1, 1)`.
@@ -120,7 +121,35 @@ impl PackedGemm for SubBlockI8 {
         let sub: Vec<i8> = (0..n * k.div_ceil(16))
             .map(|i| (((i * 53 + 11) % 255) as i32 - 127) as i8)
             .collect();
-        Self(PackedI8::from_super_blocks(n, k, &q, 16, &d, &sub).expect("no -128"))
+        let scales = Scales::super_block(n, k, 16, &d, &sub);
+        Self(PackedI8::with_scales(n, k, &q, scales).expect("no -128"))
+    }
+    fn k_pad(&self) -> usize {
+        self.0.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i8_with(isa, pool, a, &w.0, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i8_cols(isa, a, &w.0, out, cols)
+    }
+}
+
+/// INT8 weights in Q5_K's form: codes in 0..=31 from the seeded weights, 6-bit scales and
+/// minimums per 32 and f16 `d` and `-dmin` per 256 that vary by row and group.
+pub struct MinimumI8(pub PackedI8);
+
+impl PackedGemm for MinimumI8 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        let q: Vec<i8> = w.iter().map(|v| ((v + 1.0) * 15.5).round() as i8).collect();
+        let (scales, mins) = k_quant_scales(n, k);
+        Self(PackedI8::with_minimums(n, k, &q, scales, mins).expect("no -128"))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad
@@ -146,21 +175,8 @@ pub struct SuperGroupI4(pub PackedI4);
 impl PackedGemm for SuperGroupI4 {
     fn pack(w: &[f32], n: usize, k: usize) -> Self {
         let nibbles: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 7.5).round() as u8).collect();
-        let (d, dmin) = super_factors(n, k);
-        let six_bits = |mul: usize| -> Vec<u8> {
-            (0..n * k.div_ceil(32))
-                .map(|i| ((i * mul + 5) % 64) as u8)
-                .collect()
-        };
-        Self(PackedI4::from_super_groups(
-            n,
-            k,
-            &nibbles,
-            &d,
-            &six_bits(29),
-            &dmin,
-            &six_bits(41),
-        ))
+        let (scales, mins) = k_quant_scales(n, k);
+        Self(PackedI4::with_scales(n, k, &nibbles, scales, mins))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad
@@ -177,6 +193,22 @@ impl PackedGemm for SuperGroupI4 {
     ) {
         gemm_i4_cols(isa, a, &w.0, out, cols)
     }
+}
+
+/// Q4_K/Q5_K-style scales and minimums for `[n, k]`: 6-bit factors per 32 that vary by
+/// row and group, times f16 `d` and `-dmin` per 256.
+fn k_quant_scales(n: usize, k: usize) -> (Scales, Scales) {
+    let (d, dmin) = super_factors(n, k);
+    let minus_dmin: Vec<f16> = dmin.iter().map(|&x| -x).collect();
+    let six_bits = |mul: usize| -> Vec<i8> {
+        (0..n * k.div_ceil(32))
+            .map(|i| ((i * mul + 5) % 64) as i8)
+            .collect()
+    };
+    (
+        Scales::super_block(n, k, 32, &d, &six_bits(29)),
+        Scales::super_block(n, k, 32, &minus_dmin, &six_bits(41)),
+    )
 }
 
 /// Per-256 f16 factors `[n, k.div_ceil(256)]` (a `d` and a `dmin`) whose products with

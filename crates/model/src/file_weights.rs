@@ -14,10 +14,14 @@
 //! - Q6_K and Q3_K (signed 6- and 3-bit codes, an 8-bit scale per 16, f16 `d` per 256) are
 //!   [`PackedI8`] with K-quant scales per 16: a byte per weight, more than the file's
 //!   6.6 and 3.4 bits, but the file's values.
+//! - Q5_1 and Q5_K (5-bit codes 0..=31 with a minimum per 32) are [`PackedI8`] with
+//!   minimums.
+//! - IQ4_NL and IQ4_XS (4-bit indices into sixteen INT8 levels, an f16 scale per 32, or a
+//!   6-bit one per 32 under an f16 per 256) are [`PackedI8`] holding the levels.
 //!
 //! Float tensors keep their form: F32 and F16 in f32 (bf16 has fewer mantissa bits than
-//! f16, and f32 holds every f16), BF16 in bf16. Q5_1, Q2_K, Q5_K and the IQ types are
-//! refused by name (their minimums need 5-bit or 16-wide INT4 kernels not written yet): a
+//! f16, and f32 holds every f16), BF16 in bf16. Q2_K (a minimum per 16, which the
+//! activations' sums per 32 cannot carry) and the other IQ types are refused by name: a
 //! second rounding is what `int8` and `int4` are for, never done silently here. No
 //! calibration: activation outliers are found per token instead
 //! ([`QuantLinear::from_file`]).
@@ -30,6 +34,7 @@ use pyramid_gguf::quants::codes;
 use pyramid_gguf::{GgmlType, QK_K};
 use pyramid_kernels::int4::PackedI4;
 use pyramid_kernels::int8::PackedI8;
+use pyramid_kernels::scales::Scales;
 
 use crate::checkpoint::TensorSource;
 use crate::linear::{Linear, PackedWeights, QuantLinear};
@@ -133,7 +138,10 @@ fn row_bytes(name: &str, ty: GgmlType, n_cols: usize) -> Result<usize> {
 /// Whether `--precision file` runs `ty`'s blocks exactly.
 pub(crate) fn runs_blocks_of(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, Q8_0 | Q5_0 | Q4_0 | Q4_1 | Q4K | Q6K | Q3K)
+    matches!(
+        ty,
+        Q8_0 | Q5_0 | Q5_1 | Q4_0 | Q4_1 | Q4K | Q5K | Q6K | Q3K | IQ4NL | IQ4XS
+    )
 }
 
 /// `n_rows` rows of `n_cols` elements of `ty` (`bytes`, whole blocks) repacked exactly.
@@ -162,6 +170,13 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
             .map(PackedWeights::I8)
             .map_err(|e| inexact(e.to_string()))
     };
+    // Five-bit codes 0..=31 are INT8 codes with a minimum per block.
+    let with_minimums = |q: &[u8], scales, mins| {
+        let q: Vec<i8> = q.iter().map(|&v| v as i8).collect();
+        PackedI8::with_minimums(n_rows, n_cols, &q, scales, mins)
+            .map(PackedWeights::I8)
+            .map_err(|e| inexact(e.to_string()))
+    };
     let packed = match ty {
         GgmlType::Q8_0 => {
             let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
@@ -178,22 +193,61 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 .collect();
             int8(&q, &scales)?
         }
-        GgmlType::Q4K => {
-            let mut nibbles = vec![0u8; n_blocks * QK_K];
-            let (mut d, mut dmin) = (Vec::with_capacity(n_blocks), Vec::with_capacity(n_blocks));
-            let (mut sc, mut m) = (
-                Vec::with_capacity(n_blocks * 8),
+        GgmlType::IQ4NL => {
+            let mut q = vec![0i8; n_blocks * QK];
+            let scales: Vec<f16> = blocks
+                .zip(q.chunks_exact_mut(QK))
+                .map(|(b, q)| codes::iq4_nl_codes(b, q))
+                .collect();
+            int8(&q, &scales)?
+        }
+        GgmlType::IQ4XS => {
+            let mut q = vec![0i8; n_blocks * QK_K];
+            let (mut d, mut sc) = (
+                Vec::with_capacity(n_blocks),
                 Vec::with_capacity(n_blocks * 8),
             );
-            for (b, out) in blocks.zip(nibbles.chunks_exact_mut(QK_K)) {
-                let s = codes::q4_k_codes(b, out);
-                d.push(s.d);
-                dmin.push(s.dmin);
-                sc.extend(s.sc);
-                m.extend(s.m);
+            for (b, out) in blocks.zip(q.chunks_exact_mut(QK_K)) {
+                let (block_d, block_sc) = codes::iq4_xs_codes(b, out);
+                d.push(block_d);
+                sc.extend(block_sc);
             }
-            PackedWeights::I4(PackedI4::from_super_groups(
-                n_rows, n_cols, &nibbles, &d, &sc, &dmin, &m,
+            let scales = Scales::super_block(n_rows, n_cols, QK, &d, &sc);
+            PackedWeights::I8(
+                PackedI8::with_scales(n_rows, n_cols, &q, scales)
+                    .map_err(|e| inexact(e.to_string()))?,
+            )
+        }
+        GgmlType::Q5_1 => {
+            let mut q = vec![0u8; n_blocks * QK];
+            let (d, m): (Vec<f16>, Vec<f16>) = blocks
+                .zip(q.chunks_exact_mut(QK))
+                .map(|(b, q)| codes::q5_1_codes(b, q))
+                .unzip();
+            let (scales, mins) = (
+                Scales::per_block(n_rows, n_cols, &d),
+                Scales::per_block(n_rows, n_cols, &m),
+            );
+            with_minimums(&q, scales, mins)?
+        }
+        GgmlType::Q5K => {
+            let mut q = vec![0u8; n_blocks * QK_K];
+            let s: Vec<codes::Q4KScales> = blocks
+                .zip(q.chunks_exact_mut(QK_K))
+                .map(|(b, q)| codes::q5_k_codes(b, q))
+                .collect();
+            let (scales, mins) = k_quant_scales(n_rows, n_cols, &s);
+            with_minimums(&q, scales, mins)?
+        }
+        GgmlType::Q4K => {
+            let mut nibbles = vec![0u8; n_blocks * QK_K];
+            let s: Vec<codes::Q4KScales> = blocks
+                .zip(nibbles.chunks_exact_mut(QK_K))
+                .map(|(b, q)| codes::q4_k_codes(b, q))
+                .collect();
+            let (scales, mins) = k_quant_scales(n_rows, n_cols, &s);
+            PackedWeights::I4(PackedI4::with_scales(
+                n_rows, n_cols, &nibbles, scales, mins,
             ))
         }
         GgmlType::Q6K | GgmlType::Q3K => {
@@ -211,8 +265,9 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 d.push(s.d);
                 sc.extend(s.sc);
             }
+            let scales = Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc);
             PackedWeights::I8(
-                PackedI8::from_super_blocks(n_rows, n_cols, &q, 16, &d, &sc)
+                PackedI8::with_scales(n_rows, n_cols, &q, scales)
                     .map_err(|e| inexact(e.to_string()))?,
             )
         }
@@ -247,7 +302,20 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
             }
         }
     };
-    Ok(Linear::Quant(QuantLinear::from_file(packed)))
+    Ok(Linear::Quant(Box::new(QuantLinear::from_file(packed))))
+}
+
+/// Q4_K's and Q5_K's factors as kernel scales, `w = code · (d · sc) + (-dmin) · m`.
+fn k_quant_scales(n_rows: usize, n_cols: usize, blocks: &[codes::Q4KScales]) -> (Scales, Scales) {
+    let six_bits = |v: &[u8; 8]| v.map(|x| x as i8);
+    let d: Vec<f16> = blocks.iter().map(|s| s.d).collect();
+    let minus_dmin: Vec<f16> = blocks.iter().map(|s| -s.dmin).collect();
+    let sc: Vec<i8> = blocks.iter().flat_map(|s| six_bits(&s.sc)).collect();
+    let m: Vec<i8> = blocks.iter().flat_map(|s| six_bits(&s.m)).collect();
+    (
+        Scales::super_block(n_rows, n_cols, QK, &d, &sc),
+        Scales::super_block(n_rows, n_cols, QK, &minus_dmin, &m),
+    )
 }
 
 /// Projections that share their prepared input (one site of a layer) must all be float

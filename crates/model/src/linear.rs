@@ -188,7 +188,7 @@ pub enum Linear {
         n_rows: usize,
         n_cols: usize,
     },
-    Quant(QuantLinear),
+    Quant(Box<QuantLinear>),
 }
 
 impl Linear {
@@ -708,8 +708,9 @@ mod tests {
                 .map(|(g, w)| (g - w).abs())
                 .fold(0.0, f32::max)
         };
-        let quant =
-            |bits, outliers| Linear::Quant(QuantLinear::quantize(w.clone(), bits, outliers));
+        let quant = |bits, outliers| {
+            Linear::Quant(Box::new(QuantLinear::quantize(w.clone(), bits, outliers)))
+        };
         for bits in [WeightBits::Eight, WeightBits::Four] {
             let plain = err(&quant(bits, vec![]), &mut s);
             let split = err(&quant(bits, vec![5]), &mut s);

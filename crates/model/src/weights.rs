@@ -493,8 +493,16 @@ fn convert(
         // in f32, kept as it is.
         Precision::F32 | Precision::File => Linear::F32(m),
         Precision::Bf16 => Linear::to_bf16(&m),
-        Precision::Int8 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Eight, outliers())),
-        Precision::Int4 => Linear::Quant(QuantLinear::quantize(m, WeightBits::Four, outliers())),
+        Precision::Int8 => Linear::Quant(Box::new(QuantLinear::quantize(
+            m,
+            WeightBits::Eight,
+            outliers(),
+        ))),
+        Precision::Int4 => Linear::Quant(Box::new(QuantLinear::quantize(
+            m,
+            WeightBits::Four,
+            outliers(),
+        ))),
     }
 }
 

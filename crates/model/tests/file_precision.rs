@@ -1,6 +1,9 @@
-//! `--precision file` on synthetic GGUF files written in Q8_0, Q4_0 and Q4_1: the weights
+//! `--precision file` on synthetic GGUF files written in Q8_0, Q4_0 and Q4_1 and on files
+//! llama.cpp's `llama-quantize` wrote in every type (`testdata/gguf-quants`): the weights
 //! the kernels multiply are the file's, a forward pass follows the f32 model of the same
 //! dequantised weights, and block types no kernel runs exactly are refused by name.
+
+use std::collections::HashSet;
 
 use pyramid_gguf::{quants, GgmlType, GgufFile, GgufWriter};
 use pyramid_kernels::{ops::argmax, ThreadPool};
@@ -9,6 +12,8 @@ use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
 use pyramid_model::{
     Architecture, Embedding, Linear, LogitsFor, Model, ModelError, Precision, Scratch,
 };
+use pyramid_testdata::quantized_fixture;
+use sha2::{Digest, Sha256};
 
 const TYPES: [GgmlType; 3] = [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1];
 
@@ -71,19 +76,26 @@ fn projections(model: &Model) -> Vec<(String, &Linear)> {
     all
 }
 
-/// Each projection, dequantised from the packed form the kernels read, equals the GGUF
-/// dequantiser's output of the file's bytes (as numbers: Q4_0's `q·d + (-8d)` gives +0
-/// where `d·(q - 8)` gives -0 for a negative `d`, and the two multiply alike).
-fn assert_projections_are_the_files(file: &GgufFile, model: &Model, ty: GgmlType) {
-    for (name, lin) in projections(model) {
+/// Each projection (and an untied embedding table), dequantised from the packed form the
+/// kernels read, equals the GGUF dequantiser's output of the file's bytes (as numbers:
+/// Q4_0's `q·d + (-8d)` gives +0 where `d·(q - 8)` gives -0 for a negative `d`, and the two
+/// multiply alike). Returns the block types seen.
+fn assert_projections_are_the_files(file: &GgufFile, model: &Model) -> HashSet<GgmlType> {
+    let mut all = projections(model);
+    if let Embedding::Table(table) = &model.weights.token_embd {
+        all.push(("token_embd.weight".to_string(), table.as_ref()));
+    }
+    let mut types = HashSet::new();
+    for (name, lin) in all {
         let Linear::Quant(q) = lin else {
             panic!("{name} is not packed")
         };
         assert!(q.outlier_channels.is_empty(), "{name}: no calibration");
         let info = file.tensor_info(&name).expect("tensor");
-        assert_eq!(info.ggml_type, ty, "{name}");
+        types.insert(info.ggml_type);
         let mut want = vec![0.0; info.n_elements() as usize];
-        quants::dequantize(ty, file.tensor_bytes(info), &mut want).expect("dequantises");
+        quants::dequantize(info.ggml_type, file.tensor_bytes(info), &mut want)
+            .expect("dequantises");
         let (n_rows, n_cols) = (lin.n_out(), lin.n_in());
         let mut row = vec![0.0; n_cols];
         for r in 0..n_rows {
@@ -91,6 +103,7 @@ fn assert_projections_are_the_files(file: &GgufFile, model: &Model, ty: GgmlType
             assert_eq!(row, want[r * n_cols..(r + 1) * n_cols], "{name} row {r}");
         }
     }
+    types
 }
 
 #[test]
@@ -98,7 +111,7 @@ fn packed_weights_are_the_files_bit_for_bit() {
     for ty in TYPES {
         let file = open(&synthetic_gguf(&spec(ty, true)).expect("synthetic"));
         let model = Model::from_gguf_with(&file, Precision::File).expect("loads");
-        assert_projections_are_the_files(&file, &model, ty);
+        assert_eq!(assert_projections_are_the_files(&file, &model), [ty].into());
         // Q8_0 packs as INT8, both 4-bit types as INT4.
         let Linear::Quant(q) = &model.weights.layers[0].wq else {
             unreachable!("checked above")
@@ -125,7 +138,10 @@ fn q4_0_beyond_f16_minimums_packs_as_int8_exactly() {
         &model.weights.layers[1].wq,
         Linear::Quant(q) if matches!(q.packed, PackedWeights::I8(_))
     ));
-    assert_projections_are_the_files(&file, &model, GgmlType::Q4_0);
+    assert_eq!(
+        assert_projections_are_the_files(&file, &model),
+        [GgmlType::Q4_0].into()
+    );
 }
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
@@ -242,7 +258,7 @@ fn forward_at_file_follows_the_f32_model_and_is_thread_count_invariant() {
 
 #[test]
 fn a_block_type_without_an_exact_kernel_is_refused_by_name() {
-    // Rows of 256 so a Q5_K super-block fits; all-zero bytes are a valid Q5_K block.
+    // Rows of 256 so a Q2_K super-block fits; all-zero bytes are a valid Q2_K block.
     let base = open(
         &synthetic_gguf(&SyntheticSpec {
             n_ff: 256,
@@ -251,16 +267,16 @@ fn a_block_type_without_an_exact_kernel_is_refused_by_name() {
         .expect("synthetic"),
     );
     let name = "blk.0.ffn_down.weight";
-    let n_bytes = GgmlType::Q5K.bytes_for(64 * 256).expect("whole blocks") as usize;
-    let file = open(&replaced(&base, name, GgmlType::Q5K, vec![0; n_bytes]));
+    let n_bytes = GgmlType::Q2K.bytes_for(64 * 256).expect("whole blocks") as usize;
+    let file = open(&replaced(&base, name, GgmlType::Q2K, vec![0; n_bytes]));
     let err = Model::from_gguf_with(&file, Precision::File).expect_err("refused");
     assert!(
-        matches!(&err, ModelError::FileType { name: n, ty } if n == name && *ty == GgmlType::Q5K),
+        matches!(&err, ModelError::FileType { name: n, ty } if n == name && *ty == GgmlType::Q2K),
         "{err}"
     );
     let message = err.to_string();
     assert!(
-        message.contains("Q5_K") && message.contains(name) && message.contains("--precision int8"),
+        message.contains("Q2_K") && message.contains(name) && message.contains("--precision int8"),
         "{message}"
     );
     // The other precisions still load it, re-quantised as they always are.
@@ -280,4 +296,88 @@ fn float_tensors_stay_float() {
     for (name, lin) in projections(&model) {
         assert!(matches!(lin, Linear::Bf16 { .. }), "{name}");
     }
+}
+
+/// Block types `--precision file` runs exactly, and those it refuses by name.
+const RUN: [GgmlType; 11] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+];
+const REFUSED: [GgmlType; 1] = [GgmlType::Q2K];
+
+/// Files `llama-quantize` wrote, every type of the list and its fallbacks: each
+/// tensor's dequantised values are gguf-py's (SHA-256 of the f32 bytes), and at `file`
+/// every projection is the file's bit for bit, with logits close to the f32 model's, or
+/// the load names the block type it cannot run.
+#[test]
+fn llama_quantize_files_run_at_file_precision_bit_for_bit() {
+    let read = |name: &str| -> serde_json::Value {
+        let text = std::fs::read_to_string(quantized_fixture(name)).expect("fixture");
+        serde_json::from_str(&text).expect("json")
+    };
+    let (types, dequantized) = (read("types.json"), read("dequant.json"));
+    let files = types.as_object().expect("files");
+    assert_eq!(files.len(), 13);
+    let (mut ran, mut refused) = (HashSet::new(), HashSet::new());
+    let pool = ThreadPool::new(2).unwrap();
+    for (file_name, tensors) in files {
+        let file = GgufFile::open(quantized_fixture(file_name)).expect("opens");
+        for (name, ty) in tensors.as_object().expect("tensors") {
+            let info = file.tensor_info(name).expect("tensor");
+            assert_eq!(
+                info.ggml_type.to_string(),
+                ty.as_str().unwrap(),
+                "{file_name} {name}"
+            );
+            if !quants::can_dequantize(info.ggml_type) {
+                continue;
+            }
+            let mut values = vec![0.0f32; info.n_elements() as usize];
+            quants::dequantize(info.ggml_type, file.tensor_bytes(info), &mut values).unwrap();
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let digest = format!("{:x}", Sha256::digest(&bytes));
+            let want = &dequantized[file_name][name]["f32_sha256"];
+            assert_eq!(digest, want.as_str().unwrap(), "{file_name} {name}");
+        }
+        match Model::from_gguf_with(&file, Precision::File) {
+            Ok(model) => {
+                let seen = assert_projections_are_the_files(&file, &model);
+                assert!(
+                    seen.iter().all(|ty| RUN.contains(ty)),
+                    "{file_name}: {seen:?}"
+                );
+                ran.extend(seen);
+                let reference = Model::from_gguf(&file).expect("f32 loads");
+                let prompt = [1, 17, 200, 45, 3, 99, 250, 7];
+                let (l_file, l_f32) = (
+                    teacher_forced(&model, &pool, &prompt, &prompt),
+                    teacher_forced(&reference, &pool, &prompt, &prompt),
+                );
+                for (pos, (a, b)) in l_file.iter().zip(&l_f32).enumerate() {
+                    let c = cosine(a, b);
+                    assert!(c > 0.999, "{file_name} position {pos}: cosine {c}");
+                }
+            }
+            Err(ModelError::FileType { name, ty }) => {
+                assert!(REFUSED.contains(&ty), "{file_name}: {ty} refused ({name})");
+                refused.insert(ty);
+            }
+            Err(e) => panic!("{file_name}: {e}"),
+        }
+    }
+    assert_eq!(ran, RUN.into(), "every runnable type ran");
+    assert_eq!(
+        refused,
+        REFUSED.into(),
+        "every other type was refused by name"
+    );
 }

@@ -59,6 +59,15 @@ pub fn hf_fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A file of `testdata/gguf-quants`: one tiny model quantised by llama.cpp's
+/// `llama-quantize` to each of its types (`make.sh` there made them), with `types.json`
+/// (every tensor's type) and `dequant.json` (gguf-py's dequantised values' SHA-256).
+pub fn quantized_fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/gguf-quants")
+        .join(name)
+}
+
 /// `reference.json` of one of [`HF_FIXTURES`].
 pub fn hf_reference(name: &str) -> Value {
     let path = hf_fixture(name).join("reference.json");

@@ -14,18 +14,38 @@ fn f16_at(b: &[u8], at: usize) -> f16 {
 }
 
 /// Q5_0 (`d, qh: u32, qs[16]`): returns `d` and writes the codes `q - 16` (in -16..=15),
-/// so `w = d · code`. Element `j` keeps its low four bits in byte `j % 16` (low nibble
-/// for `j < 16`) and its fifth in bit `j` of `qh`.
+/// so `w = d · code`.
 pub fn q5_0_codes(b: &[u8], codes: &mut [i8]) -> f16 {
-    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-    let qs = &b[6..6 + 16];
-    for (j, &q) in qs.iter().enumerate() {
-        let lo = (q & 0x0f) as u32 | ((qh >> j) & 1) << 4;
-        let hi = (q >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
-        codes[j] = lo as i8 - 16;
-        codes[j + 16] = hi as i8 - 16;
+    let mut q = [0u8; 32];
+    five_bit_codes(
+        u32::from_le_bytes([b[2], b[3], b[4], b[5]]),
+        &b[6..6 + 16],
+        &mut q,
+    );
+    for (c, q) in codes.iter_mut().zip(q) {
+        *c = q as i8 - 16;
     }
     f16_at(b, 0)
+}
+
+/// Q5_1 (`d, m, qh: u32, qs[16]`): returns `(d, m)` and writes the codes (0..=31), so
+/// `w = d · code + m`; bits laid out as in Q5_0.
+pub fn q5_1_codes(b: &[u8], codes: &mut [u8]) -> (f16, f16) {
+    five_bit_codes(
+        u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+        &b[8..8 + 16],
+        codes,
+    );
+    (f16_at(b, 0), f16_at(b, 2))
+}
+
+/// Q5_0's and Q5_1's codes: element `j`'s low four bits in byte `j % 16` of `qs` (the
+/// low nibble for `j < 16`), its fifth in bit `j` of `qh`.
+fn five_bit_codes(qh: u32, qs: &[u8], codes: &mut [u8]) {
+    for (j, &q) in qs.iter().enumerate() {
+        codes[j] = ((q & 0x0f) as u32 | ((qh >> j) & 1) << 4) as u8;
+        codes[j + 16] = ((q >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as u8;
+    }
 }
 
 /// The factors of a Q4_K block: `w = (d · sc[s]) · nibble - dmin · m[s]` for sub-block
@@ -56,8 +76,23 @@ pub fn q4_k_codes(b: &[u8], nibbles: &mut [u8]) -> Q4KScales {
     k4_scales(b)
 }
 
+/// Q5_K (`d, dmin, scales[12], qh[32], qs[128]`): the codes (0..=31) and the factors,
+/// `w = (d · sc[s]) · code - dmin · m[s]`. Q4_K's nibbles, plus a fifth bit per element:
+/// bit `s` of `qh[l]` belongs to element `l` of sub-block `s`.
+pub fn q5_k_codes(b: &[u8], codes: &mut [u8]) -> Q4KScales {
+    let qh = &b[16..16 + QK_K / 8];
+    let qs = &b[16 + QK_K / 8..16 + QK_K / 8 + QK_K / 2];
+    for sub in 0..QK_K / 32 {
+        let shift = 4 * (sub % 2);
+        for (l, (&q, &h)) in qs[(sub / 2) * 32..][..32].iter().zip(qh).enumerate() {
+            codes[sub * 32 + l] = ((q >> shift) & 0x0f) | ((h >> sub) & 1) << 4;
+        }
+    }
+    k4_scales(b)
+}
+
 /// The `d, dmin, scales[12]` that open a Q4_K or Q5_K block.
-pub(super) fn k4_scales(b: &[u8]) -> Q4KScales {
+fn k4_scales(b: &[u8]) -> Q4KScales {
     let s = &b[4..16];
     let mut scales = Q4KScales {
         d: f16_at(b, 0),
@@ -143,4 +178,43 @@ pub fn q3_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
         d: f16_at(b, QK_K / 8 + QK_K / 4 + 12),
         sc,
     }
+}
+
+/// IQ4_NL's and IQ4_XS's sixteen levels: a 4-bit code indexes an INT8 value.
+pub const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// Sixteen bytes of IQ4 codes as their levels: element `j` in the low nibble of byte `j`,
+/// element `j + 16` in the high one.
+fn iq4_levels(qs: &[u8], codes: &mut [i8]) {
+    for (j, &q) in qs[..16].iter().enumerate() {
+        codes[j] = IQ4_LEVELS[(q & 0x0f) as usize];
+        codes[j + 16] = IQ4_LEVELS[(q >> 4) as usize];
+    }
+}
+
+/// IQ4_NL (`d, qs[16]`): returns `d` and writes the levels, `w = d · level`.
+pub fn iq4_nl_codes(b: &[u8], codes: &mut [i8]) -> f16 {
+    iq4_levels(&b[2..18], codes);
+    f16_at(b, 0)
+}
+
+/// IQ4_XS (`d, scales_h: u16, scales_l[4], qs[128]`): returns `d` and the eight 6-bit
+/// scales less 32 (one per 32, `w = (d · sc) · level`), and writes the levels. Scale `s`
+/// keeps its low four bits in nibble `s % 2` of `scales_l[s / 2]` and its top two in bits
+/// `2s..2s + 2` of `scales_h`.
+pub fn iq4_xs_codes(b: &[u8], codes: &mut [i8]) -> (f16, [i8; 8]) {
+    let scales_h = u16::from_le_bytes([b[2], b[3]]);
+    let scales_l = &b[4..8];
+    let qs = &b[8..8 + QK_K / 2];
+    let sc = std::array::from_fn(|s| {
+        let low = (scales_l[s / 2] >> (4 * (s % 2))) & 0x0f;
+        let high = ((scales_h >> (2 * s)) & 3) as u8;
+        (low | high << 4) as i8 - 32
+    });
+    for (s, codes) in codes.chunks_exact_mut(32).enumerate() {
+        iq4_levels(&qs[s * 16..], codes);
+    }
+    (f16_at(b, 0), sc)
 }

@@ -41,10 +41,16 @@ pub(super) fn dequant_q3_k(b: &[u8], y: &mut [f32]) {
 pub(super) fn dequant_q4_k(b: &[u8], y: &mut [f32]) {
     let mut nibbles = [0u8; QK_K];
     let s = codes::q4_k_codes(b, &mut nibbles);
+    with_minimums(&s, &nibbles, y);
+}
+
+/// `(d · sc[s]) · code - dmin · m[s]` over sub-blocks of 32: GGML's order for Q4_K and
+/// Q5_K.
+fn with_minimums(s: &codes::Q4KScales, codes: &[u8], y: &mut [f32]) {
     let (d, dmin) = (s.d.to_f32(), s.dmin.to_f32());
     for (sub, (y, q)) in y
         .chunks_exact_mut(32)
-        .zip(nibbles.chunks_exact(32))
+        .zip(codes.chunks_exact(32))
         .enumerate()
     {
         let dl = d * s.sc[sub] as f32;
@@ -55,23 +61,11 @@ pub(super) fn dequant_q4_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// `d, dmin, scales[12], qh[32], qs[128]`: Q4_K plus a fifth bit per element; bit `sub`
-/// of `qh[l]` belongs to element `l` of sub-block `sub`.
+/// Q5_K: `(d · sc) · code - dmin · m` per sub-block of 32 ([`codes::q5_k_codes`]).
 pub(super) fn dequant_q5_k(b: &[u8], y: &mut [f32]) {
-    let s = codes::k4_scales(b);
-    let (d, dmin) = (s.d.to_f32(), s.dmin.to_f32());
-    let qh = &b[16..16 + QK_K / 8];
-    let qs = &b[16 + QK_K / 8..16 + QK_K / 8 + QK_K / 2];
-    for sub in 0..QK_K / 32 {
-        let dl = d * s.sc[sub] as f32;
-        let ml = dmin * s.m[sub] as f32;
-        let shift = 4 * (sub % 2);
-        let bytes = &qs[(sub / 2) * 32..][..32];
-        for (l, (&q, &h)) in bytes.iter().zip(qh).enumerate() {
-            let code = ((q >> shift) & 0x0f) | ((h >> sub) & 1) << 4;
-            y[sub * 32 + l] = dl * code as f32 - ml;
-        }
-    }
+    let mut five_bits = [0u8; QK_K];
+    let s = codes::q5_k_codes(b, &mut five_bits);
+    with_minimums(&s, &five_bits, y);
 }
 
 /// Q6_K: `(d · sc) · code` per sub-block of 16 ([`codes::q6_k_codes`]).
@@ -90,6 +84,19 @@ fn sub_blocks_of_16(s: &codes::SubBlockScales, codes: &[i8], y: &mut [f32]) {
         .zip(codes.chunks_exact(16))
         .zip(&s.sc)
     {
+        let dl = d * sc as f32;
+        for (y, &q) in y.iter_mut().zip(q) {
+            *y = dl * q as f32;
+        }
+    }
+}
+
+/// IQ4_XS: `(d · sc) · level` per sub-block of 32 ([`codes::iq4_xs_codes`]).
+pub(super) fn dequant_iq4_xs(b: &[u8], y: &mut [f32]) {
+    let mut levels = [0i8; QK_K];
+    let (d, sc) = codes::iq4_xs_codes(b, &mut levels);
+    let d = d.to_f32();
+    for ((y, q), &sc) in y.chunks_exact_mut(32).zip(levels.chunks_exact(32)).zip(&sc) {
         let dl = d * sc as f32;
         for (y, &q) in y.iter_mut().zip(q) {
             *y = dl * q as f32;

@@ -1,4 +1,4 @@
-//! The original 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+//! The 32-element block formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and IQ4_NL.
 //!
 //! Within a block, 4-bit codes pack element `j` in the low nibble of byte `j` and element
 //! `j + 16` in the high nibble; Q5 types keep each element's fifth bit in a 32-bit mask.
@@ -9,10 +9,6 @@ use half::f16;
 use super::f16_at;
 
 const QK: usize = 32;
-
-fn qh_bits(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
 
 /// `d, qs[16]`: x = d * (q - 8).
 pub(super) fn dequant_q4_0(b: &[u8], y: &mut [f32]) {
@@ -44,17 +40,13 @@ pub(super) fn dequant_q5_0(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// `d, m, qh: u32, qs[16]`: x = d * q + m with q five bits.
+/// Q5_1: `d · code + m` ([`super::codes::q5_1_codes`]).
 pub(super) fn dequant_q5_1(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let m = f16_at(b, 2);
-    let qh = qh_bits(b, 4);
-    let qs = &b[8..8 + QK / 2];
-    for (j, &q) in qs.iter().enumerate() {
-        let lo = (q & 0x0f) as u32 | ((qh >> j) & 1) << 4;
-        let hi = (q >> 4) as u32 | ((qh >> (j + QK / 2)) & 1) << 4;
-        y[j] = d * lo as f32 + m;
-        y[j + QK / 2] = d * hi as f32 + m;
+    let mut codes = [0u8; QK];
+    let (d, m) = super::codes::q5_1_codes(b, &mut codes);
+    let (d, m) = (d.to_f32(), m.to_f32());
+    for (y, &q) in y.iter_mut().zip(&codes) {
+        *y = d * q as f32 + m;
     }
 }
 
@@ -165,5 +157,14 @@ pub(super) fn quant_q8_0(x: &[f32], b: &mut [u8]) {
     b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
     for (bj, &v) in b[2..2 + QK].iter_mut().zip(x) {
         *bj = ((v * id).round() as i8) as u8;
+    }
+}
+
+/// IQ4_NL: `d · level` ([`super::codes::iq4_nl_codes`]).
+pub(super) fn dequant_iq4_nl(b: &[u8], y: &mut [f32]) {
+    let mut levels = [0i8; QK];
+    let d = super::codes::iq4_nl_codes(b, &mut levels).to_f32();
+    for (y, &q) in y.iter_mut().zip(&levels) {
+        *y = d * q as f32;
     }
 }

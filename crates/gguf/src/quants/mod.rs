@@ -17,7 +17,20 @@ pub fn can_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | IQ4NL
+            | IQ4XS
     )
 }
 
@@ -70,6 +83,8 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         GgmlType::Q4K => kquants::dequant_q4_k,
         GgmlType::Q5K => kquants::dequant_q5_k,
         GgmlType::Q6K => kquants::dequant_q6_k,
+        GgmlType::IQ4NL => legacy::dequant_iq4_nl,
+        GgmlType::IQ4XS => kquants::dequant_iq4_xs,
         _ => return Err(GgufError::UnsupportedTensorType(ty)),
     };
     // Runs of blocks on every core: a model is dequantised tensor by tensor at each load.

@@ -141,30 +141,20 @@ impl PackedI4 {
         })
     }
 
-    /// Packs GGUF's Q4_K exactly: `nibbles` (`[n, k]`, row-major, each in `0..=15`), a
-    /// 6-bit scale `sc` and minimum `m` per row and group of 32 (`[n, k.div_ceil(32)]`),
-    /// and `d` and `dmin` per row and super-block of 256 (`[n, k.div_ceil(256)]`), so
-    /// `w = nibble · (d · sc) - dmin · m` exactly.
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_super_groups(
-        n: usize,
-        k: usize,
-        nibbles: &[u8],
-        d: &[f16],
-        sc: &[u8],
-        dmin: &[f16],
-        m: &[u8],
-    ) -> Self {
-        let n_groups = k.div_ceil(GROUP);
-        let zeros = vec![f16::ZERO; n * n_groups];
+    /// Packs nibbles with a K-quant's scales and minimums exactly (GGUF's Q4_K: `w =
+    /// nibble · (d · sc) + (-dmin) · m`, both from [`Scales::super_block`]): `nibbles` are
+    /// `[n, k]`, row-major, each in `0..=15`.
+    pub fn with_scales(n: usize, k: usize, nibbles: &[u8], scales: Scales, mins: Scales) -> Self {
+        let zeros = vec![f16::ZERO; n * k.div_ceil(GROUP)];
         let mut packed = Self::from_groups(n, k, nibbles, &zeros, &zeros);
-        let six_bits = |v: &[u8]| -> Vec<i8> {
-            assert!(v.iter().all(|&x| x < 64), "K-quant scales hold 6 bits");
-            v.iter().map(|&x| x as i8).collect()
-        };
-        let minus_dmin: Vec<f16> = dmin.iter().map(|&x| -x).collect();
-        packed.scales = Scales::super_block(n, k, GROUP, d, &six_bits(sc));
-        packed.mins = Scales::super_block(n, k, GROUP, &minus_dmin, &six_bits(m));
+        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        assert!(
+            [&scales, &mins].iter().all(|s| s.group_k() == GROUP
+                && s.groups() == packed.n_groups()
+                && s.covers(n_pad)),
+            "a scale and a minimum per row and group of 32"
+        );
+        (packed.scales, packed.mins) = (scales, mins);
         packed
     }
 
@@ -407,7 +397,7 @@ mod tests {
     }
 
     #[test]
-    fn from_super_groups_dequantises_to_q4_k_values_exactly() {
+    fn k_quant_scales_dequantise_to_q4_k_values_exactly() {
         let (n, k): (usize, usize) = (17, 256 + 64);
         let n_groups = k.div_ceil(GROUP);
         let nibbles: Vec<u8> = (0..n * k).map(|i| ((i * 7) % 16) as u8).collect();
@@ -419,7 +409,15 @@ mod tests {
             .collect();
         let sc: Vec<u8> = (0..n * n_groups).map(|i| (i * 13 % 64) as u8).collect();
         let m: Vec<u8> = (0..n * n_groups).map(|i| (i * 29 % 64) as u8).collect();
-        let w = PackedI4::from_super_groups(n, k, &nibbles, &d, &sc, &dmin, &m);
+        let six_bits = |v: &[u8]| -> Vec<i8> { v.iter().map(|&x| x as i8).collect() };
+        let minus_dmin: Vec<f16> = dmin.iter().map(|&x| -x).collect();
+        let w = PackedI4::with_scales(
+            n,
+            k,
+            &nibbles,
+            Scales::super_block(n, k, GROUP, &d, &six_bits(&sc)),
+            Scales::super_block(n, k, GROUP, &minus_dmin, &six_bits(&m)),
+        );
         for row in 0..n {
             let want: Vec<f32> = (0..k)
                 .map(|kk| {

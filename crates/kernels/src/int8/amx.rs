@@ -189,7 +189,7 @@ pub(super) unsafe fn gemm_blocks_amx(
         n: w.n,
         k_pad: w.k_pad,
         scales: &w.scales,
-        mins: None,
+        mins: w.mins.as_ref(),
         streamed: true,
     };
     let mut tiles = Tiles::new();
@@ -406,7 +406,7 @@ unsafe fn pass<const MT: usize, const NB: usize>(
                         _mm512_mul_ps(w_scale, _mm512_set1_ps(a_scale)),
                         acc_tr[j],
                     );
-                    // INT4: `min · Σ a` after the scaled sum, as the other INT4 kernels add it.
+                    // INT4, Q5_1, Q5_K: `min · Σ a` after the scaled sum, as the other kernels add it.
                     if let Some(w_min) = w_min {
                         let a_sum = *a.block_sums.get_unchecked(at) as f32 * a_scale;
                         acc_tr[j] = _mm512_fmadd_ps(w_min, _mm512_set1_ps(a_sum), acc_tr[j]);

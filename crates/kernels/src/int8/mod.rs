@@ -65,6 +65,10 @@ pub struct PackedI8 {
     /// `Σ q` per row and scale group, to undo the +128 offset VNNI needs on activations;
     /// laid out as the scales, `[n_pad / 16][groups][16]`.
     pub block_sums: Vec<i16>,
+    /// A minimum per row and block of 32, `w = q · scale + min`: GGUF's Q5_1 and Q5_K,
+    /// whose 5-bit codes 0..=31 have one. Each costs one more multiply-add per block by
+    /// the activations' block sum, as in the INT4 kernels.
+    pub mins: Option<Scales>,
 }
 
 /// A code [`PackedI8::from_blocks`] cannot pack exactly: -128 at `w[row][col]`.
@@ -128,29 +132,57 @@ impl PackedI8 {
         }))
     }
 
-    /// Packs a K-quant's codes exactly (Q6_K's and Q3_K's sub-blocks of 16): `q`
-    /// (`[n, k]`, row-major), one `sub` scale per row and group of `group_k` (`[n,
-    /// k.div_ceil(group_k)]`) and one `d` per row and super-block of 256 (`[n,
-    /// k.div_ceil(256)]`), so `w = q · (d · sub)` exactly. Fails on a code of -128, as
-    /// [`PackedI8::from_blocks`] does.
-    pub fn from_super_blocks(
+    /// Packs codes with their scales exactly, `w = q · scale`: `q` (`[n, k]`, row-major)
+    /// and scales from [`Scales::super_block`] (Q6_K's and Q3_K's per 16, IQ4_XS's per
+    /// 32). Fails on a code of -128, as [`PackedI8::from_blocks`] does.
+    pub fn with_scales(
         n: usize,
         k: usize,
         q: &[i8],
-        group_k: usize,
-        d: &[f16],
-        sub: &[i8],
+        scales: Scales,
     ) -> Result<Self, UnrepresentableCode> {
         let mut packed = Self::from_blocks(n, k, q, &vec![f16::ZERO; n * k.div_ceil(BLOCK_K)])?;
-        packed.scales = Scales::super_block(n, k, group_k, d, sub);
-        let groups = packed.scales.groups();
-        packed.block_sums = vec![0; packed.data.len() / group_k];
+        let (group_k, groups) = (scales.group_k(), scales.groups());
+        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        assert!(
+            BLOCK_K.is_multiple_of(group_k)
+                && groups * group_k == packed.k_pad
+                && scales.covers(n_pad),
+            "one scale per row and group, groups dividing a block of 32"
+        );
+        packed.scales = scales;
+        packed.block_sums = vec![0; n_pad * groups];
         for row in 0..n {
             for (g, codes) in q[row * k..(row + 1) * k].chunks(group_k).enumerate() {
                 packed.block_sums[scale_index(row, g, groups)] =
                     codes.iter().map(|&v| i16::from(v)).sum();
             }
         }
+        Ok(packed)
+    }
+
+    /// Packs codes with a scale and a minimum per row and block of 32 exactly, `w = q ·
+    /// scale + min`: `q` (`[n, k]`, row-major) with `scales` and `mins` from
+    /// [`Scales::super_block`] (Q5_K) or [`Scales::per_block`] (Q5_1). Fails on a code of
+    /// -128, as [`PackedI8::from_blocks`] does.
+    pub fn with_minimums(
+        n: usize,
+        k: usize,
+        q: &[i8],
+        scales: Scales,
+        mins: Scales,
+    ) -> Result<Self, UnrepresentableCode> {
+        let mut packed = Self::with_scales(n, k, q, scales)?;
+        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        assert!(
+            [&packed.scales, &mins]
+                .iter()
+                .all(|s| s.group_k() == BLOCK_K
+                    && s.groups() == packed.n_blocks()
+                    && s.covers(n_pad)),
+            "a scale and a minimum per row and block of 32"
+        );
+        packed.mins = Some(mins);
         Ok(packed)
     }
 
@@ -200,6 +232,7 @@ impl PackedI8 {
             data,
             scales: Scales::half(BLOCK_K, n_blocks, scales),
             block_sums,
+            mins: None,
         }
     }
 
@@ -234,8 +267,12 @@ impl PackedI8 {
     /// `w[row][kk]` as the kernels see it.
     #[inline]
     pub fn weight(&self, row: usize, kk: usize) -> f32 {
-        f32::from(self.data[packed_index(row, kk, self.k_pad)])
-            * self.scale(row, kk / self.scales.group_k())
+        let g = kk / self.scales.group_k();
+        let scaled = f32::from(self.data[packed_index(row, kk, self.k_pad)]) * self.scale(row, g);
+        match &self.mins {
+            Some(mins) => scaled + mins.get(row, g),
+            None => scaled,
+        }
     }
 
     /// `out[i] += v · w[cols.start + i][kk]`: input channel `kk`'s part of a product,
@@ -248,7 +285,10 @@ impl PackedI8 {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + self.scales.bytes() + 2 * self.block_sums.len()
+        self.data.len()
+            + self.scales.bytes()
+            + self.mins.as_ref().map_or(0, Scales::bytes)
+            + 2 * self.block_sums.len()
     }
 }
 
@@ -581,6 +621,14 @@ pub unsafe fn gemm_i8_cols(
         "one scale and sum per row and scale group"
     );
     assert!(
+        w.mins.as_ref().is_none_or(|m| !split
+            && m.group_k() == BLOCK_K
+            && m.groups() == n_blocks
+            && m.covers(n_pad)
+            && a.block_sums.len() >= a.m * n_blocks),
+        "minimums need a block of 32 per scale and the activations' block sums"
+    );
+    assert!(
         a.data.len() >= m * a.k_pad && a.scales.len() >= m * n_blocks,
         "activations must be [m, k_pad] with a scale per block"
     );
@@ -622,8 +670,8 @@ mod tests {
     use super::*;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, PackedGemm, SubBlockI8, L2_CROSSING_GEMM_SHAPES,
-        PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, MinimumI8, PackedGemm, SubBlockI8,
+        L2_CROSSING_GEMM_SHAPES, PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
 
     #[test]
@@ -660,14 +708,34 @@ mod tests {
     }
 
     #[test]
+    fn minimums_match_scalar_on_every_isa() {
+        assert_every_isa_matches_scalar::<MinimumI8>(&RAGGED_GEMM_SHAPES, &[2], (3, 4));
+        assert_every_isa_matches_scalar::<MinimumI8>(&L2_CROSSING_GEMM_SHAPES, &[1], (5, 6));
+        assert_every_isa_matches_scalar::<MinimumI8>(&PREFILL_GEMM_SHAPES, &[1, 2], (7, 8));
+    }
+
+    #[test]
+    fn minimums_product_equals_the_dequantised_operands_product() {
+        assert_product_is_the_dequantised_operands(
+            &MinimumI8::pack(&random(37 * 608, 3), 37, 608).0,
+        );
+    }
+
+    #[test]
     fn scales_per_16_product_equals_the_dequantised_operands_product() {
-        let (m, k, n) = (3, 2 * 256 + 96, 37);
-        let w = SubBlockI8::pack(&random(n * k, 3), n, k).0;
+        let w = SubBlockI8::pack(&random(37 * 608, 3), 37, 608).0;
         assert_eq!((w.scales.group_k(), w.scales.groups()), (16, w.k_pad / 16));
+        assert_product_is_the_dequantised_operands(&w);
+    }
+
+    /// `gemm_i8` of `w` and random activations equals the f64 product of `w`'s weights
+    /// (as `weight` gives them) and the dequantised activations.
+    fn assert_product_is_the_dequantised_operands(w: &PackedI8) {
+        let (m, k, n) = (3, w.k, w.n);
         let mut a = QuantizedRows::default();
         a.quantize(&random(m * k, 4), m, k, w.k_pad);
         let mut got = vec![0.0; m * n];
-        gemm_i8(&ThreadPool::new(2).unwrap(), &a.view(), &w, &mut got);
+        gemm_i8(&ThreadPool::new(2).unwrap(), &a.view(), w, &mut got);
         for i in 0..m {
             for col in 0..n {
                 let want: f64 = w
@@ -689,7 +757,7 @@ mod tests {
     }
 
     #[test]
-    fn from_super_blocks_dequantises_to_the_exact_products() {
+    fn super_block_scales_dequantise_to_the_exact_products() {
         let (n, k): (usize, usize) = (19, 256 + 48);
         let q: Vec<i8> = (0..n * k).map(|i| ((i * 7) % 64) as i8 - 32).collect();
         let d: Vec<f16> = (0..n * 2)
@@ -698,7 +766,8 @@ mod tests {
         let sub: Vec<i8> = (0..n * k.div_ceil(16))
             .map(|i| (i % 251) as u8 as i8)
             .collect();
-        let w = PackedI8::from_super_blocks(n, k, &q, 16, &d, &sub).expect("no -128");
+        let scales = Scales::super_block(n, k, 16, &d, &sub);
+        let w = PackedI8::with_scales(n, k, &q, scales).expect("no -128");
         for row in 0..n {
             let want: Vec<f32> = (0..k)
                 .map(|kk| {
@@ -708,7 +777,8 @@ mod tests {
                 .collect();
             assert_eq!(w.dequantize_row(row), want, "row {row}");
         }
-        assert!(PackedI8::from_super_blocks(1, 16, &[-128; 16], 16, &[f16::ONE], &[1]).is_err());
+        let one = Scales::super_block(1, 16, 16, &[f16::ONE], &[1]);
+        assert!(PackedI8::with_scales(1, 16, &[-128; 16], one).is_err());
     }
 
     #[test]

@@ -24,8 +24,14 @@ pub(super) unsafe fn gemm_blocks_scalar(
                         i32::from(x) * i32::from(w.data[packed_index(col, g * group_k + j, k_pad)])
                     })
                     .sum();
-                let a_scale = a.scales[row * n_blocks + g * group_k / BLOCK_K];
+                let a_block = row * n_blocks + g * group_k / BLOCK_K;
+                let a_scale = a.scales[a_block];
                 acc = (dot as f32).mul_add(w.scale(col, g) * a_scale, acc);
+                // A minimum (blocks of 32 only) times `Σ a`, after the scaled sum.
+                if let Some(mins) = &w.mins {
+                    let a_sum = a.block_sums[a_block] as f32 * a_scale;
+                    acc = mins.get(col, g).mul_add(a_sum, acc);
+                }
             }
             *out.add(row * w.n + col) = acc;
         }

@@ -253,14 +253,20 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize, const G: usize>(
             }
             for j in 0..NB {
                 let w_scale = w.scales.load16_avx512(block0 + j, s);
+                let w_min = w.mins.as_ref().map(|m| m.load16_avx512(block0 + j, s));
                 for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
-                    let a_scale =
-                        _mm512_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
+                    let at = (row0 + r) * n_blocks + kb;
+                    let a_scale = *a.scales.get_unchecked(at);
                     acc_r[j] = _mm512_fmadd_ps(
                         _mm512_cvtepi32_ps(dots_r[j]),
-                        _mm512_mul_ps(w_scale, a_scale),
+                        _mm512_mul_ps(w_scale, _mm512_set1_ps(a_scale)),
                         acc_r[j],
                     );
+                    // Q5_1/Q5_K: `min · Σ a` after the scaled sum, as the oracle adds it.
+                    if let Some(w_min) = w_min {
+                        let a_sum = *a.block_sums.get_unchecked(at) as f32 * a_scale;
+                        acc_r[j] = _mm512_fmadd_ps(w_min, _mm512_set1_ps(a_sum), acc_r[j]);
+                    }
                 }
             }
         }
@@ -375,15 +381,26 @@ unsafe fn tile_avx2<const MR: usize, const G: usize>(
                     }
                 }
             }
-            let w_scale = w.scales.load16_avx2(block, kb * (GROUPS_PER_BLOCK / G) + h);
+            let s = kb * (GROUPS_PER_BLOCK / G) + h;
+            let w_scale = w.scales.load16_avx2(block, s);
+            let w_min = w.mins.as_ref().map(|m| m.load16_avx2(block, s));
             for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
-                let a_scale = _mm256_set1_ps(*a.scales.get_unchecked((row0 + r) * n_blocks + kb));
-                for ((acc_rh, d), ws) in acc_r.iter_mut().zip(dots_r).zip(w_scale) {
+                let at = (row0 + r) * n_blocks + kb;
+                let a_scale = *a.scales.get_unchecked(at);
+                // Read only with minimums, whose callers are asserted to pass the sums.
+                let a_sum =
+                    w_min.map(|_| _mm256_set1_ps(*a.block_sums.get_unchecked(at) as f32 * a_scale));
+                let a_scale = _mm256_set1_ps(a_scale);
+                for (half, (acc_rh, d)) in acc_r.iter_mut().zip(dots_r).enumerate() {
                     *acc_rh = _mm256_fmadd_ps(
                         _mm256_cvtepi32_ps(*d),
-                        _mm256_mul_ps(ws, a_scale),
+                        _mm256_mul_ps(w_scale[half], a_scale),
                         *acc_rh,
                     );
+                    // Q5_1/Q5_K: `min · Σ a` after the scaled sum, as the oracle adds it.
+                    if let (Some(w_min), Some(a_sum)) = (w_min, a_sum) {
+                        *acc_rh = _mm256_fmadd_ps(w_min[half], a_sum, *acc_rh);
+                    }
                 }
             }
         }
