@@ -25,10 +25,11 @@ pub struct ModelArgs {
     /// Worker threads (default: one per core).
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
-    /// Weight precision: int8 (W8A8), int4 (4-bit weights, INT8 activations), bf16, f32
-    /// (the reference), or file (a GGUF's Q8_0, Q4_0 and Q4_1 blocks as stored).
-    #[arg(long, default_value = "int8", value_parser = parse_precision)]
-    pub precision: Precision,
+    /// Weight precision: file (a GGUF's own blocks as stored, the default for GGUF files),
+    /// int8 (W8A8, the default for Hugging Face directories), int4 (4-bit weights, INT8
+    /// activations), bf16, or f32 (the reference).
+    #[arg(long = "precision", value_parser = parse_precision)]
+    pub precision_arg: Option<Precision>,
     /// KV cache storage: f32, f16 (half the bytes), or int8 (about a quarter).
     #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
     pub kv: KvType,
@@ -206,6 +207,17 @@ pub fn open_tokenizer(model: &str) -> Result<Tokenizer> {
 }
 
 /// The checkpoint (a GGUF file or a Hugging Face directory) and its tokenizer.
+/// The precision a model loads in without `--precision`: a GGUF file's own blocks, which
+/// need no calibration pass and read no more bytes than the file holds, or INT8 for a Hugging
+/// Face directory, whose float tensors `file` would keep in float.
+fn default_precision(is_directory: bool) -> Precision {
+    if is_directory {
+        Precision::Int8
+    } else {
+        Precision::File
+    }
+}
+
 fn open_path(path: PathBuf) -> Result<(PathBuf, Checkpoint, Tokenizer)> {
     let checkpoint =
         Checkpoint::open(&path).with_context(|| format!("opening {}", path.display()))?;
@@ -245,6 +257,16 @@ pub struct Loaded {
 }
 
 impl ModelArgs {
+    /// `--precision`, or the default for the model: a GGUF file's own blocks (`file`), or
+    /// INT8 for a Hugging Face directory's float tensors. Resolves the model (fetching it
+    /// if needed) only when no precision was given.
+    pub fn precision(&self) -> Result<Precision> {
+        match self.precision_arg {
+            Some(p) => Ok(p),
+            None => Ok(default_precision(resolve_model_path(&self.model)?.is_dir())),
+        }
+    }
+
     /// Loads the model in `--precision`, also keeping the f32 model when `keep_f32` (a second copy
     /// of the weights unless `--precision f32`).
     pub fn load_keeping_f32(&self, keep_f32: bool) -> Result<Loaded> {
@@ -256,6 +278,9 @@ impl ModelArgs {
         let path = resolve_model_path(&self.model)?;
         let start = Instant::now();
         let (path, checkpoint, mut tokenizer) = open_path(path)?;
+        let precision = self
+            .precision_arg
+            .unwrap_or_else(|| default_precision(matches!(checkpoint, Checkpoint::HuggingFace(_))));
         let model_vocab = checkpoint.config().n_vocab;
         if tokenizer.n_vocab() > model_vocab {
             bail!(
@@ -282,11 +307,11 @@ impl ModelArgs {
             .build()
             .context("starting the threads that convert the weights")?;
         let (f32_model, model) = converter.install(|| -> Result<_> {
-            let f32_model = (keep_f32 && self.precision != Precision::F32)
+            let f32_model = (keep_f32 && precision != Precision::F32)
                 .then(|| Model::from_checkpoint(&checkpoint, Precision::F32, None).map(Arc::new))
                 .transpose()
                 .with_context(loading)?;
-            let calibration = if self.precision.calibrates() {
+            let calibration = if precision.calibrates() {
                 Some(calibration(
                     &path,
                     &checkpoint,
@@ -297,7 +322,7 @@ impl ModelArgs {
             } else {
                 None
             };
-            let model = Model::from_checkpoint(&checkpoint, self.precision, calibration.as_ref())
+            let model = Model::from_checkpoint(&checkpoint, precision, calibration.as_ref())
                 .with_context(loading)?;
             Ok((f32_model, model))
         })?;

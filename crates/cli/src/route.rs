@@ -202,7 +202,7 @@ impl RouteArgs {
     pub fn place(
         &mut self,
         model: &str,
-        precision: Precision,
+        precision: impl FnOnce() -> Result<Precision>,
         work: Option<(usize, usize)>,
     ) -> Result<Option<Placement>> {
         let auto = |d: Option<&String>| d.is_some_and(|d| d == "auto");
@@ -223,6 +223,7 @@ impl RouteArgs {
             bail!("a device of 'auto' is placed from a profile: give --affinity FILE (written by `pyramid affinity --out FILE`)");
         };
         let profile = self.profile(path, model)?;
+        let precision = precision()?;
         let (prompt, n_gen) = work.unwrap_or((profile.plan.seq, profile.plan.n_gen));
         let Some(placement) = profile.place(precision.name(), prompt, n_gen) else {
             bail!(

@@ -1173,7 +1173,7 @@ fn a_hugging_face_directory_runs_chats_and_inspects() {
 
 /// `-m hf:ORG/REPO:QUANT` runs a model another tool left in the Hugging Face cache, here
 /// split in three parts, with no request (the endpoint is a closed port): the whole
-/// file's greedy tokens, at f32 and at the default (calibrated) precision; `pyramid
+/// file's greedy tokens, at f32 and at INT8 (calibrated); `pyramid
 /// fetch` prints its path, and a malformed id is one line.
 #[test]
 fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {

@@ -105,7 +105,7 @@ pub fn run(args: AffinityArgs) -> Result<()> {
             let model = ModelArgs {
                 model: args.model.clone(),
                 threads: args.threads,
-                precision,
+                precision_arg: Some(precision),
                 kv: KvType::F32,
                 chat_template: None,
             };

@@ -202,7 +202,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
     );
     let placement = args
         .route
-        .place(&args.model.model, args.model.precision, Some(work))?;
+        .place(&args.model.model, || args.model.precision(), Some(work))?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args

@@ -353,7 +353,7 @@ fn matrix(args: MatrixArgs) -> Result<()> {
             let model_args = ModelArgs {
                 model: key.model.clone(),
                 threads: args.threads,
-                precision: Precision::parse(&key.precision).expect("checked above"),
+                precision_arg: Some(Precision::parse(&key.precision).expect("checked above")),
                 kv,
                 chat_template: None,
             };

@@ -110,7 +110,7 @@ pub fn run(mut args: ChatArgs) -> Result<()> {
         );
     }
     args.route
-        .place(&args.model.model, args.model.precision, None)?;
+        .place(&args.model.model, || args.model.precision(), None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let template = crate::loader::chat_template(&loaded.tokenizer)?;

@@ -262,7 +262,7 @@ pub fn run(mut args: QualifyArgs) -> Result<()> {
         bail!("--max-tokens must be at least 1");
     }
     args.route
-        .place(&args.model.model, args.model.precision, None)?;
+        .place(&args.model.model, || args.model.precision(), None)?;
     let loaded = args.model.load_keeping_f32(true)?;
     let windows = WindowLadder::parse(&args.windows, loaded.model.config.n_ctx_train)?;
     let route = args

@@ -140,7 +140,7 @@ pub fn run(mut args: ReplayArgs) -> Result<()> {
         bail!("the trace has no steps");
     }
     args.route
-        .place(&args.model.model, args.model.precision, None)?;
+        .place(&args.model.model, || args.model.precision(), None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args

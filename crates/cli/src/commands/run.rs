@@ -276,7 +276,7 @@ fn prompt_ids(args: &RunArgs, loaded: &Loaded) -> Result<Vec<u32>> {
 pub fn run(mut args: RunArgs) -> Result<()> {
     // The prompt's length is known only once the tokenizer is loaded: the profile's own.
     args.route
-        .place(&args.model.model, args.model.precision, None)?;
+        .place(&args.model.model, || args.model.precision(), None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let route = args

@@ -214,7 +214,7 @@ pub fn run(mut args: ServeArgs) -> Result<()> {
         .parse()
         .with_context(|| format!("'{}' is not an IP address to listen on", args.host))?;
     args.route
-        .place(&args.model.model, args.model.precision, None)?;
+        .place(&args.model.model, || args.model.precision(), None)?;
     let native = args.route.is_native()?;
     let loaded = args.model.load_keeping_f32(!native)?;
     let embedding = EmbeddingSetup {
