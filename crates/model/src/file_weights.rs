@@ -30,8 +30,8 @@
 //! weight at most), never through an f32 copy.
 
 use half::f16;
-use pyramid_gguf::quants::codes;
-use pyramid_gguf::{GgmlType, QK_K};
+use pyramid_gguf::quants::{self, codes};
+use pyramid_gguf::{GgmlType, GgufError, QK_K};
 use pyramid_kernels::int4::PackedI4;
 use pyramid_kernels::int8::PackedI8;
 use pyramid_kernels::scales::Scales;
@@ -146,6 +146,14 @@ pub(crate) fn runs_blocks_of(ty: GgmlType) -> bool {
 
 /// `n_rows` rows of `n_cols` elements of `ty` (`bytes`, whole blocks) repacked exactly.
 fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) -> Result<Linear> {
+    // A type no precision reads is named as the others name it, not as `file`'s gap.
+    if !quants::can_dequantize(ty) {
+        return Err(GgufError::UnsupportedTensor {
+            tensor: name.to_string(),
+            ty,
+        }
+        .into());
+    }
     if !runs_blocks_of(ty) {
         return Err(ModelError::FileType {
             name: name.to_string(),
