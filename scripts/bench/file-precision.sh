@@ -46,8 +46,8 @@ llama_tps() { # prints "pp tg" tokens/s
 pyramid_tps() {
     "$PYRAMID_BIN" bench -m "$1" --precision file -t "$THREADS" -p "$N_PROMPT" -n "$N_GEN" -r 2 --json 2>/dev/null \
         | python3 -c 'import json,sys
-rows=[json.loads(l) for l in sys.stdin if l.strip().startswith("{")]
-get=lambda k: next((r["tokens_per_second"] for r in rows if r["test"].startswith(k)), "-")
+rows=json.load(sys.stdin)
+get=lambda k: next((r["avg_ts"] for r in rows if r["test"].startswith(k)), "-")
 print(get("pp"), get("tg"))'
 }
 

@@ -15,6 +15,7 @@
 
 pub mod attention;
 pub mod int4;
+pub mod int6;
 pub mod int8;
 pub mod isa;
 pub mod matmul;

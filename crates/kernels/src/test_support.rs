@@ -4,6 +4,7 @@ use half::f16;
 use rand::{Rng, SeedableRng};
 
 use crate::int4::{gemm_i4_cols, gemm_i4_with, PackedI4};
+use crate::int6::{gemm_i6_cols, gemm_i6_with, PackedI6};
 use crate::int8::{gemm_i8_cols, gemm_i8_with, PackedI8, QuantizedRows, QuantizedView};
 use crate::scales::Scales;
 use crate::{Isa, SharedSlice, ThreadPool};
@@ -138,6 +139,34 @@ impl PackedGemm for SubBlockI8 {
         cols: std::ops::Range<usize>,
     ) {
         gemm_i8_cols(isa, a, &w.0, out, cols)
+    }
+}
+
+/// 6-bit codes in Q6_K's form: codes 0..=63 from the seeded weights, zero point 32, a
+/// signed 8-bit scale per 16 and an f16 factor per 256 that vary by row and group.
+impl PackedGemm for PackedI6 {
+    fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        let codes: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 31.5).round() as u8).collect();
+        let (d, _) = super_factors(n, k);
+        let sub: Vec<i8> = (0..n * k.div_ceil(16))
+            .map(|i| (((i * 53 + 11) % 255) as i32 - 127) as i8)
+            .collect();
+        PackedI6::from_codes(n, k, &codes, 32, Scales::super_block(n, k, 16, &d, &sub))
+    }
+    fn k_pad(&self) -> usize {
+        self.k_pad
+    }
+    fn gemm_with(isa: Isa, pool: &ThreadPool, a: &QuantizedView<'_>, w: &Self, out: &mut [f32]) {
+        gemm_i6_with(isa, pool, a, w, out)
+    }
+    unsafe fn gemm_cols(
+        isa: Isa,
+        a: &QuantizedView<'_>,
+        w: &Self,
+        out: &SharedSlice<'_, f32>,
+        cols: std::ops::Range<usize>,
+    ) {
+        gemm_i6_cols(isa, a, w, out, cols)
     }
 }
 

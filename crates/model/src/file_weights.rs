@@ -2,8 +2,7 @@
 //! integer kernels represent exactly is repacked without rounding again, its codes and
 //! factors read by `pyramid_gguf::quants::codes`:
 //!
-//! - Q8_0 (`d`, 32 × i8, `w = d · q`) is [`PackedI8`]'s layout itself, and Q5_0 (`w = d ·
-//!   (q - 16)`, q five bits) is too, its codes in -16..=15.
+//! - Q8_0 (`d`, 32 × i8, `w = d · q`) is [`PackedI8`]'s layout itself.
 //! - Q4_1 (`d`, `m`, 32 nibbles, `w = d · q + m`) is [`PackedI4`]'s.
 //! - Q4_0 (`d`, 32 nibbles, `w = d · (q - 8)`) is Q4_1 with `m = -8 · d`, which f16 holds
 //!   exactly unless it overflows; a tensor where it would goes to [`PackedI8`] with codes
@@ -11,9 +10,10 @@
 //! - Q4_K (nibbles, a 6-bit scale and minimum per 32, f16 `d` and `dmin` per 256) is
 //!   [`PackedI4`] with K-quant scales: the kernels multiply `d · sc` in f32, where it is
 //!   exact ([`pyramid_kernels::scales`]).
-//! - Q6_K and Q3_K (signed 6- and 3-bit codes, an 8-bit scale per 16, f16 `d` per 256) are
-//!   [`PackedI8`] with K-quant scales per 16: a byte per weight, more than the file's
-//!   6.6 and 3.4 bits, but the file's values.
+//! - Q6_K and Q3_K (signed 6- and 3-bit codes, an 8-bit scale per 16, f16 `d` per 256) and
+//!   Q5_0 (`w = d · (q - 16)`, q five bits, an f16 `d` per 32) are [`PackedI6`]: the codes
+//!   offset to 0..=63 with a zero point of 32 or 16, at 6 bits per weight (Q3_K's 3.4 bits
+//!   and Q5_0's 5.5 still take 6).
 //! - Q5_1 and Q5_K (5-bit codes 0..=31 with a minimum per 32) are [`PackedI8`] with
 //!   minimums.
 //! - IQ4_NL and IQ4_XS (4-bit indices into sixteen INT8 levels, an f16 scale per 32, or a
@@ -33,6 +33,7 @@ use half::f16;
 use pyramid_gguf::quants::{self, codes};
 use pyramid_gguf::{GgmlType, GgufError, QK_K};
 use pyramid_kernels::int4::PackedI4;
+use pyramid_kernels::int6::PackedI6;
 use pyramid_kernels::int8::PackedI8;
 use pyramid_kernels::scales::Scales;
 
@@ -178,6 +179,13 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
             .map(PackedWeights::I8)
             .map_err(|e| inexact(e.to_string()))
     };
+    // Signed codes of at most six bits, offset by `zero` to 0..=63.
+    let six_bit = |q: &[i8], zero: i8, scales| {
+        let codes: Vec<u8> = q.iter().map(|&v| (v + zero) as u8).collect();
+        PackedWeights::I6(PackedI6::from_codes(
+            n_rows, n_cols, &codes, zero as u8, scales,
+        ))
+    };
     // Five-bit codes 0..=31 are INT8 codes with a minimum per block.
     let with_minimums = |q: &[u8], scales, mins| {
         let q: Vec<i8> = q.iter().map(|&v| v as i8).collect();
@@ -199,7 +207,7 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 .zip(q.chunks_exact_mut(QK))
                 .map(|(b, q)| codes::q5_0_codes(b, q))
                 .collect();
-            int8(&q, &scales)?
+            six_bit(&q, 16, Scales::per_block(n_rows, n_cols, &scales))
         }
         GgmlType::IQ4NL => {
             let mut q = vec![0i8; n_blocks * QK];
@@ -273,11 +281,7 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 d.push(s.d);
                 sc.extend(s.sc);
             }
-            let scales = Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc);
-            PackedWeights::I8(
-                PackedI8::with_scales(n_rows, n_cols, &q, scales)
-                    .map_err(|e| inexact(e.to_string()))?,
-            )
+            six_bit(&q, 32, Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc))
         }
         _ => {
             // Q4_0 is `d, qs[16]`, Q4_1 `d, m, qs[16]`; byte `j` of `qs` holds element `j`

@@ -15,6 +15,7 @@
 use std::ops::Range;
 
 use pyramid_kernels::int4::{gemm_i4_cols, PackedI4};
+use pyramid_kernels::int6::{gemm_i6_cols, PackedI6};
 use pyramid_kernels::int8::{
     gemm_i8_cols, quantize_blocks_excluding, sum_blocks, PackedI8, QuantizedView, BLOCK_K,
 };
@@ -45,6 +46,8 @@ const NO_CHANNEL: u32 = u32::MAX;
 #[derive(Debug, Clone)]
 pub enum PackedWeights {
     I8(PackedI8),
+    /// 5- and 6-bit codes with a zero point: a file's Q6_K, Q3_K and Q5_0 blocks.
+    I6(PackedI6),
     I4(PackedI4),
 }
 
@@ -59,6 +62,7 @@ impl PackedWeights {
     fn n(&self) -> usize {
         match self {
             PackedWeights::I8(p) => p.n,
+            PackedWeights::I6(p) => p.n,
             PackedWeights::I4(p) => p.n,
         }
     }
@@ -66,6 +70,7 @@ impl PackedWeights {
     fn k(&self) -> usize {
         match self {
             PackedWeights::I8(p) => p.k,
+            PackedWeights::I6(p) => p.k,
             PackedWeights::I4(p) => p.k,
         }
     }
@@ -73,6 +78,7 @@ impl PackedWeights {
     fn k_pad(&self) -> usize {
         match self {
             PackedWeights::I8(p) => p.k_pad,
+            PackedWeights::I6(p) => p.k_pad,
             PackedWeights::I4(p) => p.k_pad,
         }
     }
@@ -80,6 +86,7 @@ impl PackedWeights {
     fn bytes(&self) -> usize {
         match self {
             PackedWeights::I8(p) => p.bytes(),
+            PackedWeights::I6(p) => p.bytes(),
             PackedWeights::I4(p) => p.bytes(),
         }
     }
@@ -87,6 +94,7 @@ impl PackedWeights {
     fn add_column(&self, kk: usize, v: f32, out: &mut [f32], cols: Range<usize>) {
         match self {
             PackedWeights::I8(p) => p.add_column(kk, v, out, cols),
+            PackedWeights::I6(p) => p.add_column(kk, v, out, cols),
             PackedWeights::I4(p) => p.add_column(kk, v, out, cols),
         }
     }
@@ -101,6 +109,7 @@ impl PackedWeights {
     ) {
         match self {
             PackedWeights::I8(p) => gemm_i8_cols(isa::active(), a, p, out, cols),
+            PackedWeights::I6(p) => gemm_i6_cols(isa::active(), a, p, out, cols),
             PackedWeights::I4(p) => gemm_i4_cols(isa::active(), a, p, out, cols),
         }
     }
@@ -169,6 +178,7 @@ impl QuantLinear {
     fn dequantize_row_into(&self, row: usize, out: &mut [f32]) {
         match &self.packed {
             PackedWeights::I8(p) => p.dequantize_row_into(row, out),
+            PackedWeights::I6(p) => p.dequantize_row_into(row, out),
             PackedWeights::I4(p) => p.dequantize_row_into(row, out),
         }
         let n = self.packed.n();
