@@ -205,7 +205,9 @@ impl PackedGemm for SuperGroupI4 {
     fn pack(w: &[f32], n: usize, k: usize) -> Self {
         let nibbles: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 7.5).round() as u8).collect();
         let (scales, mins) = k_quant_scales(n, k);
-        Self(PackedI4::with_scales(n, k, &nibbles, scales, mins))
+        Self(PackedI4::from_rows(n, k, scales, mins, |row, out| {
+            out.copy_from_slice(&nibbles[row * k..(row + 1) * k])
+        }))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad

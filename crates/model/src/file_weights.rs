@@ -172,19 +172,12 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
         )));
     }
     let blocks = bytes.chunks_exact(ty.block_bytes());
-    let n_blocks = blocks.len();
+    let (n_blocks, row_len) = (blocks.len(), row_bytes(name, ty, n_cols)?);
     let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
     let int8 = |q: &[i8], scales: &[f16]| {
         PackedI8::from_blocks(n_rows, n_cols, q, scales)
             .map(PackedWeights::I8)
             .map_err(|e| inexact(e.to_string()))
-    };
-    // Signed codes of at most six bits, offset by `zero` to 0..=63.
-    let six_bit = |q: &[i8], zero: i8, scales| {
-        let codes: Vec<u8> = q.iter().map(|&v| (v + zero) as u8).collect();
-        PackedWeights::I6(PackedI6::from_codes(
-            n_rows, n_cols, &codes, zero as u8, scales,
-        ))
     };
     // Five-bit codes 0..=31 are INT8 codes with a minimum per block.
     let with_minimums = |q: &[u8], scales, mins| {
@@ -207,7 +200,10 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 .zip(q.chunks_exact_mut(QK))
                 .map(|(b, q)| codes::q5_0_codes(b, q))
                 .collect();
-            six_bit(&q, 16, Scales::per_block(n_rows, n_cols, &scales))
+            // Offset to 0..=31 in place: the same allocation, no second copy.
+            let codes: Vec<u8> = q.into_iter().map(|v| (v + 16) as u8).collect();
+            let scales = Scales::per_block(n_rows, n_cols, &scales);
+            PackedWeights::I6(PackedI6::from_codes(n_rows, n_cols, &codes, 16, scales))
         }
         GgmlType::IQ4NL => {
             let mut q = vec![0i8; n_blocks * QK];
@@ -256,32 +252,55 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
             with_minimums(&q, scales, mins)?
         }
         GgmlType::Q4K => {
-            let mut nibbles = vec![0u8; n_blocks * QK_K];
-            let s: Vec<codes::Q4KScales> = blocks
-                .zip(nibbles.chunks_exact_mut(QK_K))
-                .map(|(b, q)| codes::q4_k_codes(b, q))
-                .collect();
+            let s: Vec<codes::Q4KScales> = blocks.map(codes::k4_scales).collect();
             let (scales, mins) = k_quant_scales(n_rows, n_cols, &s);
-            PackedWeights::I4(PackedI4::with_scales(
-                n_rows, n_cols, &nibbles, scales, mins,
+            PackedWeights::I4(PackedI4::from_rows(
+                n_rows,
+                n_cols,
+                scales,
+                mins,
+                |row, out| {
+                    let row_blocks =
+                        bytes[row * row_len..(row + 1) * row_len].chunks_exact(ty.block_bytes());
+                    for (b, out) in row_blocks.zip(out.chunks_exact_mut(QK_K)) {
+                        codes::q4_k_codes(b, out);
+                    }
+                },
             ))
         }
         GgmlType::Q6K | GgmlType::Q3K => {
-            let mut q = vec![0i8; n_blocks * QK_K];
-            let (mut d, mut sc) = (
-                Vec::with_capacity(n_blocks),
-                Vec::with_capacity(n_blocks * 16),
-            );
-            for (b, out) in blocks.zip(q.chunks_exact_mut(QK_K)) {
-                let s = if ty == GgmlType::Q6K {
-                    codes::q6_k_codes(b, out)
-                } else {
-                    codes::q3_k_codes(b, out)
-                };
-                d.push(s.d);
-                sc.extend(s.sc);
-            }
-            six_bit(&q, 32, Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc))
+            let six = ty == GgmlType::Q6K;
+            let read_scales: fn(&[u8]) -> codes::SubBlockScales = if six {
+                codes::q6_k_scales
+            } else {
+                codes::q3_k_scales
+            };
+            let read_codes: fn(&[u8], &mut [i8]) -> codes::SubBlockScales = if six {
+                codes::q6_k_codes
+            } else {
+                codes::q3_k_codes
+            };
+            let (d, sc): (Vec<f16>, Vec<[i8; 16]>) =
+                blocks.map(read_scales).map(|s| (s.d, s.sc)).unzip();
+            let sc: Vec<i8> = sc.into_iter().flatten().collect();
+            let scales = Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc);
+            PackedWeights::I6(PackedI6::from_rows(
+                n_rows,
+                n_cols,
+                32,
+                scales,
+                |row, out| {
+                    let row_blocks =
+                        bytes[row * row_len..(row + 1) * row_len].chunks_exact(ty.block_bytes());
+                    let mut q = [0i8; QK_K];
+                    for (b, out) in row_blocks.zip(out.chunks_exact_mut(QK_K)) {
+                        read_codes(b, &mut q);
+                        for (o, &v) in out.iter_mut().zip(&q) {
+                            *o = (v + 32) as u8;
+                        }
+                    }
+                },
+            ))
         }
         _ => {
             // Q4_0 is `d, qs[16]`, Q4_1 `d, m, qs[16]`; byte `j` of `qs` holds element `j`

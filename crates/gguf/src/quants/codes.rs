@@ -91,8 +91,8 @@ pub fn q5_k_codes(b: &[u8], codes: &mut [u8]) -> Q4KScales {
     k4_scales(b)
 }
 
-/// The `d, dmin, scales[12]` that open a Q4_K or Q5_K block.
-fn k4_scales(b: &[u8]) -> Q4KScales {
+/// The factors of a Q4_K or Q5_K block alone: the `d, dmin, scales[12]` that open it.
+pub fn k4_scales(b: &[u8]) -> Q4KScales {
     let s = &b[4..16];
     let mut scales = Q4KScales {
         d: f16_at(b, 0),
@@ -127,7 +127,6 @@ pub struct SubBlockScales {
 pub fn q6_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
     let ql = &b[0..QK_K / 2];
     let qh = &b[QK_K / 2..QK_K / 2 + QK_K / 4];
-    let sc = &b[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + QK_K / 16];
     for half in 0..2 {
         let ql = &ql[half * 64..][..64];
         let qh = &qh[half * 32..][..32];
@@ -140,6 +139,12 @@ pub fn q6_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
             }
         }
     }
+    q6_k_scales(b)
+}
+
+/// The factors of a Q6_K block alone.
+pub fn q6_k_scales(b: &[u8]) -> SubBlockScales {
+    let sc = &b[QK_K / 2 + QK_K / 4..QK_K / 2 + QK_K / 4 + QK_K / 16];
     SubBlockScales {
         d: f16_at(b, QK_K / 2 + QK_K / 4 + QK_K / 16),
         sc: std::array::from_fn(|s| sc[s] as i8),
@@ -154,16 +159,7 @@ pub fn q6_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
 pub fn q3_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
     let hmask = &b[0..QK_K / 8];
     let qs = &b[QK_K / 8..QK_K / 8 + QK_K / 4];
-    let s = &b[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + 12];
-    let mut sc = [0i8; 16];
-    for (sub, sc) in sc.iter_mut().enumerate() {
-        let low = if sub < 8 {
-            s[sub] & 0x0f
-        } else {
-            s[sub - 8] >> 4
-        };
-        let high = (s[8 + sub % 4] >> (2 * (sub / 4))) & 3;
-        *sc = (low | high << 4) as i8 - 32;
+    for sub in 0..QK_K / 16 {
         let start = (sub % 2) * 16;
         let bytes = &qs[(sub / 8) * 32 + start..][..16];
         let masks = &hmask[start..start + 16];
@@ -174,6 +170,21 @@ pub fn q3_k_codes(b: &[u8], codes: &mut [i8]) -> SubBlockScales {
             codes[sub * 16 + l] = ((q >> shift) & 3) as i8 - if m & hbit != 0 { 0 } else { 4 };
         }
     }
+    q3_k_scales(b)
+}
+
+/// The factors of a Q3_K block alone.
+pub fn q3_k_scales(b: &[u8]) -> SubBlockScales {
+    let s = &b[QK_K / 8 + QK_K / 4..QK_K / 8 + QK_K / 4 + 12];
+    let sc = std::array::from_fn(|sub| {
+        let low = if sub < 8 {
+            s[sub] & 0x0f
+        } else {
+            s[sub - 8] >> 4
+        };
+        let high = (s[8 + sub % 4] >> (2 * (sub / 4))) & 3;
+        (low | high << 4) as i8 - 32
+    });
     SubBlockScales {
         d: f16_at(b, QK_K / 8 + QK_K / 4 + 12),
         sc,

@@ -142,20 +142,57 @@ impl PackedI4 {
     }
 
     /// Packs nibbles with a K-quant's scales and minimums exactly (GGUF's Q4_K: `w =
-    /// nibble · (d · sc) + (-dmin) · m`, both from [`Scales::super_block`]): `nibbles` are
-    /// `[n, k]`, row-major, each in `0..=15`.
-    pub fn with_scales(n: usize, k: usize, nibbles: &[u8], scales: Scales, mins: Scales) -> Self {
-        let zeros = vec![f16::ZERO; n * k.div_ceil(GROUP)];
-        let mut packed = Self::from_groups(n, k, nibbles, &zeros, &zeros);
+    /// nibble · (d · sc) + (-dmin) · m`, both from [`Scales::super_block`]):
+    /// `row_nibbles(row, out)` writes row `row`'s `k` nibbles, each in `0..=15`, so a
+    /// caller decodes its blocks one row at a time with no copy of the whole matrix.
+    pub fn from_rows(
+        n: usize,
+        k: usize,
+        scales: Scales,
+        mins: Scales,
+        row_nibbles: impl Fn(usize, &mut [u8]) + Sync,
+    ) -> Self {
+        let k_pad = k.div_ceil(GROUP) * GROUP;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         assert!(
-            [&scales, &mins].iter().all(|s| s.group_k() == GROUP
-                && s.groups() == packed.n_groups()
-                && s.covers(n_pad)),
+            [&scales, &mins]
+                .iter()
+                .all(|s| s.group_k() == GROUP && s.groups() == k_pad / GROUP && s.covers(n_pad)),
             "a scale and a minimum per row and group of 32"
         );
-        (packed.scales, packed.mins) = (scales, mins);
-        packed
+        let mut data = vec![0u8; n_pad * k_pad / 2];
+        if n > 0 && k > 0 {
+            data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2)
+                .enumerate()
+                .for_each(|(row_block, data)| {
+                    let first = row_block * ROWS_PER_BLOCK;
+                    let mut nibbles = vec![0u8; k];
+                    for row in 0..ROWS_PER_BLOCK.min(n - first) {
+                        row_nibbles(first + row, &mut nibbles);
+                        assert!(nibbles.iter().all(|&v| v < 16), "nibbles hold 0..=15");
+                        // Row `row`'s four nibbles of a group sit at the same bytes of each
+                        // group's 32 (see `nibble_position`).
+                        let (at, high) = nibble_position(row, 0, k_pad);
+                        let shift = if high { 4 } else { 0 };
+                        for (quad, group) in nibbles
+                            .chunks(K_PER_GROUP)
+                            .zip(data.chunks_exact_mut(GROUP_BYTES))
+                        {
+                            for (j, &v) in quad.iter().enumerate() {
+                                group[at + j] |= v << shift;
+                            }
+                        }
+                    }
+                });
+        }
+        Self {
+            n,
+            k,
+            k_pad,
+            data,
+            scales,
+            mins,
+        }
     }
 
     /// The one packer behind [`PackedI4::quantize`] and [`PackedI4::from_groups`]:
@@ -411,12 +448,12 @@ mod tests {
         let m: Vec<u8> = (0..n * n_groups).map(|i| (i * 29 % 64) as u8).collect();
         let six_bits = |v: &[u8]| -> Vec<i8> { v.iter().map(|&x| x as i8).collect() };
         let minus_dmin: Vec<f16> = dmin.iter().map(|&x| -x).collect();
-        let w = PackedI4::with_scales(
+        let w = PackedI4::from_rows(
             n,
             k,
-            &nibbles,
             Scales::super_block(n, k, GROUP, &d, &six_bits(&sc)),
             Scales::super_block(n, k, GROUP, &minus_dmin, &six_bits(&m)),
+            |row, out| out.copy_from_slice(&nibbles[row * k..(row + 1) * k]),
         );
         for row in 0..n {
             let want: Vec<f32> = (0..k)

@@ -23,7 +23,9 @@ mod x86;
 
 use std::ops::Range;
 
-use crate::int4::{PackedI4, GROUP_BYTES as NIBBLE_BYTES};
+use rayon::prelude::*;
+
+use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
 use crate::int8::{QuantizedView, BLOCK_K, K_PER_GROUP, ROWS_PER_BLOCK};
 use crate::isa::{self, Isa};
 use crate::scales::Scales;
@@ -63,10 +65,21 @@ impl PackedI6 {
     /// [`Scales::per_block`]).
     pub fn from_codes(n: usize, k: usize, codes: &[u8], zero: u8, scales: Scales) -> Self {
         assert_eq!(codes.len(), n * k, "codes must be [n, k]");
-        assert!(codes.iter().all(|&c| c < 64), "codes hold six bits");
-        let low: Vec<u8> = codes.iter().map(|&c| c & 0x0f).collect();
-        let zeros = vec![half::f16::ZERO; n * k.div_ceil(BLOCK_K)];
-        let nibbles = PackedI4::from_groups(n, k, &low, &zeros, &zeros).data;
+        Self::from_rows(n, k, zero, scales, |row, out| {
+            out.copy_from_slice(&codes[row * k..(row + 1) * k])
+        })
+    }
+
+    /// As [`PackedI6::from_codes`], with `row_codes(row, out)` writing row `row`'s `k`
+    /// codes: a caller decodes its blocks one row at a time, with no copy of the whole
+    /// matrix. Row blocks are packed on every core.
+    pub fn from_rows(
+        n: usize,
+        k: usize,
+        zero: u8,
+        scales: Scales,
+        row_codes: impl Fn(usize, &mut [u8]) + Sync,
+    ) -> Self {
         let k_pad = k.div_ceil(BLOCK_K) * BLOCK_K;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         assert!(
@@ -76,14 +89,35 @@ impl PackedI6 {
             "one scale per row and group of 16 or 32"
         );
         let groups_per_row = k_pad / K_PER_GROUP;
+        let mut nibbles = vec![0u8; n_pad * k_pad / 2];
         let mut high = vec![0u8; n_pad * k_pad / 4];
-        for row in 0..n {
-            let (block, r) = (row / ROWS_PER_BLOCK, row % ROWS_PER_BLOCK);
-            for (kk, &c) in codes[row * k..(row + 1) * k].iter().enumerate() {
-                let p = position(r, kk % K_PER_GROUP);
-                let group = block * groups_per_row + kk / K_PER_GROUP;
-                high[group * PLANE_BYTES + p % 16] |= (c >> 4) << (2 * (p / 16));
-            }
+        if n > 0 && k > 0 {
+            nibbles
+                .par_chunks_mut(groups_per_row * NIBBLE_BYTES)
+                .zip(high.par_chunks_mut(groups_per_row * PLANE_BYTES))
+                .enumerate()
+                .for_each(|(block, (nibbles, high))| {
+                    let first = block * ROWS_PER_BLOCK;
+                    let mut codes = vec![0u8; k];
+                    for r in 0..ROWS_PER_BLOCK.min(n - first) {
+                        row_codes(first + r, &mut codes);
+                        assert!(codes.iter().all(|&c| c < 64), "codes hold six bits");
+                        // Row `r`'s four codes of a group sit at positions p..p + 4.
+                        let p = position(r, 0);
+                        let nibble_shift = if p < 32 { 0 } else { 4 };
+                        let plane_shift = 2 * (p / 16);
+                        let groups = codes.chunks(K_PER_GROUP);
+                        let slots = nibbles
+                            .chunks_exact_mut(NIBBLE_BYTES)
+                            .zip(high.chunks_exact_mut(PLANE_BYTES));
+                        for (quad, (nibbles, high)) in groups.zip(slots) {
+                            for (j, &c) in quad.iter().enumerate() {
+                                nibbles[p % 32 + j] |= (c & 0x0f) << nibble_shift;
+                                high[p % 16 + j] |= (c >> 4) << plane_shift;
+                            }
+                        }
+                    }
+                });
         }
         Self {
             n,
