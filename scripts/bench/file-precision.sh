@@ -2,7 +2,10 @@
 # GGUF files at their own precision, side by side in one run: for each file, ROUNDS
 # alternating rounds of (read bandwidth, llama-bench, pyramid --precision file), then the
 # whole process's wall time and peak RSS for a load and one token, warm (file in the page
-# cache) and cold (its pages evicted with posix_fadvise), for both engines.
+# cache) and cold (its pages evicted with posix_fadvise), for both engines. The bound is
+# the bandwidth over the file's size: what a dense model's step reads (an untied embedding
+# table is not read whole, so it is a little low there; an MoE step reads only its active
+# experts, so there it says nothing).
 #
 # Usage: scripts/bench/file-precision.sh [--rounds N] [--threads T] [-p N] [-n N] FILE...
 # Files: e.g. the real-shape ones scripts/bench/real-shapes.sh writes under
@@ -51,7 +54,7 @@ get=lambda k: next((r["avg_ts"] for r in rows if r["test"].startswith(k)), "-")
 print(get("pp"), get("tg"))'
 }
 
-echo "| file | round | bandwidth GB/s | llama pp$N_PROMPT | llama tg$N_GEN | pyramid pp$N_PROMPT | pyramid tg$N_GEN | pp ratio | tg ratio | pyramid tg % of bound |"
+echo "| file | round | bandwidth GB/s | llama pp$N_PROMPT | llama tg$N_GEN | pyramid pp$N_PROMPT | pyramid tg$N_GEN | pp ratio | tg ratio | pyramid tg % of file-bytes bound |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for f in "${FILES[@]}"; do
     bytes=$(stat -c %s "$f")
