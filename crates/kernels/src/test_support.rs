@@ -15,6 +15,12 @@ pub fn random(len: usize, seed: u64) -> Vec<f32> {
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
+/// Row `row` of the row-major `[_, k]` `matrix` into `out`: how the `from_rows` packers
+/// take a matrix already in memory.
+pub fn rows_of<T: Copy + Sync>(matrix: &[T], k: usize) -> impl Fn(usize, &mut [T]) + Sync + '_ {
+    move |row, out| out.copy_from_slice(&matrix[row * k..(row + 1) * k])
+}
+
 /// `(m, k, n)` of integer GEMM parity tests: none a multiple of every block size, so
 /// the packed layouts' padding and the kernels' tails are all exercised.
 pub const RAGGED_GEMM_SHAPES: [(usize, usize, usize); 12] = [
@@ -123,7 +129,7 @@ impl PackedGemm for SubBlockI8 {
             .map(|i| (((i * 53 + 11) % 255) as i32 - 127) as i8)
             .collect();
         let scales = Scales::super_block(n, k, 16, &d, &sub);
-        Self(PackedI8::with_scales(n, k, &q, scales).expect("no -128"))
+        Self(PackedI8::from_rows(n, k, scales, None, rows_of(&q, k)).expect("no -128"))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad
@@ -151,7 +157,13 @@ impl PackedGemm for PackedI6 {
         let sub: Vec<i8> = (0..n * k.div_ceil(16))
             .map(|i| (((i * 53 + 11) % 255) as i32 - 127) as i8)
             .collect();
-        PackedI6::from_codes(n, k, &codes, 32, Scales::super_block(n, k, 16, &d, &sub))
+        PackedI6::from_rows(
+            n,
+            k,
+            32,
+            Scales::super_block(n, k, 16, &d, &sub),
+            rows_of(&codes, k),
+        )
     }
     fn k_pad(&self) -> usize {
         self.k_pad
@@ -178,7 +190,7 @@ impl PackedGemm for MinimumI8 {
     fn pack(w: &[f32], n: usize, k: usize) -> Self {
         let q: Vec<i8> = w.iter().map(|v| ((v + 1.0) * 15.5).round() as i8).collect();
         let (scales, mins) = k_quant_scales(n, k);
-        Self(PackedI8::with_minimums(n, k, &q, scales, mins).expect("no -128"))
+        Self(PackedI8::from_rows(n, k, scales, Some(mins), rows_of(&q, k)).expect("no -128"))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad
@@ -205,9 +217,13 @@ impl PackedGemm for SuperGroupI4 {
     fn pack(w: &[f32], n: usize, k: usize) -> Self {
         let nibbles: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 7.5).round() as u8).collect();
         let (scales, mins) = k_quant_scales(n, k);
-        Self(PackedI4::from_rows(n, k, scales, mins, |row, out| {
-            out.copy_from_slice(&nibbles[row * k..(row + 1) * k])
-        }))
+        Self(PackedI4::from_rows(
+            n,
+            k,
+            scales,
+            mins,
+            rows_of(&nibbles, k),
+        ))
     }
     fn k_pad(&self) -> usize {
         self.0.k_pad

@@ -171,88 +171,106 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
             bytes.len()
         )));
     }
-    let blocks = bytes.chunks_exact(ty.block_bytes());
-    let (n_blocks, row_len) = (blocks.len(), row_bytes(name, ty, n_cols)?);
+    let blocks = || bytes.chunks_exact(ty.block_bytes());
     let f16_at = |b: &[u8], at: usize| f16::from_le_bytes([b[at], b[at + 1]]);
-    let int8 = |q: &[i8], scales: &[f16]| {
-        PackedI8::from_blocks(n_rows, n_cols, q, scales)
+    let per_block = |at: usize| {
+        let values: Vec<f16> = blocks().map(|b| f16_at(b, at)).collect();
+        Scales::per_block(n_rows, n_cols, &values)
+    };
+    // Row `row`'s codes: each of its blocks decoded by `decode`, straight from the map.
+    let row_len = row_bytes(name, ty, n_cols)?;
+    let rows = |decode: fn(&[u8], &mut [i8])| {
+        move |row: usize, out: &mut [i8]| {
+            let row_blocks =
+                bytes[row * row_len..(row + 1) * row_len].chunks_exact(ty.block_bytes());
+            for (b, out) in row_blocks.zip(out.chunks_exact_mut(ty.block_len())) {
+                decode(b, out);
+            }
+        }
+    };
+    let int8 = |scales: Scales, mins: Option<Scales>, decode: fn(&[u8], &mut [i8])| {
+        PackedI8::from_rows(n_rows, n_cols, scales, mins, rows(decode))
             .map(PackedWeights::I8)
             .map_err(|e| inexact(e.to_string()))
     };
-    // Five-bit codes 0..=31 are INT8 codes with a minimum per block.
-    let with_minimums = |q: &[u8], scales, mins| {
-        let q: Vec<i8> = q.iter().map(|&v| v as i8).collect();
-        PackedI8::with_minimums(n_rows, n_cols, &q, scales, mins)
-            .map(PackedWeights::I8)
-            .map_err(|e| inexact(e.to_string()))
+    // Signed codes of at most six bits, offset by `zero` into 0..=63.
+    let six_bit = |zero: i8, scales: Scales, decode: fn(&[u8], &mut [i8])| {
+        let signed = rows(decode);
+        PackedWeights::I6(PackedI6::from_rows(
+            n_rows,
+            n_cols,
+            zero as u8,
+            scales,
+            |row, out| {
+                let mut codes = vec![0i8; out.len()];
+                signed(row, &mut codes);
+                for (o, &c) in out.iter_mut().zip(&codes) {
+                    *o = (c + zero) as u8;
+                }
+            },
+        ))
     };
     let packed = match ty {
-        GgmlType::Q8_0 => {
-            let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
-            let q: Vec<i8> = blocks
-                .flat_map(|b| b[2..2 + QK].iter().map(|&v| v as i8))
-                .collect();
-            int8(&q, &scales)?
-        }
-        GgmlType::Q5_0 => {
-            let mut q = vec![0i8; n_blocks * QK];
-            let scales: Vec<f16> = blocks
-                .zip(q.chunks_exact_mut(QK))
-                .map(|(b, q)| codes::q5_0_codes(b, q))
-                .collect();
-            // Offset to 0..=31 in place: the same allocation, no second copy.
-            let codes: Vec<u8> = q.into_iter().map(|v| (v + 16) as u8).collect();
-            let scales = Scales::per_block(n_rows, n_cols, &scales);
-            PackedWeights::I6(PackedI6::from_codes(n_rows, n_cols, &codes, 16, scales))
-        }
-        GgmlType::IQ4NL => {
-            let mut q = vec![0i8; n_blocks * QK];
-            let scales: Vec<f16> = blocks
-                .zip(q.chunks_exact_mut(QK))
-                .map(|(b, q)| codes::iq4_nl_codes(b, q))
-                .collect();
-            int8(&q, &scales)?
-        }
-        GgmlType::IQ4XS => {
-            let mut q = vec![0i8; n_blocks * QK_K];
-            let (mut d, mut sc) = (
-                Vec::with_capacity(n_blocks),
-                Vec::with_capacity(n_blocks * 8),
-            );
-            for (b, out) in blocks.zip(q.chunks_exact_mut(QK_K)) {
-                let (block_d, block_sc) = codes::iq4_xs_codes(b, out);
-                d.push(block_d);
-                sc.extend(block_sc);
+        GgmlType::Q8_0 => int8(per_block(0), None, |b, out| {
+            for (o, &v) in out.iter_mut().zip(&b[2..2 + QK]) {
+                *o = v as i8;
             }
+        })?,
+        GgmlType::IQ4NL => int8(per_block(0), None, |b, out| {
+            codes::iq4_nl_codes(b, out);
+        })?,
+        GgmlType::IQ4XS => {
+            let (d, sc): (Vec<f16>, Vec<[i8; 8]>) = blocks().map(codes::iq4_xs_scales).unzip();
+            let sc: Vec<i8> = sc.into_iter().flatten().collect();
             let scales = Scales::super_block(n_rows, n_cols, QK, &d, &sc);
-            PackedWeights::I8(
-                PackedI8::with_scales(n_rows, n_cols, &q, scales)
-                    .map_err(|e| inexact(e.to_string()))?,
-            )
+            int8(scales, None, |b, out| {
+                codes::iq4_xs_codes(b, out);
+            })?
         }
-        GgmlType::Q5_1 => {
-            let mut q = vec![0u8; n_blocks * QK];
-            let (d, m): (Vec<f16>, Vec<f16>) = blocks
-                .zip(q.chunks_exact_mut(QK))
-                .map(|(b, q)| codes::q5_1_codes(b, q))
-                .unzip();
-            let (scales, mins) = (
-                Scales::per_block(n_rows, n_cols, &d),
-                Scales::per_block(n_rows, n_cols, &m),
-            );
-            with_minimums(&q, scales, mins)?
-        }
+        // Five-bit codes 0..=31 are INT8 codes with a minimum per block.
+        GgmlType::Q5_1 => int8(per_block(0), Some(per_block(2)), |b, out| {
+            let mut q = [0u8; QK];
+            codes::q5_1_codes(b, &mut q);
+            for (o, &v) in out.iter_mut().zip(&q) {
+                *o = v as i8;
+            }
+        })?,
         GgmlType::Q5K => {
-            let mut q = vec![0u8; n_blocks * QK_K];
-            let s: Vec<codes::Q4KScales> = blocks
-                .zip(q.chunks_exact_mut(QK_K))
-                .map(|(b, q)| codes::q5_k_codes(b, q))
-                .collect();
+            let s: Vec<codes::Q4KScales> = blocks().map(codes::k4_scales).collect();
             let (scales, mins) = k_quant_scales(n_rows, n_cols, &s);
-            with_minimums(&q, scales, mins)?
+            int8(scales, Some(mins), |b, out| {
+                let mut q = [0u8; QK_K];
+                codes::q5_k_codes(b, &mut q);
+                for (o, &v) in out.iter_mut().zip(&q) {
+                    *o = v as i8;
+                }
+            })?
+        }
+        GgmlType::Q5_0 => six_bit(16, per_block(0), |b, out| {
+            codes::q5_0_codes(b, out);
+        }),
+        GgmlType::Q6K | GgmlType::Q3K => {
+            let read_scales: fn(&[u8]) -> codes::SubBlockScales = if ty == GgmlType::Q6K {
+                codes::q6_k_scales
+            } else {
+                codes::q3_k_scales
+            };
+            let (d, sc): (Vec<f16>, Vec<[i8; 16]>) =
+                blocks().map(read_scales).map(|s| (s.d, s.sc)).unzip();
+            let sc: Vec<i8> = sc.into_iter().flatten().collect();
+            let scales = Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc);
+            if ty == GgmlType::Q6K {
+                six_bit(32, scales, |b, out| {
+                    codes::q6_k_codes(b, out);
+                })
+            } else {
+                six_bit(32, scales, |b, out| {
+                    codes::q3_k_codes(b, out);
+                })
+            }
         }
         GgmlType::Q4K => {
-            let s: Vec<codes::Q4KScales> = blocks.map(codes::k4_scales).collect();
+            let s: Vec<codes::Q4KScales> = blocks().map(codes::k4_scales).collect();
             let (scales, mins) = k_quant_scales(n_rows, n_cols, &s);
             PackedWeights::I4(PackedI4::from_rows(
                 n_rows,
@@ -268,68 +286,49 @@ fn repack(name: &str, ty: GgmlType, bytes: &[u8], n_rows: usize, n_cols: usize) 
                 },
             ))
         }
-        GgmlType::Q6K | GgmlType::Q3K => {
-            let six = ty == GgmlType::Q6K;
-            let read_scales: fn(&[u8]) -> codes::SubBlockScales = if six {
-                codes::q6_k_scales
-            } else {
-                codes::q3_k_scales
-            };
-            let read_codes: fn(&[u8], &mut [i8]) -> codes::SubBlockScales = if six {
-                codes::q6_k_codes
-            } else {
-                codes::q3_k_codes
-            };
-            let (d, sc): (Vec<f16>, Vec<[i8; 16]>) =
-                blocks.map(read_scales).map(|s| (s.d, s.sc)).unzip();
-            let sc: Vec<i8> = sc.into_iter().flatten().collect();
-            let scales = Scales::super_block(n_rows, n_cols, QK / 2, &d, &sc);
-            PackedWeights::I6(PackedI6::from_rows(
-                n_rows,
-                n_cols,
-                32,
-                scales,
-                |row, out| {
-                    let row_blocks =
-                        bytes[row * row_len..(row + 1) * row_len].chunks_exact(ty.block_bytes());
-                    let mut q = [0i8; QK_K];
-                    for (b, out) in row_blocks.zip(out.chunks_exact_mut(QK_K)) {
-                        read_codes(b, &mut q);
-                        for (o, &v) in out.iter_mut().zip(&q) {
-                            *o = (v + 32) as u8;
-                        }
-                    }
-                },
-            ))
-        }
         _ => {
-            // Q4_0 is `d, qs[16]`, Q4_1 `d, m, qs[16]`; byte `j` of `qs` holds element `j`
-            // in its low nibble and element `j + 16` in its high one.
+            // Q4_0 is `d, qs[16]`, Q4_1 `d, m, qs[16]`.
             let qs_at = if ty == GgmlType::Q4_1 { 4 } else { 2 };
-            let scales: Vec<f16> = blocks.clone().map(|b| f16_at(b, 0)).collect();
-            let mut nibbles = vec![0u8; n_blocks * QK];
-            for (b, out) in blocks.clone().zip(nibbles.chunks_exact_mut(QK)) {
+            let nibbles = move |b: &[u8], out: &mut [u8]| {
                 for (j, &byte) in b[qs_at..qs_at + QK / 2].iter().enumerate() {
                     (out[j], out[j + QK / 2]) = (byte & 0x0f, byte >> 4);
                 }
-            }
+            };
+            // Q4_0's minimum, -8·d, is exact in f16 wherever it is finite.
             let mins: Option<Vec<f16>> = if ty == GgmlType::Q4_1 {
-                Some(blocks.map(|b| f16_at(b, 2)).collect())
+                Some(blocks().map(|b| f16_at(b, 2)).collect())
             } else {
-                // -8·d is exact in f16 wherever it is finite.
-                scales
-                    .iter()
-                    .map(|d| Some(f16::from_f32(-8.0 * d.to_f32())).filter(|m| m.is_finite()))
+                blocks()
+                    .map(|b| {
+                        Some(f16::from_f32(-8.0 * f16_at(b, 0).to_f32())).filter(|m| m.is_finite())
+                    })
                     .collect()
             };
             match mins {
-                Some(mins) => PackedWeights::I4(PackedI4::from_groups(
-                    n_rows, n_cols, &nibbles, &scales, &mins,
-                )),
-                None => {
-                    let q: Vec<i8> = nibbles.iter().map(|&v| v as i8 - 8).collect();
-                    int8(&q, &scales)?
+                Some(mins) => {
+                    let mins = Scales::per_block(n_rows, n_cols, &mins);
+                    PackedWeights::I4(PackedI4::from_rows(
+                        n_rows,
+                        n_cols,
+                        per_block(0),
+                        mins,
+                        |row, out| {
+                            let row_blocks = bytes[row * row_len..(row + 1) * row_len]
+                                .chunks_exact(ty.block_bytes());
+                            for (b, out) in row_blocks.zip(out.chunks_exact_mut(QK)) {
+                                nibbles(b, out);
+                            }
+                        },
+                    ))
                 }
+                // Where -8·d overflows, INT8 codes `q - 8` instead, exact too.
+                None => int8(per_block(0), None, |b, out| {
+                    let qs_at = 2;
+                    for (j, &byte) in b[qs_at..qs_at + QK / 2].iter().enumerate() {
+                        out[j] = (byte & 0x0f) as i8 - 8;
+                        out[j + QK / 2] = (byte >> 4) as i8 - 8;
+                    }
+                })?,
             }
         }
     };

@@ -216,16 +216,21 @@ pub fn iq4_nl_codes(b: &[u8], codes: &mut [i8]) -> f16 {
 /// keeps its low four bits in nibble `s % 2` of `scales_l[s / 2]` and its top two in bits
 /// `2s..2s + 2` of `scales_h`.
 pub fn iq4_xs_codes(b: &[u8], codes: &mut [i8]) -> (f16, [i8; 8]) {
+    let qs = &b[8..8 + QK_K / 2];
+    for (s, codes) in codes.chunks_exact_mut(32).enumerate() {
+        iq4_levels(&qs[s * 16..], codes);
+    }
+    iq4_xs_scales(b)
+}
+
+/// The factors of an IQ4_XS block alone.
+pub fn iq4_xs_scales(b: &[u8]) -> (f16, [i8; 8]) {
     let scales_h = u16::from_le_bytes([b[2], b[3]]);
     let scales_l = &b[4..8];
-    let qs = &b[8..8 + QK_K / 2];
     let sc = std::array::from_fn(|s| {
         let low = (scales_l[s / 2] >> (4 * (s % 2))) & 0x0f;
         let high = ((scales_h >> (2 * s)) & 3) as u8;
         (low | high << 4) as i8 - 32
     });
-    for (s, codes) in codes.chunks_exact_mut(32).enumerate() {
-        iq4_levels(&qs[s * 16..], codes);
-    }
     (f16_at(b, 0), sc)
 }

@@ -121,30 +121,12 @@ impl PackedI4 {
         })
     }
 
-    /// Packs weights already quantised as `w = nibble · scale + min` (GGUF's Q4_1; Q4_0
-    /// with `min = -8 · scale`) without rounding them again: `nibbles` (`[n, k]`,
-    /// row-major, each in `0..=15`) and one scale and minimum per row and group of 32
-    /// (`[n, k.div_ceil(32)]` each).
-    pub fn from_groups(n: usize, k: usize, nibbles: &[u8], scales: &[f16], mins: &[f16]) -> Self {
-        let n_groups = k.div_ceil(GROUP);
-        assert_eq!(nibbles.len(), n * k, "nibbles must be [n, k]");
-        assert!(nibbles.iter().all(|&v| v < 16), "nibbles hold 0..=15");
-        assert!(
-            scales.len() == n * n_groups && mins.len() == scales.len(),
-            "scales and mins must be [n, k / 32]"
-        );
-        Self::pack(n, k, |row, g, out| {
-            let group = &nibbles[row * k + g * GROUP..row * k + k.min((g + 1) * GROUP)];
-            out[..group.len()].copy_from_slice(group);
-            let at = row * n_groups + g;
-            (scales[at], mins[at])
-        })
-    }
-
-    /// Packs nibbles with a K-quant's scales and minimums exactly (GGUF's Q4_K: `w =
-    /// nibble · (d · sc) + (-dmin) · m`, both from [`Scales::super_block`]):
-    /// `row_nibbles(row, out)` writes row `row`'s `k` nibbles, each in `0..=15`, so a
-    /// caller decodes its blocks one row at a time with no copy of the whole matrix.
+    /// Packs weights already quantised as `w = nibble · scale + min` without rounding them
+    /// again: GGUF's Q4_1 and Q4_0 (f16 per 32 from [`Scales::per_block`], Q4_0's minimum
+    /// `-8 · scale`) and Q4_K (`scale = d · sc`, `min = -dmin · m`, from
+    /// [`Scales::super_block`]). `row_nibbles(row, out)` writes row `row`'s `k` nibbles,
+    /// each in `0..=15`, so a caller decodes its blocks one row at a time with no copy of
+    /// the whole matrix.
     pub fn from_rows(
         n: usize,
         k: usize,
@@ -195,8 +177,7 @@ impl PackedI4 {
         }
     }
 
-    /// The one packer behind [`PackedI4::quantize`] and [`PackedI4::from_groups`]:
-    /// `group(row, g, nibbles)` writes row `row`'s group `g` into `nibbles` (zeroed before,
+    /// [`PackedI4::quantize`]'s packer: `group(row, g, nibbles)` writes row `row`'s group `g` into `nibbles` (zeroed before,
     /// so the padding past `k` stays 0) and returns its scale and minimum. Row blocks are
     /// packed on every core, as [`PackedI8`](crate::int8::PackedI8)'s are.
     fn pack(
@@ -395,7 +376,7 @@ mod tests {
     use crate::int8::QuantizedRows;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, SuperGroupI4, L2_CROSSING_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, rows_of, SuperGroupI4, L2_CROSSING_GEMM_SHAPES,
         PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
 
@@ -453,7 +434,7 @@ mod tests {
             k,
             Scales::super_block(n, k, GROUP, &d, &six_bits(&sc)),
             Scales::super_block(n, k, GROUP, &minus_dmin, &six_bits(&m)),
-            |row, out| out.copy_from_slice(&nibbles[row * k..(row + 1) * k]),
+            rows_of(&nibbles, k),
         );
         for row in 0..n {
             let want: Vec<f32> = (0..k)
@@ -560,8 +541,7 @@ mod tests {
         }
     }
 
-    /// `p`'s nibbles `[n, k]`, scales and minimums `[n, k / 32]`, row-major: what
-    /// `from_groups` takes.
+    /// `p`'s nibbles `[n, k]`, scales and minimums `[n, k / 32]`, row-major.
     fn unpacked(p: &PackedI4) -> (Vec<u8>, Vec<f16>, Vec<f16>) {
         let nibbles = (0..p.n * p.k).map(|i| p.nibble(i / p.k, i % p.k)).collect();
         let n_groups = p.n_groups();
@@ -572,13 +552,17 @@ mod tests {
     }
 
     #[test]
-    fn from_groups_packs_what_quantize_packed() {
+    fn from_rows_packs_what_quantize_packed() {
         // Padding along both axes, a shape without, and a tiny one.
         for (n, k) in [(37, 7 * GROUP + 5), (16, 2 * GROUP), (3, 10)] {
             let w: Vec<f32> = random(n * k, 13).iter().map(|v| v * 3.0).collect();
             let quantized = PackedI4::quantize(&w, n, k);
             let (nibbles, scales, mins) = unpacked(&quantized);
-            let packed = PackedI4::from_groups(n, k, &nibbles, &scales, &mins);
+            let (scales, mins) = (
+                Scales::per_block(n, k, &scales),
+                Scales::per_block(n, k, &mins),
+            );
+            let packed = PackedI4::from_rows(n, k, scales, mins, rows_of(&nibbles, k));
             assert_eq!((packed.n, packed.k, packed.k_pad), (n, k, quantized.k_pad));
             assert_eq!(packed.data, quantized.data, "{n}×{k}");
             assert_eq!(packed.scales, quantized.scales, "{n}×{k}");
@@ -587,7 +571,7 @@ mod tests {
     }
 
     #[test]
-    fn from_groups_dequantises_to_its_inputs_exactly() {
+    fn from_rows_dequantises_to_its_inputs_exactly() {
         let (n, k) = (21, 3 * GROUP + 7);
         let n_groups = k.div_ceil(GROUP);
         let nibbles: Vec<u8> = (0..n * k).map(|i| ((i * 7) % 16) as u8).collect();
@@ -597,7 +581,14 @@ mod tests {
         let mins: Vec<f16> = (0..n * n_groups)
             .map(|i| f16::from_f32((i as f32 - 40.0) * -0.071))
             .collect();
-        let packed = PackedI4::from_groups(n, k, &nibbles, &scales, &mins);
+        let per_block = |v: &[f16]| Scales::per_block(n, k, v);
+        let packed = PackedI4::from_rows(
+            n,
+            k,
+            per_block(&scales),
+            per_block(&mins),
+            rows_of(&nibbles, k),
+        );
         for row in 0..n {
             let want: Vec<f32> = (0..k)
                 .map(|kk| {

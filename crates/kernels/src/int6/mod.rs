@@ -60,19 +60,10 @@ fn position(r: usize, j: usize) -> usize {
 }
 
 impl PackedI6 {
-    /// Packs `codes` (`[n, k]`, row-major, each in `0..=63`) exactly, `w = (code - zero) ·
-    /// scale` with `scales` of groups of 16 or 32 (from [`Scales::super_block`] or
-    /// [`Scales::per_block`]).
-    pub fn from_codes(n: usize, k: usize, codes: &[u8], zero: u8, scales: Scales) -> Self {
-        assert_eq!(codes.len(), n * k, "codes must be [n, k]");
-        Self::from_rows(n, k, zero, scales, |row, out| {
-            out.copy_from_slice(&codes[row * k..(row + 1) * k])
-        })
-    }
-
-    /// As [`PackedI6::from_codes`], with `row_codes(row, out)` writing row `row`'s `k`
-    /// codes: a caller decodes its blocks one row at a time, with no copy of the whole
-    /// matrix. Row blocks are packed on every core.
+    /// Packs codes exactly, `w = (code - zero) · scale` with `scales` of groups of 16 or 32
+    /// (from [`Scales::super_block`] or [`Scales::per_block`]): `row_codes(row, out)` writes
+    /// row `row`'s `k` codes, each in `0..=63`, so a caller decodes its blocks one row at a
+    /// time with no copy of the whole matrix. Row blocks are packed on every core.
     pub fn from_rows(
         n: usize,
         k: usize,
@@ -255,7 +246,7 @@ mod tests {
     use crate::int8::QuantizedRows;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, PackedGemm, L2_CROSSING_GEMM_SHAPES,
+        refuse_a_range_ending_inside_a_block, rows_of, PackedGemm, L2_CROSSING_GEMM_SHAPES,
         PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
     use half::f16;
@@ -277,13 +268,8 @@ mod tests {
                 let scales: Vec<f16> = (0..n * k.div_ceil(32))
                     .map(|i| f16::from_f32(0.01 + (i % 7) as f32 * 0.003))
                     .collect();
-                Q5(PackedI6::from_codes(
-                    n,
-                    k,
-                    &codes,
-                    16,
-                    Scales::per_block(n, k, &scales),
-                ))
+                let scales = Scales::per_block(n, k, &scales);
+                Q5(PackedI6::from_rows(n, k, 16, scales, rows_of(&codes, k)))
             }
             fn k_pad(&self) -> usize {
                 self.0.k_pad

@@ -71,7 +71,7 @@ pub struct PackedI8 {
     pub mins: Option<Scales>,
 }
 
-/// A code [`PackedI8::from_blocks`] cannot pack exactly: -128 at `w[row][col]`.
+/// A code [`PackedI8::from_rows`] cannot pack exactly: -128 at `w[row][col]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("INT8 code -128 at row {row}, column {col}: the kernels multiply codes in -127..=127")]
 pub struct UnrepresentableCode {
@@ -104,90 +104,75 @@ impl PackedI8 {
         })
     }
 
-    /// Packs weights already quantised in Q8_0's form, without rounding them again: `q`
-    /// (`[n, k]`, row-major) and one scale per row and block of 32 (`scales`,
-    /// `[n, k.div_ceil(32)]`), so `w = q · scale` exactly. Fails on a code of -128, which
-    /// the AVX2 kernel's sign trick cannot multiply exactly (Q8_0's quantiser never
-    /// writes one: its codes are `round(127 · x / max)`).
-    pub fn from_blocks(
+    /// Packs codes with their scales exactly, `w = q · scale (+ min)`:
+    /// `row_codes(row, out)` writes row `row`'s `k` codes, so a caller decodes its blocks
+    /// one row at a time with no copy of the whole matrix. `scales` are per 32 or per 16
+    /// (from [`Scales::per_block`] or [`Scales::super_block`]); `mins`, per 32 only, are
+    /// GGUF's Q5_1 and Q5_K minimums. Fails on a code of -128, which the AVX2 kernel's
+    /// sign trick cannot multiply exactly (GGUF's quantisers never write one: Q8_0's codes
+    /// are `round(127 · x / max)`). Row blocks are packed on every core.
+    pub fn from_rows(
         n: usize,
         k: usize,
-        q: &[i8],
-        scales: &[f16],
-    ) -> Result<Self, UnrepresentableCode> {
-        let n_blocks = k.div_ceil(BLOCK_K);
-        assert_eq!(q.len(), n * k, "q must be [n, k]");
-        assert_eq!(scales.len(), n * n_blocks, "scales must be [n, k / 32]");
-        if let Some(at) = q.iter().position(|&v| v == i8::MIN) {
-            return Err(UnrepresentableCode {
-                row: at / k,
-                col: at % k,
-            });
-        }
-        Ok(Self::pack(n, k, |row, b, out| {
-            let block = &q[row * k + b * BLOCK_K..row * k + k.min((b + 1) * BLOCK_K)];
-            out[..block.len()].copy_from_slice(block);
-            out[block.len()..].fill(0);
-            scales[row * n_blocks + b]
-        }))
-    }
-
-    /// Packs codes with their scales exactly, `w = q · scale`: `q` (`[n, k]`, row-major)
-    /// and scales from [`Scales::super_block`] (Q6_K's and Q3_K's per 16, IQ4_XS's per
-    /// 32). Fails on a code of -128, as [`PackedI8::from_blocks`] does.
-    pub fn with_scales(
-        n: usize,
-        k: usize,
-        q: &[i8],
         scales: Scales,
+        mins: Option<Scales>,
+        row_codes: impl Fn(usize, &mut [i8]) + Sync,
     ) -> Result<Self, UnrepresentableCode> {
-        let mut packed = Self::from_blocks(n, k, q, &vec![f16::ZERO; n * k.div_ceil(BLOCK_K)])?;
-        let (group_k, groups) = (scales.group_k(), scales.groups());
+        let k_pad = k.div_ceil(BLOCK_K) * BLOCK_K;
         let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
+        let (group_k, groups) = (scales.group_k(), scales.groups());
         assert!(
-            BLOCK_K.is_multiple_of(group_k)
-                && groups * group_k == packed.k_pad
-                && scales.covers(n_pad),
+            BLOCK_K.is_multiple_of(group_k) && groups * group_k == k_pad && scales.covers(n_pad),
             "one scale per row and group, groups dividing a block of 32"
         );
-        packed.scales = scales;
-        packed.block_sums = vec![0; n_pad * groups];
-        for row in 0..n {
-            for (g, codes) in q[row * k..(row + 1) * k].chunks(group_k).enumerate() {
-                packed.block_sums[scale_index(row, g, groups)] =
-                    codes.iter().map(|&v| i16::from(v)).sum();
-            }
-        }
-        Ok(packed)
-    }
-
-    /// Packs codes with a scale and a minimum per row and block of 32 exactly, `w = q ·
-    /// scale + min`: `q` (`[n, k]`, row-major) with `scales` and `mins` from
-    /// [`Scales::super_block`] (Q5_K) or [`Scales::per_block`] (Q5_1). Fails on a code of
-    /// -128, as [`PackedI8::from_blocks`] does.
-    pub fn with_minimums(
-        n: usize,
-        k: usize,
-        q: &[i8],
-        scales: Scales,
-        mins: Scales,
-    ) -> Result<Self, UnrepresentableCode> {
-        let mut packed = Self::with_scales(n, k, q, scales)?;
-        let n_pad = n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
         assert!(
-            [&packed.scales, &mins]
-                .iter()
-                .all(|s| s.group_k() == BLOCK_K
-                    && s.groups() == packed.n_blocks()
-                    && s.covers(n_pad)),
-            "a scale and a minimum per row and block of 32"
+            mins.as_ref().is_none_or(|m| group_k == BLOCK_K
+                && m.group_k() == BLOCK_K
+                && m.groups() == groups
+                && m.covers(n_pad)),
+            "a minimum per row and block of 32, beside a scale per block of 32"
         );
-        packed.mins = Some(mins);
-        Ok(packed)
+        let mut data = vec![0i8; n_pad * k_pad];
+        let mut block_sums = vec![0i16; n_pad * groups];
+        if n > 0 && k > 0 {
+            data.par_chunks_mut(ROWS_PER_BLOCK * k_pad)
+                .zip(block_sums.par_chunks_mut(ROWS_PER_BLOCK * groups))
+                .enumerate()
+                .try_for_each(|(row_block, (data, sums))| {
+                    let first = row_block * ROWS_PER_BLOCK;
+                    let mut codes = vec![0i8; k];
+                    for row in 0..ROWS_PER_BLOCK.min(n - first) {
+                        row_codes(first + row, &mut codes);
+                        if let Some(col) = codes.iter().position(|&v| v == i8::MIN) {
+                            return Err(UnrepresentableCode {
+                                row: first + row,
+                                col,
+                            });
+                        }
+                        for (g, group) in codes.chunks(group_k).enumerate() {
+                            sums[scale_index(row, g, groups)] =
+                                group.iter().map(|&v| i16::from(v)).sum();
+                        }
+                        for (g, quad) in codes.chunks(K_PER_GROUP).enumerate() {
+                            let at = packed_index(row, g * K_PER_GROUP, k_pad);
+                            data[at..at + quad.len()].copy_from_slice(quad);
+                        }
+                    }
+                    Ok(())
+                })?;
+        }
+        Ok(Self {
+            n,
+            k,
+            k_pad,
+            data,
+            scales,
+            block_sums,
+            mins,
+        })
     }
 
-    /// The one packer behind [`PackedI8::quantize`] and [`PackedI8::from_blocks`]:
-    /// `block(row, b, q)` writes row `row`'s block `b` (zeros past `k`) into `q` and
+    /// [`PackedI8::quantize`]'s packer: `block(row, b, q)` writes row `row`'s block `b` (zeros past `k`) into `q` and
     /// returns its scale.
     ///
     /// Each 16-row block's bytes, scales and sums are contiguous, so the blocks are packed
@@ -670,7 +655,7 @@ mod tests {
     use super::*;
     use crate::test_support::{
         assert_an_empty_column_range_writes_nothing, assert_every_isa_matches_scalar, random,
-        refuse_a_range_ending_inside_a_block, MinimumI8, PackedGemm, SubBlockI8,
+        refuse_a_range_ending_inside_a_block, rows_of, MinimumI8, PackedGemm, SubBlockI8,
         L2_CROSSING_GEMM_SHAPES, PREFILL_GEMM_SHAPES, RAGGED_GEMM_SHAPES,
     };
 
@@ -767,7 +752,7 @@ mod tests {
             .map(|i| (i % 251) as u8 as i8)
             .collect();
         let scales = Scales::super_block(n, k, 16, &d, &sub);
-        let w = PackedI8::with_scales(n, k, &q, scales).expect("no -128");
+        let w = PackedI8::from_rows(n, k, scales, None, rows_of(&q, k)).expect("no -128");
         for row in 0..n {
             let want: Vec<f32> = (0..k)
                 .map(|kk| {
@@ -778,7 +763,8 @@ mod tests {
             assert_eq!(w.dequantize_row(row), want, "row {row}");
         }
         let one = Scales::super_block(1, 16, 16, &[f16::ONE], &[1]);
-        assert!(PackedI8::with_scales(1, 16, &[-128; 16], one).is_err());
+        let err = PackedI8::from_rows(1, 16, one, None, |_, out| out[3] = -128);
+        assert_eq!(err.unwrap_err(), UnrepresentableCode { row: 0, col: 3 });
     }
 
     #[test]
@@ -923,7 +909,7 @@ mod tests {
         }
     }
 
-    /// `p`'s codes `[n, k]` and scales `[n, k / 32]`, row-major: what `from_blocks` takes.
+    /// `p`'s codes `[n, k]` and scales `[n, k / 32]`, row-major.
     fn unpacked(p: &PackedI8) -> (Vec<i8>, Vec<f16>) {
         let q = (0..p.n * p.k)
             .map(|i| p.data[packed_index(i / p.k, i % p.k, p.k_pad)])
@@ -936,13 +922,14 @@ mod tests {
     }
 
     #[test]
-    fn from_blocks_packs_what_quantize_packed() {
+    fn from_rows_packs_what_quantize_packed() {
         // Padding along both axes, a shape without, and a tiny one.
         for (n, k) in [(37, 7 * BLOCK_K + 5), (16, 2 * BLOCK_K), (3, 10)] {
             let w: Vec<f32> = random(n * k, 12).iter().map(|v| v * 3.0).collect();
             let quantized = PackedI8::quantize(&w, n, k);
             let (q, scales) = unpacked(&quantized);
-            let packed = PackedI8::from_blocks(n, k, &q, &scales).expect("no -128");
+            let scales = Scales::per_block(n, k, &scales);
+            let packed = PackedI8::from_rows(n, k, scales, None, rows_of(&q, k)).expect("no -128");
             assert_eq!((packed.n, packed.k, packed.k_pad), (n, k, quantized.k_pad));
             assert_eq!(packed.data, quantized.data, "{n}×{k}");
             assert_eq!(packed.scales, quantized.scales, "{n}×{k}");
@@ -951,7 +938,7 @@ mod tests {
     }
 
     #[test]
-    fn from_blocks_dequantises_to_its_inputs_exactly() {
+    fn from_rows_dequantises_to_its_inputs_exactly() {
         let (n, k) = (21, 3 * BLOCK_K + 7);
         let n_blocks = k.div_ceil(BLOCK_K);
         let q: Vec<i8> = (0..n * k)
@@ -960,7 +947,8 @@ mod tests {
         let scales: Vec<f16> = (0..n * n_blocks)
             .map(|i| f16::from_f32((i as f32 - 30.0) * 0.0123))
             .collect();
-        let packed = PackedI8::from_blocks(n, k, &q, &scales).expect("no -128");
+        let per_block = Scales::per_block(n, k, &scales);
+        let packed = PackedI8::from_rows(n, k, per_block, None, rows_of(&q, k)).expect("no -128");
         for row in 0..n {
             let want: Vec<f32> = (0..k)
                 .map(|kk| {
@@ -972,10 +960,11 @@ mod tests {
     }
 
     #[test]
-    fn from_blocks_refuses_minus_128() {
+    fn from_rows_refuses_minus_128() {
         let mut q = vec![1i8; 2 * 40];
         q[40 + 33] = i8::MIN;
-        let err = PackedI8::from_blocks(2, 40, &q, &[f16::ONE; 4]).unwrap_err();
+        let scales = Scales::per_block(2, 40, &[f16::ONE; 4]);
+        let err = PackedI8::from_rows(2, 40, scales, None, rows_of(&q, 40)).unwrap_err();
         assert_eq!(err, UnrepresentableCode { row: 1, col: 33 });
     }
 
