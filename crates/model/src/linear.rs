@@ -128,8 +128,9 @@ pub struct QuantLinear {
     /// because decode reads these bytes every token.
     pub outlier_weights: Vec<f16>,
     /// Channels per token found from the token's own values and computed in f32 against
-    /// the packed weights (no calibration; `--precision file`): at most this many, 0 for
-    /// none. Only without calibrated `outlier_channels`.
+    /// the packed weights (no calibration; `--precision file`): at most this many (and at
+    /// most [`MAX_TOKEN_OUTLIERS`]), 0 for none. Only without calibrated
+    /// `outlier_channels`.
     pub token_outliers: usize,
 }
 
@@ -171,7 +172,7 @@ impl QuantLinear {
 
     /// Values per row a prepared input keeps for the f32 side product.
     fn outlier_width(&self) -> usize {
-        self.outlier_channels.len() + self.token_outliers
+        self.outlier_channels.len() + self.token_outliers.min(MAX_TOKEN_OUTLIERS)
     }
 
     /// Row `row` of the weights as the kernels see them, outlier columns restored.
@@ -297,7 +298,10 @@ impl Linear {
         let (k, k_pad) = (q.packed.k(), q.packed.k_pad());
         let (n_blocks, width) = (k_pad / BLOCK_K, q.outlier_width());
         assert!(input.len() == rows.len() * k && rows.end * k_pad <= prepared.data.len());
-        debug_assert!(q.token_outliers == 0 || q.outlier_channels.is_empty());
+        assert!(
+            q.token_outliers == 0 || q.outlier_channels.is_empty(),
+            "per-token outliers replace calibrated ones"
+        );
         let mut chosen = [0usize; MAX_TOKEN_OUTLIERS];
         for (i, r) in rows.enumerate() {
             let x = &input[i * k..(i + 1) * k];
