@@ -29,7 +29,9 @@ use std::ops::Range;
 use half::f16;
 use rayon::prelude::*;
 
-use crate::int8::{scale_index, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK};
+use crate::int8::{
+    check_operands, column_blocks, scale_index, QuantizedView, K_PER_GROUP, ROWS_PER_BLOCK,
+};
 use crate::isa::{self, Isa};
 use crate::scales::Scales;
 use crate::threadpool::{SharedSlice, ThreadPool};
@@ -311,12 +313,7 @@ pub unsafe fn gemm_i4_cols(
     out: &SharedSlice<'_, f32>,
     cols: Range<usize>,
 ) {
-    let m = a.m;
-    assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
-    assert!(
-        w.k_pad.is_multiple_of(GROUP) && w.k <= w.k_pad,
-        "k_pad must cover k in whole groups"
-    );
+    check_operands(a, (w.n, w.k, w.k_pad), out, true);
     let n_pad = w.n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
     // The kernels load whole 16-row groups and 4-byte activation groups unchecked.
     assert_eq!(
@@ -330,29 +327,11 @@ pub unsafe fn gemm_i4_cols(
             .all(|s| s.group_k() == GROUP && s.groups() == w.n_groups() && s.covers(n_pad)),
         "one scale and minimum per row and group"
     );
-    assert!(
-        a.data.len() >= m * a.k_pad,
-        "activations must be [m, k_pad]"
-    );
-    assert!(
-        a.block_sums.len() >= m * w.n_groups() && a.scales.len() >= m * w.n_groups(),
-        "activations carry one scale and sum per group"
-    );
-    assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
-    // The kernels compute whole blocks: an empty range computes none (a trailing thread's
-    // share can be `n..n` with `n` unaligned), and a range ends on a block or at `n`, so no
-    // block is shared with another thread's range.
-    if cols.is_empty() {
+    let Some(blocks) = column_blocks(cols, w.n) else {
         return;
-    }
-    assert!(
-        cols.start.is_multiple_of(ROWS_PER_BLOCK)
-            && (cols.end.is_multiple_of(ROWS_PER_BLOCK) || cols.end == w.n)
-            && cols.end <= w.n,
-        "columns must start on a block and end on a block or at n"
-    );
+    };
     isa.assert_supported();
-    let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
+    let m = a.m;
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]

@@ -21,7 +21,8 @@ use std::ops::Range;
 
 use super::{PackedI4, GROUP_BYTES};
 use crate::int8::x86::{
-    for_each_pair_tile, for_each_tile, load_a4, prefetch_ahead, store_block_row, store_tile,
+    for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
+    store_tile,
 };
 use crate::int8::{QuantizedView, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
@@ -124,24 +125,7 @@ pub(super) unsafe fn gemm_blocks_vnni(
         a.m,
         blocks,
         ROWS_PER_BLOCK * w.k_pad / 2,
-        |rows, row, b, pair| match (rows, pair) {
-            (8, true) => tile_vnni::<8, 2>(a, w, out, row, b),
-            (7, true) => tile_vnni::<7, 2>(a, w, out, row, b),
-            (6, true) => tile_vnni::<6, 2>(a, w, out, row, b),
-            (5, true) => tile_vnni::<5, 2>(a, w, out, row, b),
-            (4, true) => tile_vnni::<4, 2>(a, w, out, row, b),
-            (3, true) => tile_vnni::<3, 2>(a, w, out, row, b),
-            (2, true) => tile_vnni::<2, 2>(a, w, out, row, b),
-            (_, true) => tile_vnni::<1, 2>(a, w, out, row, b),
-            (8, false) => tile_vnni::<8, 1>(a, w, out, row, b),
-            (7, false) => tile_vnni::<7, 1>(a, w, out, row, b),
-            (6, false) => tile_vnni::<6, 1>(a, w, out, row, b),
-            (5, false) => tile_vnni::<5, 1>(a, w, out, row, b),
-            (4, false) => tile_vnni::<4, 1>(a, w, out, row, b),
-            (3, false) => tile_vnni::<3, 1>(a, w, out, row, b),
-            (2, false) => tile_vnni::<2, 1>(a, w, out, row, b),
-            (_, false) => tile_vnni::<1, 1>(a, w, out, row, b),
-        },
+        |rows, row, b, pair| pair_tile!(tile_vnni[], rows, pair, a, w, out, row, b),
     );
 }
 

@@ -26,7 +26,9 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
-use crate::int8::{QuantizedView, BLOCK_K, K_PER_GROUP, ROWS_PER_BLOCK};
+use crate::int8::{
+    check_operands, column_blocks, QuantizedView, BLOCK_K, K_PER_GROUP, ROWS_PER_BLOCK,
+};
 use crate::isa::{self, Isa};
 use crate::scales::Scales;
 use crate::threadpool::{SharedSlice, ThreadPool};
@@ -191,12 +193,7 @@ pub unsafe fn gemm_i6_cols(
     out: &SharedSlice<'_, f32>,
     cols: Range<usize>,
 ) {
-    let m = a.m;
-    assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
-    assert!(
-        w.k_pad.is_multiple_of(BLOCK_K) && w.k <= w.k_pad,
-        "k_pad must cover k in whole blocks"
-    );
+    check_operands(a, (w.n, w.k, w.k_pad), out, false);
     let n_pad = w.n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
     // The kernels load whole 16-row groups and 4-byte activation groups unchecked.
     assert!(
@@ -209,22 +206,10 @@ pub unsafe fn gemm_i6_cols(
             && w.scales.covers(n_pad),
         "one scale per row and group of 16 or 32"
     );
-    assert!(
-        a.data.len() >= m * a.k_pad && a.scales.len() >= m * (w.k_pad / BLOCK_K),
-        "activations must be [m, k_pad] with a scale per block"
-    );
-    assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
-    if cols.is_empty() {
+    let Some(blocks) = column_blocks(cols, w.n) else {
         return;
-    }
-    assert!(
-        cols.start.is_multiple_of(ROWS_PER_BLOCK)
-            && (cols.end.is_multiple_of(ROWS_PER_BLOCK) || cols.end == w.n)
-            && cols.end <= w.n,
-        "columns must start on a block and end on a block or at n"
-    );
+    };
     isa.assert_supported();
-    let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]

@@ -9,7 +9,8 @@ use super::{PackedI6, PLANE_BYTES};
 use crate::int4::x86::split_nibbles;
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
 use crate::int8::x86::{
-    for_each_pair_tile, for_each_tile, load_a4, prefetch_ahead, store_block_row, store_tile,
+    for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
+    store_tile,
 };
 use crate::int8::{QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
@@ -80,24 +81,7 @@ unsafe fn vnni_tiles<const G: usize>(
     b: usize,
     pair: bool,
 ) {
-    match (rows, pair) {
-        (8, true) => tile_vnni::<8, 2, G>(a, w, out, row, b),
-        (7, true) => tile_vnni::<7, 2, G>(a, w, out, row, b),
-        (6, true) => tile_vnni::<6, 2, G>(a, w, out, row, b),
-        (5, true) => tile_vnni::<5, 2, G>(a, w, out, row, b),
-        (4, true) => tile_vnni::<4, 2, G>(a, w, out, row, b),
-        (3, true) => tile_vnni::<3, 2, G>(a, w, out, row, b),
-        (2, true) => tile_vnni::<2, 2, G>(a, w, out, row, b),
-        (_, true) => tile_vnni::<1, 2, G>(a, w, out, row, b),
-        (8, false) => tile_vnni::<8, 1, G>(a, w, out, row, b),
-        (7, false) => tile_vnni::<7, 1, G>(a, w, out, row, b),
-        (6, false) => tile_vnni::<6, 1, G>(a, w, out, row, b),
-        (5, false) => tile_vnni::<5, 1, G>(a, w, out, row, b),
-        (4, false) => tile_vnni::<4, 1, G>(a, w, out, row, b),
-        (3, false) => tile_vnni::<3, 1, G>(a, w, out, row, b),
-        (2, false) => tile_vnni::<2, 1, G>(a, w, out, row, b),
-        (_, false) => tile_vnni::<1, 1, G>(a, w, out, row, b),
-    }
+    pair_tile!(tile_vnni[G], rows, pair, a, w, out, row, b)
 }
 
 /// The 64 codes of packed group `group` (counted over the whole matrix's groups).

@@ -551,6 +551,47 @@ impl QuantizedView<'_> {
     }
 }
 
+/// The checks every integer product makes before its kernels read unchecked: weights
+/// `[n, k]` padded to `k_pad` (whole blocks of 32), activations `[m, k_pad]` with a scale
+/// (and, when `sums`, a sum) per block, `out` `[m, n]`.
+pub(crate) fn check_operands(
+    a: &QuantizedView<'_>,
+    (n, k, k_pad): (usize, usize, usize),
+    out: &SharedSlice<'_, f32>,
+    sums: bool,
+) {
+    let (m, n_blocks) = (a.m, k_pad / BLOCK_K);
+    assert_eq!(a.k_pad, k_pad, "activations and weights disagree on k");
+    assert!(
+        k_pad.is_multiple_of(BLOCK_K) && k <= k_pad,
+        "k_pad must cover k in whole blocks"
+    );
+    assert!(
+        a.data.len() >= m * k_pad
+            && a.scales.len() >= m * n_blocks
+            && (!sums || a.block_sums.len() >= m * n_blocks),
+        "activations must be [m, k_pad] with a scale (and sum) per block"
+    );
+    assert_eq!(Some(out.len()), m.checked_mul(n), "out must be [m, n]");
+}
+
+/// The 16-row weight blocks of columns `cols` of `n`: the kernels compute whole blocks. An
+/// empty range computes none (a trailing thread's share can be `n..n` with `n`
+/// unaligned); otherwise a range starts on a block and ends on one or at `n`, so no block
+/// is shared with another thread's range.
+pub(crate) fn column_blocks(cols: Range<usize>, n: usize) -> Option<Range<usize>> {
+    if cols.is_empty() {
+        return None;
+    }
+    assert!(
+        cols.start.is_multiple_of(ROWS_PER_BLOCK)
+            && (cols.end.is_multiple_of(ROWS_PER_BLOCK) || cols.end == n)
+            && cols.end <= n,
+        "columns must start on a block and end on a block or at n"
+    );
+    Some(cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK))
+}
+
 /// `out[m, n] = dequant(a) · dequant(w)ᵀ` with the active ISA.
 pub fn gemm_i8(pool: &ThreadPool, a: &QuantizedView<'_>, w: &PackedI8, out: &mut [f32]) {
     gemm_i8_with(isa::active(), pool, a, w, out)
@@ -584,11 +625,7 @@ pub unsafe fn gemm_i8_cols(
     cols: Range<usize>,
 ) {
     let m = a.m;
-    assert_eq!(a.k_pad, w.k_pad, "activations and weights disagree on k");
-    assert!(
-        w.k_pad.is_multiple_of(BLOCK_K) && w.k <= w.k_pad,
-        "k_pad must cover k in whole blocks"
-    );
+    check_operands(a, (w.n, w.k, w.k_pad), out, w.mins.is_some());
     let n_pad = w.n.div_ceil(ROWS_PER_BLOCK) * ROWS_PER_BLOCK;
     // The kernels load whole 16-row blocks and 4-byte activation groups unchecked.
     assert_eq!(
@@ -609,29 +646,13 @@ pub unsafe fn gemm_i8_cols(
         w.mins.as_ref().is_none_or(|m| !split
             && m.group_k() == BLOCK_K
             && m.groups() == n_blocks
-            && m.covers(n_pad)
-            && a.block_sums.len() >= a.m * n_blocks),
-        "minimums need a block of 32 per scale and the activations' block sums"
+            && m.covers(n_pad)),
+        "minimums need a block of 32 per scale"
     );
-    assert!(
-        a.data.len() >= m * a.k_pad && a.scales.len() >= m * n_blocks,
-        "activations must be [m, k_pad] with a scale per block"
-    );
-    assert_eq!(Some(out.len()), m.checked_mul(w.n), "out must be [m, n]");
-    // The kernels compute whole blocks: an empty range computes none (a trailing thread's
-    // share can be `n..n` with `n` unaligned), and a range ends on a block or at `n`, so no
-    // block is shared with another thread's range.
-    if cols.is_empty() {
+    let Some(blocks) = column_blocks(cols, w.n) else {
         return;
-    }
-    assert!(
-        cols.start.is_multiple_of(ROWS_PER_BLOCK)
-            && (cols.end.is_multiple_of(ROWS_PER_BLOCK) || cols.end == w.n)
-            && cols.end <= w.n,
-        "columns must start on a block and end on a block or at n"
-    );
+    };
     isa.assert_supported();
-    let blocks = cols.start / ROWS_PER_BLOCK..cols.end.div_ceil(ROWS_PER_BLOCK);
     let out = out.as_mut_ptr();
     match isa {
         #[cfg(target_arch = "x86_64")]

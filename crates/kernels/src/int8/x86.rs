@@ -144,30 +144,41 @@ unsafe fn vnni_tiles<const G: usize>(
     b: usize,
     pair: bool,
 ) {
-    match (rows, pair) {
-        (8, true) => tile_vnni::<8, 2, G>(a, w, out, row, b),
-        (7, true) => tile_vnni::<7, 2, G>(a, w, out, row, b),
-        (6, true) => tile_vnni::<6, 2, G>(a, w, out, row, b),
-        (5, true) => tile_vnni::<5, 2, G>(a, w, out, row, b),
-        (4, true) => tile_vnni::<4, 2, G>(a, w, out, row, b),
-        (3, true) => tile_vnni::<3, 2, G>(a, w, out, row, b),
-        (2, true) => tile_vnni::<2, 2, G>(a, w, out, row, b),
-        (_, true) => tile_vnni::<1, 2, G>(a, w, out, row, b),
-        (8, false) => tile_vnni::<8, 1, G>(a, w, out, row, b),
-        (7, false) => tile_vnni::<7, 1, G>(a, w, out, row, b),
-        (6, false) => tile_vnni::<6, 1, G>(a, w, out, row, b),
-        (5, false) => tile_vnni::<5, 1, G>(a, w, out, row, b),
-        (4, false) => tile_vnni::<4, 1, G>(a, w, out, row, b),
-        (3, false) => tile_vnni::<3, 1, G>(a, w, out, row, b),
-        (2, false) => tile_vnni::<2, 1, G>(a, w, out, row, b),
-        (_, false) => tile_vnni::<1, 1, G>(a, w, out, row, b),
-    }
+    pair_tile!(tile_vnni[G], rows, pair, a, w, out, row, b)
 }
 
 /// Activation rows one VNNI tile multiplies: eight rows by two weight blocks keep sixteen
 /// integer sums in registers, and each weight vector loaded serves eight `vpdpbusd`, so a
 /// decoding batch of up to eight reads its weights from memory once.
 pub(crate) const PASS_ROWS: usize = 8;
+
+/// `$tile::<MR, NB, ...>($args)` for a pair tile of `$rows` activation rows (up to
+/// [`PASS_ROWS`]) and two weight blocks, or one when `$pair` is false: the one match every
+/// AVX-512 VNNI kernel dispatches its monomorphised tiles through. Extra const arguments
+/// (`[G]`) follow `MR` and `NB`.
+macro_rules! pair_tile {
+    ($tile:ident [$($extra:tt)*], $rows:expr, $pair:expr, $($arg:expr),* $(,)?) => {
+        match ($rows, $pair) {
+            (8, true) => $tile::<8, 2 $(, $extra)*>($($arg),*),
+            (7, true) => $tile::<7, 2 $(, $extra)*>($($arg),*),
+            (6, true) => $tile::<6, 2 $(, $extra)*>($($arg),*),
+            (5, true) => $tile::<5, 2 $(, $extra)*>($($arg),*),
+            (4, true) => $tile::<4, 2 $(, $extra)*>($($arg),*),
+            (3, true) => $tile::<3, 2 $(, $extra)*>($($arg),*),
+            (2, true) => $tile::<2, 2 $(, $extra)*>($($arg),*),
+            (_, true) => $tile::<1, 2 $(, $extra)*>($($arg),*),
+            (8, false) => $tile::<8, 1 $(, $extra)*>($($arg),*),
+            (7, false) => $tile::<7, 1 $(, $extra)*>($($arg),*),
+            (6, false) => $tile::<6, 1 $(, $extra)*>($($arg),*),
+            (5, false) => $tile::<5, 1 $(, $extra)*>($($arg),*),
+            (4, false) => $tile::<4, 1 $(, $extra)*>($($arg),*),
+            (3, false) => $tile::<3, 1 $(, $extra)*>($($arg),*),
+            (2, false) => $tile::<2, 1 $(, $extra)*>($($arg),*),
+            (_, false) => $tile::<1, 1 $(, $extra)*>($($arg),*),
+        }
+    };
+}
+pub(crate) use pair_tile;
 
 /// Calls `tile(rows, row, block, pair)` for every tile of up to [`PASS_ROWS`] activation
 /// rows and two 16-row weight blocks (one when `pair` is false: a chunk's odd last block),
