@@ -105,6 +105,11 @@ fn calibration(
     {
         return Ok(cached);
     }
+    eprintln!(
+        "calibrating {} for int8/int4 once (cached in {}; `pyramid fetch --calibrate` does it ahead)",
+        path.display(),
+        cache_path.display()
+    );
     let tokens = tokenizer.encode(CALIBRATION_TEXT, false)?;
     let calibration = match f32_model {
         Some(model) => model.calibrate(pool, &tokens)?,
@@ -126,6 +131,15 @@ fn calibration(
         );
     }
     Ok(calibration)
+}
+
+/// Computes the int8/int4 outlier calibration of the model at `path` ahead of its first
+/// load at those precisions (`pyramid fetch --calibrate`), or finds it cached.
+pub fn calibrate_ahead(path: PathBuf) -> Result<()> {
+    let (path, checkpoint, tokenizer) = open_path(path)?;
+    let pool = ThreadPool::with_available_parallelism();
+    calibration(&path, &checkpoint, &tokenizer, &pool, None)?;
+    Ok(())
 }
 
 /// A stable 64-bit FNV-1a hash: the calibration text's part of its cache key.

@@ -1174,7 +1174,7 @@ fn a_hugging_face_directory_runs_chats_and_inspects() {
 /// `-m hf:ORG/REPO:QUANT` runs a model another tool left in the Hugging Face cache, here
 /// split in three parts, with no request (the endpoint is a closed port): the whole
 /// file's greedy tokens, at f32 and at INT8 (calibrated); `pyramid
-/// fetch` prints its path, and a malformed id is one line.
+/// fetch --calibrate` prints its path and calibrates it ahead, and a malformed id is one line.
 #[test]
 fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {
     use pyramid_gguf::{split::split_file_name, GgufFile, GgufWriter};
@@ -1240,7 +1240,9 @@ fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {
         };
         assert_eq!(tokens(id), tokens(&whole), "{precision}");
     }
-    let out = run(&["fetch", id]);
+    // `fetch --calibrate` computes int8's calibration ahead; the next int8 load reads it.
+    std::fs::remove_dir_all(f.home().join("calibration")).unwrap();
+    let out = run(&["fetch", id, "--calibrate"]);
     assert_ok(&out);
     assert_eq!(
         stdout(&out).trim(),
@@ -1249,6 +1251,14 @@ fn a_split_model_in_the_hugging_face_cache_runs_by_id_without_the_network() {
             .to_str()
             .unwrap()
     );
+    assert!(stderr(&out).contains("calibrating"), "{}", stderr(&out));
+    let calibrations = std::fs::read_dir(f.home().join("calibration"))
+        .unwrap()
+        .count();
+    assert_eq!(calibrations, 1);
+    let out = run(&["run", "-m", id, "--precision", "int8", "-p", "x", "-n", "1"]);
+    assert_ok(&out);
+    assert!(!stderr(&out).contains("calibrating"), "{}", stderr(&out));
     let out = run(&["run", "-m", "hf:tiny-qwen3", "-p", "x"]);
     assert!(!out.status.success());
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
