@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+# A clean CI clone builds once: incremental caches would only add gigabytes to its disk.
+if [ -n "${CI:-}" ]; then
+    export CARGO_INCREMENTAL=0
+fi
 
 if ! command -v cargo >/dev/null; then
     echo "cargo not found: install Rust (https://rustup.rs) first" >&2

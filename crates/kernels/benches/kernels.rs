@@ -7,8 +7,10 @@ use pyramid_kernels::attention::{
     attend_group, attend_rows, attend_rows_shared, meeting_len, KvRows, MAX_ROWS,
 };
 use pyramid_kernels::int4::{gemm_i4, PackedI4};
+use pyramid_kernels::int6::{gemm_i6, PackedI6};
 use pyramid_kernels::int8::{gemm_i8, quantize_blocks_excluding, PackedI8, QuantizedRows, BLOCK_K};
 use pyramid_kernels::isa;
+use pyramid_kernels::scales::Scales;
 use pyramid_kernels::{SharedSlice, ThreadPool};
 
 /// FFN gate/up of Qwen2.5-0.5B: the largest projection of a layer.
@@ -26,6 +28,7 @@ fn integer_gemm(c: &mut Criterion) {
         .expect("thread pool");
     let w = values(N * K, 1);
     let (w8, w4) = (PackedI8::quantize(&w, N, K), PackedI4::quantize(&w, N, K));
+    let w6 = q6k_like(&w, N, K);
     let mut group = c.benchmark_group("gemm");
     group.sample_size(20);
     for m in [1, 8, 32, 128] {
@@ -39,8 +42,26 @@ fn integer_gemm(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("int4", m), &m, |b, _| {
             b.iter(|| gemm_i4(&pool, &a.view(), &w4, &mut out))
         });
+        group.bench_with_input(BenchmarkId::new("int6", m), &m, |b, _| {
+            b.iter(|| gemm_i6(&pool, &a.view(), &w6, &mut out))
+        });
     }
     group.finish();
+}
+
+/// `w` in six bits as a Q6_K file holds it: codes around a zero point of 32, an i8 scale
+/// per 16 values under an f16 per 256.
+fn q6k_like(w: &[f32], n: usize, k: usize) -> PackedI6 {
+    let d = vec![half::f16::from_f32(1.0 / 1024.0); n * k.div_ceil(256)];
+    let sub = vec![31i8; n * k.div_ceil(16)];
+    let codes: Vec<u8> = w.iter().map(|v| ((v + 1.0) * 31.5).round() as u8).collect();
+    PackedI6::from_rows(
+        n,
+        k,
+        32,
+        Scales::super_block(n, k, 16, &d, &sub),
+        |row, out| out.copy_from_slice(&codes[row * k..(row + 1) * k]),
+    )
 }
 
 /// One decode step's products on SmolLM2-135M's shapes, every layer's weights their own

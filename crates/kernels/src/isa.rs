@@ -4,7 +4,7 @@ use std::sync::OnceLock;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avx512, amx")]
+    #[error("PYRAMID_ISA='{0}' is not one of: scalar, avx2, avxvnni, avx512, amx")]
     UnknownIsa(String),
     #[error(
         "PYRAMID_ISA={requested} was requested but this CPU lacks it (best available: {available})"
@@ -22,6 +22,10 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA.
     Avx2,
+    /// AVX2 with AVX-VNNI, the VEX-encoded `vpdpbusd` of Intel's laptop cores (Alder Lake
+    /// to Panther Lake) and Zen 5: the integer kernels multiply bytes in one instruction
+    /// where AVX2 needs three; everything else runs as [`Isa::Avx2`].
+    AvxVnni,
     /// AVX-512 F/BW/VL (+ VNNI where present, used by the integer kernels).
     Avx512,
     /// AVX-512 with VNNI and the AMX-INT8 tile unit (Sapphire Rapids and later): the INT8
@@ -34,6 +38,7 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::AvxVnni => "avxvnni",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
         }
@@ -43,6 +48,7 @@ impl Isa {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" => Ok(Isa::Scalar),
             "avx2" => Ok(Isa::Avx2),
+            "avxvnni" => Ok(Isa::AvxVnni),
             "avx512" => Ok(Isa::Avx512),
             "amx" => Ok(Isa::Amx),
             _ => Err(KernelError::UnknownIsa(s.to_string())),
@@ -51,35 +57,51 @@ impl Isa {
 
     /// The best family this CPU supports.
     pub fn detect() -> Isa {
-        static DETECTED: OnceLock<Isa> = OnceLock::new();
-        *DETECTED.get_or_init(Isa::probe)
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|isa| isa.supported())
+            .unwrap_or(Isa::Scalar)
     }
 
-    fn probe() -> Isa {
+    const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::AvxVnni, Isa::Avx512, Isa::Amx];
+
+    /// Whether this CPU has every feature `self`'s kernels use, probed once. The families
+    /// are ordered by capability but not nested on every CPU: Zen 4 and Ice Lake have
+    /// AVX-512 VNNI without AVX-VNNI.
+    fn supported(self) -> bool {
+        static SUPPORTED: OnceLock<[bool; 5]> = OnceLock::new();
+        SUPPORTED.get_or_init(|| Isa::ALL.map(Isa::probe))[self as usize]
+    }
+
+    fn probe(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                let vnni = is_x86_feature_detected!("avx512vnni");
-                return if vnni && crate::int8::amx::enable() {
-                    Isa::Amx
-                } else {
-                    Isa::Avx512
-                };
-            }
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                return Isa::Avx2;
+            let avx2 = || {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            };
+            let avx512 = || {
+                avx2()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+            };
+            match self {
+                Isa::Scalar => true,
+                Isa::Avx2 => avx2(),
+                Isa::AvxVnni => avx2() && is_x86_feature_detected!("avxvnni"),
+                Isa::Avx512 => avx512(),
+                Isa::Amx => {
+                    avx512() && is_x86_feature_detected!("avx512vnni") && crate::int8::amx::enable()
+                }
             }
         }
-        Isa::Scalar
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Isa::Scalar
+        }
     }
 
     /// Panics unless this CPU runs `self`'s kernels: the `_with` entry points take an ISA
@@ -87,18 +109,14 @@ impl Isa {
     #[track_caller]
     pub fn assert_supported(self) {
         assert!(
-            self <= Isa::detect(),
+            self.supported(),
             "{self} kernels requested on a CPU without them"
         );
     }
 
     /// Every family usable on this CPU; tests run each against the scalar oracle.
     pub fn available() -> Vec<Isa> {
-        let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx]
-            .into_iter()
-            .filter(|&isa| isa <= best)
-            .collect()
+        Isa::ALL.into_iter().filter(|isa| isa.supported()).collect()
     }
 }
 
@@ -121,11 +139,10 @@ fn resolve_env() -> Result<Isa, KernelError> {
     Ok(match std::env::var("PYRAMID_ISA") {
         Ok(v) if !v.trim().is_empty() => {
             let requested = Isa::parse(&v)?;
-            let available = Isa::detect();
-            if requested > available {
+            if !requested.supported() {
                 return Err(KernelError::IsaUnavailable {
                     requested,
-                    available,
+                    available: Isa::detect(),
                 });
             }
             requested

@@ -14,6 +14,8 @@
 //! public entry points assert shapes (with checked arithmetic) before any raw load.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod byte_dot;
 pub mod int4;
 pub mod int6;
 pub mod int8;

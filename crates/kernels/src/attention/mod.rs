@@ -267,13 +267,13 @@ pub fn attend_rows_with(
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as below.
-        Isa::Avx2 if tiles => unsafe {
+        Isa::Avx2 | Isa::AvxVnni if tiles => unsafe {
             tiled::avx2::attend_rows(q, head_dim, kv, first_len, scale, scratch, out)
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
         // family above it; the shapes were checked above, and every row sees a position.
-        Isa::Amx | Isa::Avx512 | Isa::Avx2 if vector => unsafe {
+        Isa::Amx | Isa::Avx512 | Isa::AvxVnni | Isa::Avx2 if vector => unsafe {
             let wide = isa >= Isa::Avx512 && head_dim.is_multiple_of(16);
             x86::attend_rows(q, head_dim, kv, first_len, scale, scratch, out, wide)
         },

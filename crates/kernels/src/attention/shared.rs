@@ -58,7 +58,7 @@ pub fn meeting_len(n_pos: usize, n_rows: usize, n_threads: usize) -> usize {
 /// whose arithmetic per position and per column it shares.
 pub fn can_share(isa: Isa, head_dim: usize) -> bool {
     cfg!(target_arch = "x86_64")
-        && matches!(isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx)
+        && matches!(isa, Isa::Avx2 | Isa::AvxVnni | Isa::Avx512 | Isa::Amx)
         && head_dim.is_multiple_of(8)
 }
 

@@ -342,6 +342,10 @@ pub unsafe fn gemm_i4_cols(
             x86::gemm_blocks_vnni(a, w, out, blocks)
         }
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::AvxVnni` is only selected when the CPU has AVX2, FMA, F16C and
+        // AVX-VNNI (asserted above).
+        Isa::AvxVnni => x86::gemm_blocks_avxvnni(a, w, out, blocks),
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2, FMA and F16C for `Isa::Avx2` and every
         // family above it.
         Isa::Amx | Isa::Avx512 | Isa::Avx2 => x86::gemm_blocks_avx2(a, w, out, blocks),

@@ -1,11 +1,11 @@
-//! AVX2 and AVX-512 VNNI W4A8 kernels.
+//! AVX2, AVX-VNNI and AVX-512 VNNI W4A8 kernels.
 //!
 //! A group's 32 bytes give rows 0–7 (low nibbles) and 8–15 (high nibbles) of four `k`.
 //!
-//! AVX2: `vpmaddubsw` multiplies them with four broadcast activations of a token. Its pair
-//! sums are at most 2·15·127, so a whole block of eight groups adds up in 16-bit lanes
-//! (≤ 30,480) and widens once per block with `vpmaddwd`. Up to four tokens share each
-//! unpacked group.
+//! AVX2 and AVX-VNNI (one tile, generic over [`ByteDot`]): `vpmaddubsw` or `vpdpbusd`
+//! multiplies them with four broadcast activations of a token. AVX2's pair sums are at
+//! most 2·15·127, so a whole block of eight groups adds up in 16-bit lanes (≤ 30,480) and
+//! widens once per block with `vpmaddwd`. Up to four tokens share each unpacked group.
 //!
 //! VNNI: the two halves side by side are the sixteen rows × four `k` that one `vpdpbusd`
 //! multiplies, unsigned nibbles by signed activations, into 32-bit sums (no offset, unlike
@@ -20,6 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI4, GROUP_BYTES};
+use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
 use crate::int8::x86::{
     for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
     store_tile,
@@ -50,22 +51,47 @@ pub(super) unsafe fn gemm_blocks_avx2(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    for_each_tile(
-        a.m,
-        blocks,
-        ROWS_PER_BLOCK * w.k_pad / 2,
-        |rows, row, b| match rows {
-            4 => tile::<4>(a, w, out, row, b),
-            3 => tile::<3>(a, w, out, row, b),
-            2 => tile::<2>(a, w, out, row, b),
-            _ => tile::<1>(a, w, out, row, b),
-        },
-    );
+    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad / 2, |rows, row, b| {
+        tiles_256::<Maddubs>(a, w, out, rows, row, b)
+    })
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile<const MR: usize>(
+/// # Safety
+/// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn gemm_blocks_avxvnni(
+    a: &QuantizedView<'_>,
+    w: &PackedI4,
+    out: *mut f32,
+    blocks: Range<usize>,
+) {
+    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad / 2, |rows, row, b| {
+        tiles_256::<Vnni256>(a, w, out, rows, row, b)
+    })
+}
+
+/// The tile of `rows` activation rows, inlined into the entry point of `D`'s ISA.
+#[inline(always)]
+unsafe fn tiles_256<D: ByteDot>(
+    a: &QuantizedView<'_>,
+    w: &PackedI4,
+    out: *mut f32,
+    rows: usize,
+    row: usize,
+    b: usize,
+) {
+    match rows {
+        4 => tile_256::<D, 4>(a, w, out, row, b),
+        3 => tile_256::<D, 3>(a, w, out, row, b),
+        2 => tile_256::<D, 2>(a, w, out, row, b),
+        _ => tile_256::<D, 1>(a, w, out, row, b),
+    }
+}
+
+/// Nibbles times activations: at most 2 · 15 · 128 per pair and group, so a whole block
+/// is one run even in AVX2's 16-bit pair sums.
+#[inline(always)]
+unsafe fn tile_256<D: ByteDot, const MR: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI4,
     out: *mut f32,
@@ -73,7 +99,7 @@ unsafe fn tile<const MR: usize>(
     block: usize,
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_groups());
-    let ones = _mm256_set1_epi16(1);
+    let run_groups = D::run_groups(2 * 15 * 128, GROUPS_PER_BLOCK);
     // [row][half]: rows 0-7 and 8-15 of the block.
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
@@ -81,14 +107,27 @@ unsafe fn tile<const MR: usize>(
         if row0 == 0 {
             prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
         }
-        let mut pairs = [[_mm256_setzero_si256(); 2]; MR];
-        for g in kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK {
-            let packed = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES).cast());
-            let halves = split_nibbles(packed);
-            for (r, pairs_r) in pairs.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-                for (p, nibbles) in pairs_r.iter_mut().zip(halves) {
-                    *p = _mm256_add_epi16(*p, _mm256_maddubs_epi16(nibbles, av));
+        let mut dots = [[_mm256_setzero_si256(); 2]; MR];
+        let groups = kb * GROUPS_PER_BLOCK..(kb + 1) * GROUPS_PER_BLOCK;
+        for run in groups.step_by(run_groups) {
+            let mut runs = [[D::begin(_mm256_setzero_si256()); 2]; MR];
+            for (runs_r, dots_r) in runs.iter_mut().zip(&dots) {
+                for (p, d) in runs_r.iter_mut().zip(dots_r) {
+                    *p = D::begin(*d);
+                }
+            }
+            for g in run..run + run_groups {
+                let halves = split_nibbles(_mm256_loadu_si256(w_base.add(g * GROUP_BYTES).cast()));
+                for (r, runs_r) in runs.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
+                    for (p, nibbles) in runs_r.iter_mut().zip(halves) {
+                        *p = D::add(*p, nibbles, av);
+                    }
+                }
+            }
+            for (dots_r, runs_r) in dots.iter_mut().zip(runs) {
+                for (d, p) in dots_r.iter_mut().zip(runs_r) {
+                    *d = D::end(*d, p);
                 }
             }
         }
@@ -96,13 +135,13 @@ unsafe fn tile<const MR: usize>(
             w.scales.load16_avx2(block, kb),
             w.mins.load16_avx2(block, kb),
         );
-        for (r, (acc_r, pairs_r)) in acc.iter_mut().zip(&pairs).enumerate() {
+        for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {
             let at = (row0 + r) * n_blocks + kb;
             let a_scale = *a.scales.get_unchecked(at);
             let a_sum = _mm256_set1_ps(*a.block_sums.get_unchecked(at) as f32 * a_scale);
             let a_scale = _mm256_set1_ps(a_scale);
             for h in 0..2 {
-                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs_r[h], ones));
+                let dot = _mm256_cvtepi32_ps(dots_r[h]);
                 let scaled = _mm256_fmadd_ps(dot, _mm256_mul_ps(w_scale[h], a_scale), acc_r[h]);
                 acc_r[h] = _mm256_fmadd_ps(w_min[h], a_sum, scaled);
             }

@@ -1,11 +1,13 @@
-//! AVX2 and AVX-512 VNNI W6A8 kernels: each group's codes rebuilt from its nibbles and
-//! high-bit plane, multiplied as unsigned bytes by signed activations, the zero point
-//! taken out per scale group with the activations' sum.
+//! AVX2, AVX-VNNI and AVX-512 VNNI W6A8 kernels: each group's codes rebuilt from its
+//! nibbles and high-bit plane, multiplied as unsigned bytes by signed activations, the
+//! zero point taken out per scale group with the activations' sum. The two 256-bit forms
+//! are one tile, generic over [`ByteDot`].
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI6, PLANE_BYTES};
+use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
 use crate::int4::x86::split_nibbles;
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
 use crate::int8::x86::{
@@ -167,19 +169,45 @@ pub(super) unsafe fn gemm_blocks_avx2(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    let per_16 = w.scales.group_k() != BLOCK_K;
     for_each_tile(a.m, blocks, BYTES_PER_K * w.k_pad, |rows, row, b| {
-        match (rows, per_16) {
-            (4, false) => tile_avx2::<4, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (3, false) => tile_avx2::<3, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (2, false) => tile_avx2::<2, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (_, false) => tile_avx2::<1, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (4, true) => tile_avx2::<4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (3, true) => tile_avx2::<3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (2, true) => tile_avx2::<2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (_, true) => tile_avx2::<1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        }
-    });
+        tiles_256::<Maddubs>(a, w, out, rows, row, b)
+    })
+}
+
+/// # Safety
+/// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn gemm_blocks_avxvnni(
+    a: &QuantizedView<'_>,
+    w: &PackedI6,
+    out: *mut f32,
+    blocks: Range<usize>,
+) {
+    for_each_tile(a.m, blocks, BYTES_PER_K * w.k_pad, |rows, row, b| {
+        tiles_256::<Vnni256>(a, w, out, rows, row, b)
+    })
+}
+
+/// The tile of `rows` activation rows, inlined into the entry point of `D`'s ISA.
+#[inline(always)]
+unsafe fn tiles_256<D: ByteDot>(
+    a: &QuantizedView<'_>,
+    w: &PackedI6,
+    out: *mut f32,
+    rows: usize,
+    row: usize,
+    b: usize,
+) {
+    match (rows, w.scales.group_k() != BLOCK_K) {
+        (4, false) => tile_256::<D, 4, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (3, false) => tile_256::<D, 3, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (2, false) => tile_256::<D, 2, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (_, false) => tile_256::<D, 1, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (4, true) => tile_256::<D, 4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (3, true) => tile_256::<D, 3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (2, true) => tile_256::<D, 2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (_, true) => tile_256::<D, 1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+    }
 }
 
 /// A group's codes as rows 0–7 and 8–15 (positions 0–31 and 32–63).
@@ -213,11 +241,10 @@ unsafe fn lift(half: __m256i, plane: __m256i, shifts: __m256i) -> __m256i {
     _mm256_or_si256(half, _mm256_slli_epi32::<4>(bits))
 }
 
-/// `G` as in [`tile_vnni`]. Pair sums of `vpmaddubsw` are at most 2 · 63 · 128, so each
-/// group widens to 32 bits at once.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_avx2<const MR: usize, const G: usize>(
+/// `G` as in [`tile_vnni`]. Codes times activations are at most 2 · 63 · 128 per pair and
+/// group, so AVX2's 16-bit pair sums take runs of two groups.
+#[inline(always)]
+unsafe fn tile_256<D: ByteDot, const MR: usize, const G: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI6,
     out: *mut f32,
@@ -226,7 +253,7 @@ unsafe fn tile_avx2<const MR: usize, const G: usize>(
 ) {
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.k_pad / BLOCK_K);
     let zero = i32::from(w.zero);
-    let ones = _mm256_set1_epi16(1);
+    let run_groups = D::run_groups(2 * 63 * 128, G);
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     for s in 0..w.scales.groups() {
         let kb = s * G / GROUPS_PER_BLOCK;
@@ -236,13 +263,25 @@ unsafe fn tile_avx2<const MR: usize, const G: usize>(
         }
         let a_sums = group_sums::<MR, G>(a, row0, s);
         let mut dots = [[_mm256_setzero_si256(); 2]; MR];
-        for g in s * G..(s + 1) * G {
-            let halves = codes_256(w, block * n_groups + g);
-            for (r, dots_r) in dots.iter_mut().enumerate() {
-                let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-                for (d, codes) in dots_r.iter_mut().zip(halves) {
-                    let pairs = _mm256_maddubs_epi16(codes, av);
-                    *d = _mm256_add_epi32(*d, _mm256_madd_epi16(pairs, ones));
+        for run in (s * G..(s + 1) * G).step_by(run_groups) {
+            let mut runs = [[D::begin(_mm256_setzero_si256()); 2]; MR];
+            for (runs_r, dots_r) in runs.iter_mut().zip(&dots) {
+                for (p, d) in runs_r.iter_mut().zip(dots_r) {
+                    *p = D::begin(*d);
+                }
+            }
+            for g in run..run + run_groups {
+                let halves = codes_256(w, block * n_groups + g);
+                for (r, runs_r) in runs.iter_mut().enumerate() {
+                    let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
+                    for (p, codes) in runs_r.iter_mut().zip(halves) {
+                        *p = D::add(*p, codes, av);
+                    }
+                }
+            }
+            for (dots_r, runs_r) in dots.iter_mut().zip(runs) {
+                for (d, p) in dots_r.iter_mut().zip(runs_r) {
+                    *d = D::end(*d, p);
                 }
             }
         }

@@ -1,14 +1,17 @@
-//! AVX-512 VNNI and AVX2 versions of the W8A8 kernel. Both keep a tile's integer sums
-//! for one block of `k` in registers, then fold them into float accumulators with the
-//! block's weight and activation scales.
+//! AVX-512 VNNI, AVX-VNNI and AVX2 versions of the W8A8 kernel. Each keeps a tile's
+//! integer sums for one block of `k` in registers, then folds them into float
+//! accumulators with the block's weight and activation scales.
 //!
-//! VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by +128
-//! (an XOR of the sign bit) and each block's sums start at `-128 · Σ w`. AVX2 has no byte
-//! dot product that cannot saturate on `u8 × i8`, so it moves the activation's sign onto
-//! the weight (`vpsignb`) and multiplies `|a| · ±w`, whose pair sums stay below 2¹⁵.
+//! VNNI (either width): `vpdpbusd` multiplies unsigned by signed bytes, so activations are
+//! offset by +128 (an XOR of the sign bit) and each block's sums start at `-128 · Σ w`.
+//! AVX2 has no byte dot product that cannot saturate on `u8 × i8`, so it moves the
+//! activation's sign onto the weight (`vpsignb`) and multiplies `|a| · ±w`, whose pair
+//! sums stay below 2¹⁵. The 256-bit forms are one tile, generic over [`ByteDot`].
 
 use std::arch::x86_64::*;
 use std::ops::Range;
+
+use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
 
 use super::{
     PackedI8, QuantizedView, Scaling, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK,
@@ -319,21 +322,45 @@ pub(super) unsafe fn gemm_blocks_avx2(
     out: *mut f32,
     blocks: Range<usize>,
 ) {
-    for_each_tile(
-        a.m,
-        blocks,
-        ROWS_PER_BLOCK * w.k_pad,
-        |rows, row, b| match (rows, w.scales.group_k() != BLOCK_K) {
-            (4, false) => tile_avx2::<4, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (3, false) => tile_avx2::<3, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (2, false) => tile_avx2::<2, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (_, false) => tile_avx2::<1, GROUPS_PER_BLOCK>(a, w, out, row, b),
-            (4, true) => tile_avx2::<4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (3, true) => tile_avx2::<3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (2, true) => tile_avx2::<2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-            (_, true) => tile_avx2::<1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        },
-    );
+    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad, |rows, row, b| {
+        tiles_256::<Maddubs>(a, w, out, rows, row, b)
+    })
+}
+
+/// # Safety
+/// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn gemm_blocks_avxvnni(
+    a: &QuantizedView<'_>,
+    w: &PackedI8,
+    out: *mut f32,
+    blocks: Range<usize>,
+) {
+    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad, |rows, row, b| {
+        tiles_256::<Vnni256>(a, w, out, rows, row, b)
+    })
+}
+
+/// The tile of `rows` activation rows, inlined into the entry point of `D`'s ISA.
+#[inline(always)]
+unsafe fn tiles_256<D: ByteDot>(
+    a: &QuantizedView<'_>,
+    w: &PackedI8,
+    out: *mut f32,
+    rows: usize,
+    row: usize,
+    b: usize,
+) {
+    match (rows, w.scales.group_k() != BLOCK_K) {
+        (4, false) => tile_256::<D, 4, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (3, false) => tile_256::<D, 3, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (2, false) => tile_256::<D, 2, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (_, false) => tile_256::<D, 1, GROUPS_PER_BLOCK>(a, w, out, row, b),
+        (4, true) => tile_256::<D, 4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (3, true) => tile_256::<D, 3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (2, true) => tile_256::<D, 2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+        (_, true) => tile_256::<D, 1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+    }
 }
 
 /// Calls `tile(rows, row, block)` for every tile of up to four activation rows and one
@@ -359,17 +386,22 @@ pub(crate) fn for_each_tile(
 }
 
 /// `G` is the packed groups of four `k` per weight scale, as in [`tile_vnni`].
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn tile_avx2<const MR: usize, const G: usize>(
+///
+/// Where `D`'s pair sums hold activations offset to unsigned (VNNI), they are, and the
+/// sums start at `-128 · Σ w` as in [`tile_vnni`]: one `vpdpbusd` per weight vector. AVX2
+/// moves each activation's sign onto the weight instead (`vpsignb`) and multiplies `|a|`.
+#[inline(always)]
+unsafe fn tile_256<D: ByteDot, const MR: usize, const G: usize>(
     a: &QuantizedView<'_>,
     w: &PackedI8,
     out: *mut f32,
     row0: usize,
     block: usize,
 ) {
+    let offset = D::RUN_LIMIT >= 2 * 255 * 128;
     let (n_groups, n_blocks) = (w.k_pad / K_PER_GROUP, w.n_blocks());
-    let ones = _mm256_set1_epi16(1);
+    let scale_groups = w.scales.groups();
+    let sign = _mm256_set1_epi8(i8::MIN);
     // [row][half]: rows 0-7 and 8-15 of the block.
     let mut acc = [[_mm256_setzero_ps(); 2]; MR];
     let w_base = w.data.as_ptr().add(block * n_groups * GROUP_BYTES);
@@ -378,21 +410,37 @@ unsafe fn tile_avx2<const MR: usize, const G: usize>(
             prefetch_ahead::<1, _>(&w.data, w.k_pad, GROUP_BYTES, block, kb);
         }
         for h in 0..GROUPS_PER_BLOCK / G {
-            let mut dots = [[_mm256_setzero_si256(); 2]; MR];
+            let s = kb * (GROUPS_PER_BLOCK / G) + h;
+            let start = if offset {
+                let at = (block * scale_groups + s) * ROWS_PER_BLOCK;
+                let sums = w.block_sums.as_ptr().add(at);
+                std::array::from_fn(|half| {
+                    let sums = _mm256_cvtepi16_epi32(_mm_loadu_si128(sums.add(8 * half).cast()));
+                    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32::<7>(sums))
+                })
+            } else {
+                [_mm256_setzero_si256(); 2]
+            };
+            let mut dots = [start; MR];
             let first = kb * GROUPS_PER_BLOCK + h * G;
             for g in first..first + G {
                 let w_lo = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES) as *const _);
                 let w_hi = _mm256_loadu_si256(w_base.add(g * GROUP_BYTES + 32) as *const _);
                 for (r, dots_r) in dots.iter_mut().enumerate() {
                     let av = _mm256_set1_epi32(load_a4(a, row0 + r, g));
-                    let a_abs = _mm256_abs_epi8(av);
-                    for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
-                        let pairs = _mm256_maddubs_epi16(a_abs, _mm256_sign_epi8(wh, av));
-                        *d = _mm256_add_epi32(*d, _mm256_madd_epi16(pairs, ones));
+                    if offset {
+                        let a_unsigned = _mm256_xor_si256(av, sign);
+                        for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
+                            *d = D::dot(*d, a_unsigned, wh);
+                        }
+                    } else {
+                        let a_abs = _mm256_abs_epi8(av);
+                        for (d, wh) in dots_r.iter_mut().zip([w_lo, w_hi]) {
+                            *d = D::dot(*d, a_abs, _mm256_sign_epi8(wh, av));
+                        }
                     }
                 }
             }
-            let s = kb * (GROUPS_PER_BLOCK / G) + h;
             let w_scale = w.scales.load16_avx2(block, s);
             let w_min = w.mins.as_ref().map(|m| m.load16_avx2(block, s));
             for (r, (acc_r, dots_r)) in acc.iter_mut().zip(&dots).enumerate() {

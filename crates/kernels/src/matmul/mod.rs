@@ -85,7 +85,7 @@ pub unsafe fn matmul_cols<W: WeightElem>(
             Isa::Avx512 | Isa::Amx => x86::matmul_cols_avx512(a, w, out, m, k, n, block),
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Isa::Avx2` is only ever selected when the CPU has AVX2 and FMA.
-            Isa::Avx2 => x86::matmul_cols_avx2(a, w, out, m, k, n, block),
+            Isa::Avx2 | Isa::AvxVnni => x86::matmul_cols_avx2(a, w, out, m, k, n, block),
             _ => reference::matmul_cols_scalar(a, w, out, m, k, n, block),
         }
     }

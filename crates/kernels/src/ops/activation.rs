@@ -24,7 +24,7 @@ pub fn silu_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
         Isa::Avx512 | Isa::Amx => unsafe { silu_mul_avx512(gate, up) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and FMA for `Isa::Avx2`.
-        Isa::Avx2 => unsafe { silu_mul_avx2(gate, up) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { silu_mul_avx2(gate, up) },
         _ => silu_mul_scalar(gate, up),
     }
 }
@@ -86,7 +86,7 @@ pub fn gelu_tanh_mul_in_place_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
         Isa::Avx512 | Isa::Amx => unsafe { gelu_tanh_mul_avx512(gate, up) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and FMA for `Isa::Avx2`.
-        Isa::Avx2 => unsafe { gelu_tanh_mul_avx2(gate, up) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { gelu_tanh_mul_avx2(gate, up) },
         _ => gelu_tanh_mul_scalar(gate, up),
     }
 }

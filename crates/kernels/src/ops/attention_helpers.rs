@@ -18,7 +18,7 @@ pub fn attention_scores(q: &[f32], keys: &[f32], scale: f32, out: &mut Vec<f32>)
         Isa::Avx512 | Isa::Amx => unsafe { scores_avx512(q, keys, scale, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { scores_avx2(q, keys, scale, out) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { scores_avx2(q, keys, scale, out) },
         _ => scores_lanes::<8>(q, keys, scale, out),
     }
 }
@@ -53,7 +53,7 @@ pub fn weighted_sum(weights: &[f32], values: &[f32], out: &mut [f32]) {
         Isa::Avx512 | Isa::Amx => unsafe { weighted_sum_avx512(weights, values, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { weighted_sum_avx2(weights, values, out) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { weighted_sum_avx2(weights, values, out) },
         _ => weighted_sum_scalar(weights, values, out),
     }
 }
@@ -92,7 +92,7 @@ pub fn attention_scores_i8(
         Isa::Avx512 | Isa::Amx => unsafe { scores_i8_avx512(q, keys, key_scales, scale, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { scores_i8_avx2(q, keys, key_scales, scale, out) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { scores_i8_avx2(q, keys, key_scales, scale, out) },
         _ => scores_i8_lanes::<8>(q, keys, key_scales, scale, out),
     }
 }
@@ -157,7 +157,9 @@ pub fn weighted_sum_i8(weights: &[f32], values: &[i8], value_scales: &[f32], out
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { weighted_sum_i8_avx2(weights, values, value_scales, out) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe {
+            weighted_sum_i8_avx2(weights, values, value_scales, out)
+        },
         _ => weighted_sum_i8_scalar(weights, values, value_scales, out),
     }
 }

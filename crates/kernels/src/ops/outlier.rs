@@ -65,7 +65,7 @@ pub unsafe fn outlier_product_cols_with(
         Isa::Amx | Isa::Avx512 => outlier_product_avx512(x, n_o, w, out, n_out, cols),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::detect` requires AVX2 and F16C for `Isa::Avx2`; shapes checked above.
-        Isa::Avx2 => outlier_product_avx2(x, n_o, w, out, n_out, cols),
+        Isa::Avx2 | Isa::AvxVnni => outlier_product_avx2(x, n_o, w, out, n_out, cols),
         _ => outlier_product_scalar(x, n_o, w, out, n_out, cols),
     }
 }

@@ -14,7 +14,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         Isa::Avx512 | Isa::Amx => unsafe { dot_avx512(a, b) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { dot_avx2(a, b) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { dot_avx2(a, b) },
         _ => dot_lanes::<8>(a, b),
     }
 }
@@ -63,7 +63,7 @@ pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
         Isa::Avx512 | Isa::Amx => unsafe { axpy_avx512(y, alpha, x) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only selected when the CPU has AVX2 and FMA.
-        Isa::Avx2 => unsafe { axpy_avx2(y, alpha, x) },
+        Isa::Avx2 | Isa::AvxVnni => unsafe { axpy_avx2(y, alpha, x) },
         _ => axpy_scalar(y, alpha, x),
     }
 }
