@@ -16,6 +16,8 @@
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod byte_dot;
+#[cfg(target_arch = "x86_64")]
+mod column;
 pub mod int4;
 pub mod int6;
 pub mod int8;

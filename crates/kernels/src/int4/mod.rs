@@ -270,7 +270,26 @@ impl PackedI4 {
 
     /// `out[i] += v · w[cols.start + i][kk]`, as [`PackedI8::add_column`](crate::int8::PackedI8::add_column).
     pub fn add_column(&self, kk: usize, v: f32, out: &mut [f32], cols: Range<usize>) {
+        self.add_column_with(isa::active(), kk, v, out, cols)
+    }
+
+    /// As [`PackedI4::add_column`] with an explicit ISA: the same sums on every ISA.
+    pub fn add_column_with(
+        &self,
+        isa: Isa,
+        kk: usize,
+        v: f32,
+        out: &mut [f32],
+        cols: Range<usize>,
+    ) {
         assert!(kk < self.k && cols.end <= self.n && out.len() == cols.len());
+        isa.assert_supported();
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx2 {
+            // SAFETY: `Isa::Avx2` and above have AVX2 and F16C (asserted); `kk` and `cols`
+            // are inside the matrix.
+            return unsafe { x86::add_column_avx2(self, kk, v, out, cols) };
+        }
         for (o, row) in out.iter_mut().zip(cols) {
             *o += v * self.weight(row, kk);
         }

@@ -19,8 +19,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::{PackedI4, GROUP_BYTES};
+use super::{PackedI4, GROUP, GROUP_BYTES};
 use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
+use crate::column::{add_column_avx2 as add_column, Codes};
 use crate::int8::x86::{
     for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
     store_tile,
@@ -222,4 +223,27 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize>(
             store_block_row(out, w.n, row0 + r, block0 + j, *acc_rj);
         }
     }
+}
+
+/// [`PackedI4::add_column`] eight rows at a time.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `kk < w.k` and `cols` is inside `0..w.n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_column_avx2(
+    w: &PackedI4,
+    kk: usize,
+    v: f32,
+    out: &mut [f32],
+    cols: Range<usize>,
+) {
+    let (group, s) = (kk / K_PER_GROUP, kk / GROUP);
+    let n_groups = w.k_pad / K_PER_GROUP;
+    let codes = Codes::Unsigned { zero: 0 };
+    add_column(kk % K_PER_GROUP, codes, v, out, cols, |block, h| {
+        let at = (block * n_groups + group) * GROUP_BYTES;
+        let halves = split_nibbles(_mm256_loadu_si256(w.data.as_ptr().add(at).cast()));
+        let (scale, min) = (w.scales.load16_avx2(block, s), w.mins.load16_avx2(block, s));
+        (halves[h], scale[h], Some(min[h]))
+    })
 }

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::{PackedI6, PLANE_BYTES};
 use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
+use crate::column::{add_column_avx2 as add_column, Codes};
 use crate::int4::x86::split_nibbles;
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
 use crate::int8::x86::{
@@ -299,4 +300,27 @@ unsafe fn tile_256<D: ByteDot, const MR: usize, const G: usize>(
         }
     }
     store_tile(&acc, out, w.n, row0, block);
+}
+
+/// [`PackedI6::add_column`] eight rows at a time.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `kk < w.k` and `cols` is inside `0..w.n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_column_avx2(
+    w: &PackedI6,
+    kk: usize,
+    v: f32,
+    out: &mut [f32],
+    cols: Range<usize>,
+) {
+    let (group, s) = (kk / K_PER_GROUP, kk / w.scales.group_k());
+    let n_groups = w.k_pad / K_PER_GROUP;
+    let codes = Codes::Unsigned {
+        zero: i32::from(w.zero),
+    };
+    add_column(kk % K_PER_GROUP, codes, v, out, cols, |block, h| {
+        let halves = codes_256(w, block * n_groups + group);
+        (halves[h], w.scales.load16_avx2(block, s)[h], None)
+    })
 }

@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
+use crate::column::{add_column_avx2 as add_column, Codes};
 
 use super::{
     PackedI8, QuantizedView, Scaling, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK,
@@ -655,4 +656,26 @@ pub(super) unsafe fn quantize_block_avx512(x: &[f32], q: &mut [i8], scaling: Sca
         _mm_storeu_si128(q.as_mut_ptr().add(16 * i).cast(), bytes);
     }
     scale
+}
+
+/// [`PackedI8::add_column`] eight rows at a time.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `kk < w.k` and `cols` is inside `0..w.n`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn add_column_avx2(
+    w: &PackedI8,
+    kk: usize,
+    v: f32,
+    out: &mut [f32],
+    cols: Range<usize>,
+) {
+    let (group, s) = (kk / K_PER_GROUP, kk / w.scales.group_k());
+    let n_groups = w.k_pad / K_PER_GROUP;
+    add_column(kk % K_PER_GROUP, Codes::Signed, v, out, cols, |block, h| {
+        let at = (block * n_groups + group) * GROUP_BYTES + h * 32;
+        let codes = _mm256_loadu_si256(w.data.as_ptr().add(at).cast());
+        let min = w.mins.as_ref().map(|m| m.load16_avx2(block, s)[h]);
+        (codes, w.scales.load16_avx2(block, s)[h], min)
+    })
 }
