@@ -76,6 +76,16 @@ fn nibble_position(row: usize, kk: usize, k_pad: usize) -> (usize, bool) {
     )
 }
 
+/// Copies each group's four bytes of `combined` (one per `k`) into slot `slot` of that
+/// group's `group_bytes` in `out`: how a block's rows, combined a byte per `k`, are laid
+/// out in the INT4 and INT6 layouts.
+pub(crate) fn lay_out_quads(combined: &[u8], out: &mut [u8], group_bytes: usize, slot: usize) {
+    let groups = out.chunks_exact_mut(group_bytes);
+    for (quad, group) in combined.chunks_exact(K_PER_GROUP).zip(groups) {
+        group[slot * K_PER_GROUP..][..K_PER_GROUP].copy_from_slice(quad);
+    }
+}
+
 /// Row `w`'s group (at most [`GROUP`] values) cut into 15 steps from its minimum: its
 /// nibbles into `nibbles` (padding left 0, whose activations are zero), its f16 scale and
 /// minimum returned.
@@ -146,26 +156,30 @@ impl PackedI4 {
         );
         let mut data = vec![0u8; n_pad * k_pad / 2];
         if n > 0 && k > 0 {
+            let half = ROWS_PER_BLOCK / 2;
             data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2)
                 .enumerate()
                 .for_each(|(row_block, data)| {
+                    // The block's rows decoded whole (padding rows and columns 0), then
+                    // row `r`'s nibbles and row `r + 8`'s made one byte each, and laid
+                    // out a group's four bytes at a time (see `nibble_position`).
                     let first = row_block * ROWS_PER_BLOCK;
-                    let mut nibbles = vec![0u8; k];
-                    for row in 0..ROWS_PER_BLOCK.min(n - first) {
-                        row_nibbles(first + row, &mut nibbles);
-                        assert!(nibbles.iter().all(|&v| v < 16), "nibbles hold 0..=15");
-                        // Row `row`'s four nibbles of a group sit at the same bytes of each
-                        // group's 32 (see `nibble_position`).
-                        let (at, high) = nibble_position(row, 0, k_pad);
-                        let shift = if high { 4 } else { 0 };
-                        for (quad, group) in nibbles
-                            .chunks(K_PER_GROUP)
-                            .zip(data.chunks_exact_mut(GROUP_BYTES))
-                        {
-                            for (j, &v) in quad.iter().enumerate() {
-                                group[at + j] |= v << shift;
-                            }
+                    let mut rows = vec![0u8; ROWS_PER_BLOCK * k_pad];
+                    for (r, row) in rows.chunks_exact_mut(k_pad).enumerate() {
+                        if first + r < n {
+                            row_nibbles(first + r, &mut row[..k]);
                         }
+                    }
+                    // An OR over the block, which vectorises where `all` would stop early.
+                    assert!(rows.iter().fold(0, |m, &v| m | v) < 16, "nibbles hold 0..=15");
+                    let (low, high) = rows.split_at(half * k_pad);
+                    let mut pair = vec![0u8; k_pad];
+                    for r in 0..half {
+                        let (low, high) = (&low[r * k_pad..][..k_pad], &high[r * k_pad..][..k_pad]);
+                        for ((p, &lo), &hi) in pair.iter_mut().zip(low).zip(high) {
+                            *p = lo | hi << 4;
+                        }
+                        lay_out_quads(&pair, data, GROUP_BYTES, r);
                     }
                 });
         }

@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
+use crate::int4::{lay_out_quads, GROUP_BYTES as NIBBLE_BYTES};
 use crate::int8::{
     check_operands, column_blocks, QuantizedView, BLOCK_K, K_PER_GROUP, ROWS_PER_BLOCK,
 };
@@ -90,25 +90,34 @@ impl PackedI6 {
                 .zip(high.par_chunks_mut(groups_per_row * PLANE_BYTES))
                 .enumerate()
                 .for_each(|(block, (nibbles, high))| {
+                    // The block's rows decoded whole (padding rows and columns 0), then
+                    // combined a byte per `k` and laid out a group's four bytes at a
+                    // time (see `position`): rows `r` and `r + 8` share a nibble byte,
+                    // rows `a`, `a + 4`, `a + 8` and `a + 12` a plane byte.
                     let first = block * ROWS_PER_BLOCK;
-                    let mut codes = vec![0u8; k];
-                    for r in 0..ROWS_PER_BLOCK.min(n - first) {
-                        row_codes(first + r, &mut codes);
-                        assert!(codes.iter().all(|&c| c < 64), "codes hold six bits");
-                        // Row `r`'s four codes of a group sit at positions p..p + 4.
-                        let p = position(r, 0);
-                        let nibble_shift = if p < 32 { 0 } else { 4 };
-                        let plane_shift = 2 * (p / 16);
-                        let groups = codes.chunks(K_PER_GROUP);
-                        let slots = nibbles
-                            .chunks_exact_mut(NIBBLE_BYTES)
-                            .zip(high.chunks_exact_mut(PLANE_BYTES));
-                        for (quad, (nibbles, high)) in groups.zip(slots) {
-                            for (j, &c) in quad.iter().enumerate() {
-                                nibbles[p % 32 + j] |= (c & 0x0f) << nibble_shift;
-                                high[p % 16 + j] |= (c >> 4) << plane_shift;
-                            }
+                    let mut rows = vec![0u8; ROWS_PER_BLOCK * k_pad];
+                    for (r, row) in rows.chunks_exact_mut(k_pad).enumerate() {
+                        if first + r < n {
+                            row_codes(first + r, &mut row[..k]);
                         }
+                    }
+                    // An OR over the block, which vectorises where `all` would stop early.
+                    assert!(rows.iter().fold(0, |m, &c| m | c) < 64, "codes hold six bits");
+                    let row = |r: usize| &rows[r * k_pad..][..k_pad];
+                    let mut combined = vec![0u8; k_pad];
+                    for r in 0..ROWS_PER_BLOCK / 2 {
+                        for ((b, &lo), &hi) in combined.iter_mut().zip(row(r)).zip(row(r + 8)) {
+                            *b = (lo & 0x0f) | (hi & 0x0f) << 4;
+                        }
+                        lay_out_quads(&combined, nibbles, NIBBLE_BYTES, r);
+                    }
+                    for a in 0..ROWS_PER_BLOCK / 4 {
+                        let quads = row(a).iter().zip(row(a + 4));
+                        let quads = quads.zip(row(a + 8).iter().zip(row(a + 12)));
+                        for (b, ((&c0, &c1), (&c2, &c3))) in combined.iter_mut().zip(quads) {
+                            *b = c0 >> 4 | (c1 >> 4) << 2 | (c2 >> 4) << 4 | (c3 >> 4) << 6;
+                        }
+                        lay_out_quads(&combined, high, PLANE_BYTES, a);
                     }
                 });
         }
