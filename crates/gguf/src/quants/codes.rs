@@ -69,7 +69,10 @@ pub fn q4_k_codes(b: &[u8], nibbles: &mut [u8]) -> Q4KScales {
     let qs = &b[16..16 + QK_K / 2];
     // Whole runs by iterators, which the compiler vectorises: a load decodes every weight
     // of a Q4_K file through here.
-    for (pair, run) in nibbles[..QK_K].chunks_exact_mut(64).zip(qs.chunks_exact(32)) {
+    for (pair, run) in nibbles[..QK_K]
+        .chunks_exact_mut(64)
+        .zip(qs.chunks_exact(32))
+    {
         let (low, high) = pair.split_at_mut(32);
         for ((l, h), &q) in low.iter_mut().zip(high).zip(run) {
             (*l, *h) = (q & 0x0f, q >> 4);

@@ -171,7 +171,10 @@ impl PackedI4 {
                         }
                     }
                     // An OR over the block, which vectorises where `all` would stop early.
-                    assert!(rows.iter().fold(0, |m, &v| m | v) < 16, "nibbles hold 0..=15");
+                    assert!(
+                        rows.iter().fold(0, |m, &v| m | v) < 16,
+                        "nibbles hold 0..=15"
+                    );
                     let (low, high) = rows.split_at(half * k_pad);
                     let mut pair = vec![0u8; k_pad];
                     for r in 0..half {

@@ -102,7 +102,10 @@ impl PackedI6 {
                         }
                     }
                     // An OR over the block, which vectorises where `all` would stop early.
-                    assert!(rows.iter().fold(0, |m, &c| m | c) < 64, "codes hold six bits");
+                    assert!(
+                        rows.iter().fold(0, |m, &c| m | c) < 64,
+                        "codes hold six bits"
+                    );
                     let row = |r: usize| &rows[r * k_pad..][..k_pad];
                     let mut combined = vec![0u8; k_pad];
                     for r in 0..ROWS_PER_BLOCK / 2 {

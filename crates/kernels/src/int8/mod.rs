@@ -140,22 +140,28 @@ impl PackedI8 {
                 .enumerate()
                 .try_for_each(|(row_block, (data, sums))| {
                     let first = row_block * ROWS_PER_BLOCK;
-                    let mut codes = vec![0i8; k];
+                    // A row padded with zeros to whole groups, so each group's four
+                    // codes move as one fixed-size copy.
+                    let mut codes = vec![0i8; k_pad];
                     for row in 0..ROWS_PER_BLOCK.min(n - first) {
-                        row_codes(first + row, &mut codes);
-                        if let Some(col) = codes.iter().position(|&v| v == i8::MIN) {
+                        row_codes(first + row, &mut codes[..k]);
+                        // A check over the whole row first, which vectorises where
+                        // `position` would stop early; the column only for the message.
+                        let any_min = codes.iter().fold(false, |any, &v| any | (v == i8::MIN));
+                        if any_min {
+                            let col = codes.iter().position(|&v| v == i8::MIN).unwrap_or(0);
                             return Err(UnrepresentableCode {
                                 row: first + row,
                                 col,
                             });
                         }
-                        for (g, group) in codes.chunks(group_k).enumerate() {
+                        for (g, group) in codes.chunks_exact(group_k).enumerate() {
                             sums[scale_index(row, g, groups)] =
                                 group.iter().map(|&v| i16::from(v)).sum();
                         }
-                        for (g, quad) in codes.chunks(K_PER_GROUP).enumerate() {
-                            let at = packed_index(row, g * K_PER_GROUP, k_pad);
-                            data[at..at + quad.len()].copy_from_slice(quad);
+                        let slots = data.chunks_exact_mut(ROWS_PER_BLOCK * K_PER_GROUP);
+                        for (quad, slot) in codes.chunks_exact(K_PER_GROUP).zip(slots) {
+                            slot[row * K_PER_GROUP..][..K_PER_GROUP].copy_from_slice(quad);
                         }
                     }
                     Ok(())
