@@ -12,8 +12,8 @@ use crate::column::{add_column_avx2 as add_column, Codes};
 use crate::int4::x86::split_nibbles;
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
 use crate::int8::x86::{
-    for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
-    store_tile,
+    for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, row_tile,
+    store_block_row, store_tile,
 };
 use crate::int8::{QuantizedView, BLOCK_K, GROUPS_PER_BLOCK, K_PER_GROUP, ROWS_PER_BLOCK};
 
@@ -199,15 +199,18 @@ unsafe fn tiles_256<D: ByteDot>(
     row: usize,
     b: usize,
 ) {
-    match (rows, w.scales.group_k() != BLOCK_K) {
-        (4, false) => tile_256::<D, 4, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (3, false) => tile_256::<D, 3, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (2, false) => tile_256::<D, 2, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (_, false) => tile_256::<D, 1, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (4, true) => tile_256::<D, 4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (3, true) => tile_256::<D, 3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (2, true) => tile_256::<D, 2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (_, true) => tile_256::<D, 1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+    if w.scales.group_k() == BLOCK_K {
+        row_tile!(tile_256[D][GROUPS_PER_BLOCK], rows, a, w, out, row, b)
+    } else {
+        row_tile!(
+            tile_256[D][{ GROUPS_PER_BLOCK / 2 }],
+            rows,
+            a,
+            w,
+            out,
+            row,
+            b
+        )
     }
 }
 

@@ -352,17 +352,34 @@ unsafe fn tiles_256<D: ByteDot>(
     row: usize,
     b: usize,
 ) {
-    match (rows, w.scales.group_k() != BLOCK_K) {
-        (4, false) => tile_256::<D, 4, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (3, false) => tile_256::<D, 3, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (2, false) => tile_256::<D, 2, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (_, false) => tile_256::<D, 1, GROUPS_PER_BLOCK>(a, w, out, row, b),
-        (4, true) => tile_256::<D, 4, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (3, true) => tile_256::<D, 3, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (2, true) => tile_256::<D, 2, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
-        (_, true) => tile_256::<D, 1, { GROUPS_PER_BLOCK / 2 }>(a, w, out, row, b),
+    if w.scales.group_k() == BLOCK_K {
+        row_tile!(tile_256[D][GROUPS_PER_BLOCK], rows, a, w, out, row, b)
+    } else {
+        row_tile!(
+            tile_256[D][{ GROUPS_PER_BLOCK / 2 }],
+            rows,
+            a,
+            w,
+            out,
+            row,
+            b
+        )
     }
 }
+
+/// `$tile::<$pre, MR, $post>($args)` for a tile of `$rows` activation rows (up to four):
+/// the one match the 256-bit integer kernels dispatch their monomorphised tiles through.
+macro_rules! row_tile {
+    ($tile:ident [$pre:ty] [$post:expr], $rows:expr, $($arg:expr),* $(,)?) => {
+        match $rows {
+            4 => $tile::<$pre, 4, $post>($($arg),*),
+            3 => $tile::<$pre, 3, $post>($($arg),*),
+            2 => $tile::<$pre, 2, $post>($($arg),*),
+            _ => $tile::<$pre, 1, $post>($($arg),*),
+        }
+    };
+}
+pub(crate) use row_tile;
 
 /// Calls `tile(rows, row, block)` for every tile of up to four activation rows and one
 /// 16-row weight block, a chunk of weights that fits in L2 at a time, so a prefill streams
