@@ -102,6 +102,46 @@ impl ByteDot for Vnni256 {
     }
 }
 
+/// The AVX2 and AVX-VNNI entry points, `gemm_blocks_avx2` and `gemm_blocks_avxvnni`, of an
+/// integer kernel over `$packed` weights whose 16-row blocks take `$block_bytes` bytes (of
+/// weights `$w`) and whose tiles `tiles_256::<D>(a, w, out, rows, row, block)` picks: the
+/// one place that says which CPU features each [`ByteDot`] form is compiled with.
+macro_rules! entry_points_256 {
+    ($packed:ty, |$w:ident| $block_bytes:expr) => {
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other
+        /// thread writes the columns of `blocks`.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn gemm_blocks_avx2(
+            a: &QuantizedView<'_>,
+            $w: &$packed,
+            out: *mut f32,
+            blocks: Range<usize>,
+        ) {
+            // The closure is written here, so it is compiled with these features and the
+            // generic tile's intrinsics are inlined into it.
+            for_each_tile(a.m, blocks, $block_bytes, |rows, row, b| {
+                tiles_256::<$crate::byte_dot::Maddubs>(a, $w, out, rows, row, b)
+            })
+        }
+
+        /// # Safety
+        /// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        pub(super) unsafe fn gemm_blocks_avxvnni(
+            a: &QuantizedView<'_>,
+            $w: &$packed,
+            out: *mut f32,
+            blocks: Range<usize>,
+        ) {
+            for_each_tile(a.m, blocks, $block_bytes, |rows, row, b| {
+                tiles_256::<$crate::byte_dot::Vnni256>(a, $w, out, rows, row, b)
+            })
+        }
+    };
+}
+pub(crate) use entry_points_256;
+
 #[cfg(test)]
 mod tests {
     use super::*;

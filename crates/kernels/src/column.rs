@@ -6,7 +6,10 @@
 //! the same float operations in the same order, so its sums equal the scalar ones bit for
 //! bit.
 
-pub(crate) use x86::add_column_avx2;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::int8::ROWS_PER_BLOCK;
 
 /// How a format's codes become weights: `code · scale (+ min)`.
 #[derive(Clone, Copy)]
@@ -17,69 +20,61 @@ pub(crate) enum Codes {
     Unsigned { zero: i32 },
 }
 
-mod x86 {
-    use std::arch::x86_64::*;
-    use std::ops::Range;
+/// Rows one 256-bit vector holds.
+const HALF: usize = ROWS_PER_BLOCK / 2;
 
-    use super::Codes;
-    use crate::int8::ROWS_PER_BLOCK;
-
-    /// Rows one 256-bit vector holds.
-    const HALF: usize = ROWS_PER_BLOCK / 2;
-
-    /// `out[i] += v · w[cols.start + i][kk]`, where `half(block, h)` gives rows
-    /// `16 · block + 8 · h ..` of the packed matrix as codes (row `r`'s four `k` in 32-bit
-    /// lane `r`, `kk`'s at byte `j`), with their scales and minimums.
-    ///
-    /// # Safety
-    /// The CPU has AVX2; the caller's entry point enables it, and `half` reads inside the
-    /// matrix for every row block `cols` touches (its padding rows included).
-    #[inline(always)]
-    pub(crate) unsafe fn add_column_avx2(
-        j: usize,
-        codes: Codes,
-        v: f32,
-        out: &mut [f32],
-        cols: Range<usize>,
-        half: impl Fn(usize, usize) -> (__m256i, __m256, Option<__m256>),
-    ) {
-        debug_assert!(j < 4 && out.len() == cols.len());
-        let v8 = _mm256_set1_ps(v);
-        let mut row = cols.start;
-        while row < cols.end {
-            let first = row - row % HALF;
-            let end = (first + HALF).min(cols.end);
-            let (packed, scale, min) = half(first / ROWS_PER_BLOCK, first % ROWS_PER_BLOCK / HALF);
-            let code = match codes {
-                Codes::Signed => _mm256_sra_epi32(
-                    _mm256_sll_epi32(packed, _mm_cvtsi32_si128(24 - 8 * j as i32)),
-                    _mm_cvtsi32_si128(24),
+/// `out[i] += v · w[cols.start + i][kk]`, where `half(block, h)` gives rows
+/// `16 · block + 8 · h ..` of the packed matrix as codes (row `r`'s four `k` in 32-bit
+/// lane `r`, `kk`'s at byte `j`), with their scales and minimums.
+///
+/// # Safety
+/// The CPU has AVX2; the caller's entry point enables it, and `half` reads inside the
+/// matrix for every row block `cols` touches (its padding rows included).
+#[inline(always)]
+pub(crate) unsafe fn add_column_avx2(
+    j: usize,
+    codes: Codes,
+    v: f32,
+    out: &mut [f32],
+    cols: Range<usize>,
+    half: impl Fn(usize, usize) -> (__m256i, __m256, Option<__m256>),
+) {
+    debug_assert!(j < 4 && out.len() == cols.len());
+    let v8 = _mm256_set1_ps(v);
+    let mut row = cols.start;
+    while row < cols.end {
+        let first = row - row % HALF;
+        let end = (first + HALF).min(cols.end);
+        let (packed, scale, min) = half(first / ROWS_PER_BLOCK, first % ROWS_PER_BLOCK / HALF);
+        let code = match codes {
+            Codes::Signed => _mm256_sra_epi32(
+                _mm256_sll_epi32(packed, _mm_cvtsi32_si128(24 - 8 * j as i32)),
+                _mm_cvtsi32_si128(24),
+            ),
+            Codes::Unsigned { zero } => _mm256_sub_epi32(
+                _mm256_and_si256(
+                    _mm256_srl_epi32(packed, _mm_cvtsi32_si128(8 * j as i32)),
+                    _mm256_set1_epi32(0xFF),
                 ),
-                Codes::Unsigned { zero } => _mm256_sub_epi32(
-                    _mm256_and_si256(
-                        _mm256_srl_epi32(packed, _mm_cvtsi32_si128(8 * j as i32)),
-                        _mm256_set1_epi32(0xFF),
-                    ),
-                    _mm256_set1_epi32(zero),
-                ),
-            };
-            let mut w = _mm256_mul_ps(_mm256_cvtepi32_ps(code), scale);
-            if let Some(min) = min {
-                w = _mm256_add_ps(w, min);
-            }
-            let dst = &mut out[row - cols.start..end - cols.start];
-            if dst.len() == HALF {
-                let sum = _mm256_add_ps(_mm256_loadu_ps(dst.as_ptr()), _mm256_mul_ps(v8, w));
-                _mm256_storeu_ps(dst.as_mut_ptr(), sum);
-            } else {
-                let mut weights = [0.0f32; HALF];
-                _mm256_storeu_ps(weights.as_mut_ptr(), w);
-                for (o, w) in dst.iter_mut().zip(&weights[row - first..]) {
-                    *o += v * w;
-                }
-            }
-            row = end;
+                _mm256_set1_epi32(zero),
+            ),
+        };
+        let mut w = _mm256_mul_ps(_mm256_cvtepi32_ps(code), scale);
+        if let Some(min) = min {
+            w = _mm256_add_ps(w, min);
         }
+        let dst = &mut out[row - cols.start..end - cols.start];
+        if dst.len() == HALF {
+            let sum = _mm256_add_ps(_mm256_loadu_ps(dst.as_ptr()), _mm256_mul_ps(v8, w));
+            _mm256_storeu_ps(dst.as_mut_ptr(), sum);
+        } else {
+            let mut weights = [0.0f32; HALF];
+            _mm256_storeu_ps(weights.as_mut_ptr(), w);
+            for (o, w) in dst.iter_mut().zip(&weights[row - first..]) {
+                *o += v * w;
+            }
+        }
+        row = end;
     }
 }
 

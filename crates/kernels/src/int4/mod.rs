@@ -76,6 +76,43 @@ fn nibble_position(row: usize, kk: usize, k_pad: usize) -> (usize, bool) {
     )
 }
 
+/// Row block `block`'s sixteen rows, `k_pad` bytes each, as `row_codes(row, out)` decodes
+/// them (`out` is the row's first `k`), each code checked to fit in `bits`: the padding
+/// rows past `n` and columns past `k` are 0. The INT4 and INT6 packers lay a block out
+/// from these.
+pub(crate) fn block_rows(
+    block: usize,
+    (n, k, k_pad): (usize, usize, usize),
+    bits: u32,
+    row_codes: &impl Fn(usize, &mut [u8]),
+) -> Vec<u8> {
+    let first = block * ROWS_PER_BLOCK;
+    let mut rows = vec![0u8; ROWS_PER_BLOCK * k_pad];
+    for (r, row) in rows.chunks_exact_mut(k_pad).enumerate() {
+        if first + r < n {
+            row_codes(first + r, &mut row[..k]);
+        }
+    }
+    // An OR over the block, which vectorises where `all` would stop early.
+    let all_bits = rows.iter().fold(0, |m, &c| m | c);
+    assert!(u32::from(all_bits) < 1 << bits, "codes hold {bits} bits");
+    rows
+}
+
+/// Lays out a block's rows ([`block_rows`]) as INT4's nibbles in `out`: row `r`'s low
+/// four bits and row `r + 8`'s in one byte per `k`, a group's four bytes at a time (see
+/// `nibble_position`). `combined` is `k_pad` bytes of scratch.
+pub(crate) fn lay_out_nibbles(rows: &[u8], combined: &mut [u8], out: &mut [u8]) {
+    let k_pad = combined.len();
+    let row = |r: usize| &rows[r * k_pad..][..k_pad];
+    for r in 0..ROWS_PER_BLOCK / 2 {
+        for ((b, &lo), &hi) in combined.iter_mut().zip(row(r)).zip(row(r + 8)) {
+            *b = (lo & 0x0f) | (hi & 0x0f) << 4;
+        }
+        lay_out_quads(combined, out, GROUP_BYTES, r);
+    }
+}
+
 /// Copies each group's four bytes of `combined` (one per `k`) into slot `slot` of that
 /// group's `group_bytes` in `out`: how a block's rows, combined a byte per `k`, are laid
 /// out in the INT4 and INT6 layouts.
@@ -156,34 +193,11 @@ impl PackedI4 {
         );
         let mut data = vec![0u8; n_pad * k_pad / 2];
         if n > 0 && k > 0 {
-            let half = ROWS_PER_BLOCK / 2;
             data.par_chunks_mut(ROWS_PER_BLOCK * k_pad / 2)
                 .enumerate()
-                .for_each(|(row_block, data)| {
-                    // The block's rows decoded whole (padding rows and columns 0), then
-                    // row `r`'s nibbles and row `r + 8`'s made one byte each, and laid
-                    // out a group's four bytes at a time (see `nibble_position`).
-                    let first = row_block * ROWS_PER_BLOCK;
-                    let mut rows = vec![0u8; ROWS_PER_BLOCK * k_pad];
-                    for (r, row) in rows.chunks_exact_mut(k_pad).enumerate() {
-                        if first + r < n {
-                            row_nibbles(first + r, &mut row[..k]);
-                        }
-                    }
-                    // An OR over the block, which vectorises where `all` would stop early.
-                    assert!(
-                        rows.iter().fold(0, |m, &v| m | v) < 16,
-                        "nibbles hold 0..=15"
-                    );
-                    let (low, high) = rows.split_at(half * k_pad);
-                    let mut pair = vec![0u8; k_pad];
-                    for r in 0..half {
-                        let (low, high) = (&low[r * k_pad..][..k_pad], &high[r * k_pad..][..k_pad]);
-                        for ((p, &lo), &hi) in pair.iter_mut().zip(low).zip(high) {
-                            *p = lo | hi << 4;
-                        }
-                        lay_out_quads(&pair, data, GROUP_BYTES, r);
-                    }
+                .for_each(|(block, data)| {
+                    let rows = block_rows(block, (n, k, k_pad), 4, &row_nibbles);
+                    lay_out_nibbles(&rows, &mut vec![0u8; k_pad], data);
                 });
         }
         Self {

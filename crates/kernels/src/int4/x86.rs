@@ -20,7 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI4, GROUP, GROUP_BYTES};
-use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
+use crate::byte_dot::{entry_points_256, ByteDot};
 use crate::column::{add_column_avx2 as add_column, Codes};
 use crate::int8::x86::{
     for_each_pair_tile, for_each_tile, load_a4, pair_tile, prefetch_ahead, store_block_row,
@@ -42,34 +42,7 @@ pub(crate) unsafe fn split_nibbles(packed: __m256i) -> [__m256i; 2] {
     ]
 }
 
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other thread
-/// writes the columns of `blocks`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_blocks_avx2(
-    a: &QuantizedView<'_>,
-    w: &PackedI4,
-    out: *mut f32,
-    blocks: Range<usize>,
-) {
-    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad / 2, |rows, row, b| {
-        tiles_256::<Maddubs>(a, w, out, rows, row, b)
-    })
-}
-
-/// # Safety
-/// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(super) unsafe fn gemm_blocks_avxvnni(
-    a: &QuantizedView<'_>,
-    w: &PackedI4,
-    out: *mut f32,
-    blocks: Range<usize>,
-) {
-    for_each_tile(a.m, blocks, ROWS_PER_BLOCK * w.k_pad / 2, |rows, row, b| {
-        tiles_256::<Vnni256>(a, w, out, rows, row, b)
-    })
-}
+entry_points_256!(PackedI4, |w| ROWS_PER_BLOCK * w.k_pad / 2);
 
 /// The tile of `rows` activation rows, inlined into the entry point of `D`'s ISA.
 #[inline(always)]

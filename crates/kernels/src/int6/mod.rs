@@ -25,7 +25,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::int4::{lay_out_quads, GROUP_BYTES as NIBBLE_BYTES};
+use crate::int4::{block_rows, lay_out_nibbles, lay_out_quads, GROUP_BYTES as NIBBLE_BYTES};
 use crate::int8::{
     check_operands, column_blocks, QuantizedView, BLOCK_K, K_PER_GROUP, ROWS_PER_BLOCK,
 };
@@ -90,30 +90,14 @@ impl PackedI6 {
                 .zip(high.par_chunks_mut(groups_per_row * PLANE_BYTES))
                 .enumerate()
                 .for_each(|(block, (nibbles, high))| {
-                    // The block's rows decoded whole (padding rows and columns 0), then
-                    // combined a byte per `k` and laid out a group's four bytes at a
-                    // time (see `position`): rows `r` and `r + 8` share a nibble byte,
-                    // rows `a`, `a + 4`, `a + 8` and `a + 12` a plane byte.
-                    let first = block * ROWS_PER_BLOCK;
-                    let mut rows = vec![0u8; ROWS_PER_BLOCK * k_pad];
-                    for (r, row) in rows.chunks_exact_mut(k_pad).enumerate() {
-                        if first + r < n {
-                            row_codes(first + r, &mut row[..k]);
-                        }
-                    }
-                    // An OR over the block, which vectorises where `all` would stop early.
-                    assert!(
-                        rows.iter().fold(0, |m, &c| m | c) < 64,
-                        "codes hold six bits"
-                    );
-                    let row = |r: usize| &rows[r * k_pad..][..k_pad];
+                    // The block's rows decoded whole, then combined a byte per `k` and
+                    // laid out a group's four bytes at a time (see `position`): rows `r`
+                    // and `r + 8` share a nibble byte, rows `a`, `a + 4`, `a + 8` and
+                    // `a + 12` a plane byte.
+                    let rows = block_rows(block, (n, k, k_pad), 6, &row_codes);
                     let mut combined = vec![0u8; k_pad];
-                    for r in 0..ROWS_PER_BLOCK / 2 {
-                        for ((b, &lo), &hi) in combined.iter_mut().zip(row(r)).zip(row(r + 8)) {
-                            *b = (lo & 0x0f) | (hi & 0x0f) << 4;
-                        }
-                        lay_out_quads(&combined, nibbles, NIBBLE_BYTES, r);
-                    }
+                    lay_out_nibbles(&rows, &mut combined, nibbles);
+                    let row = |r: usize| &rows[r * k_pad..][..k_pad];
                     for a in 0..ROWS_PER_BLOCK / 4 {
                         let quads = row(a).iter().zip(row(a + 4));
                         let quads = quads.zip(row(a + 8).iter().zip(row(a + 12)));

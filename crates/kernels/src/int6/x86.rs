@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::{PackedI6, PLANE_BYTES};
-use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
+use crate::byte_dot::{entry_points_256, ByteDot};
 use crate::column::{add_column_avx2 as add_column, Codes};
 use crate::int4::x86::split_nibbles;
 use crate::int4::GROUP_BYTES as NIBBLE_BYTES;
@@ -160,34 +160,7 @@ unsafe fn tile_vnni<const MR: usize, const NB: usize, const G: usize>(
     }
 }
 
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; `out` points to `m * w.n` floats and no other thread
-/// writes the columns of `blocks`.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm_blocks_avx2(
-    a: &QuantizedView<'_>,
-    w: &PackedI6,
-    out: *mut f32,
-    blocks: Range<usize>,
-) {
-    for_each_tile(a.m, blocks, BYTES_PER_K * w.k_pad, |rows, row, b| {
-        tiles_256::<Maddubs>(a, w, out, rows, row, b)
-    })
-}
-
-/// # Safety
-/// As [`gemm_blocks_avx2`], and the CPU has AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(super) unsafe fn gemm_blocks_avxvnni(
-    a: &QuantizedView<'_>,
-    w: &PackedI6,
-    out: *mut f32,
-    blocks: Range<usize>,
-) {
-    for_each_tile(a.m, blocks, BYTES_PER_K * w.k_pad, |rows, row, b| {
-        tiles_256::<Vnni256>(a, w, out, rows, row, b)
-    })
-}
+entry_points_256!(PackedI6, |w| BYTES_PER_K * w.k_pad);
 
 /// The tile of `rows` activation rows, inlined into the entry point of `D`'s ISA.
 #[inline(always)]
