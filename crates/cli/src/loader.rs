@@ -9,7 +9,7 @@ use clap::Args;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::linear::CALIBRATION_TEXT;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Calibration, Checkpoint, KvType, Model, Precision};
+use pyramid_model::{Attention, Calibration, Checkpoint, KvType, Model, Precision};
 use pyramid_registry::{HfHub, HfModelId, IndicatifProgress, ModelCache, DEFAULT_MODEL, HF_PREFIX};
 use pyramid_tokenizer::{ChatTemplate, Tokenizer};
 
@@ -30,13 +30,29 @@ pub struct ModelArgs {
     /// activations), bf16, or f32 (the reference).
     #[arg(long = "precision", value_parser = parse_precision)]
     pub precision_arg: Option<Precision>,
-    /// KV cache storage: f32, f16 (half the bytes), or int8 (about a quarter).
-    #[arg(long, default_value = "f32", value_parser = parse_kv_type)]
-    pub kv: KvType,
+    /// KV cache storage: f16 (the default: half f32's bytes, next-token distributions
+    /// within a KL of 1e-5 of it), f32, or int8 (about a quarter; the default with
+    /// `--attention int8`). OpenVINO routes bind an f32 cache, their default.
+    #[arg(long, value_parser = parse_kv_type)]
+    pub kv: Option<KvType>,
+    /// Attention products: exact (f32 products over any cache) or int8 (INT8 products
+    /// and an online softmax over an INT8 cache, several times faster at depth).
+    #[arg(long, value_parser = parse_attention)]
+    pub attention: Option<Attention>,
     /// A Jinja chat template (as in Hugging Face's `tokenizer_config.json`) to use
     /// instead of the model's own: for a model whose file has none, such as gemma3-270m.
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+}
+
+fn parse_attention(s: &str) -> Result<Attention, String> {
+    Attention::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Attention::ALL.iter().map(|a| a.name()).collect();
+        format!(
+            "unknown attention '{s}' (expected one of: {})",
+            names.join(", ")
+        )
+    })
 }
 
 fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -271,6 +287,23 @@ pub struct Loaded {
 }
 
 impl ModelArgs {
+    /// `--attention` and `--kv`, each defaulting to what suits the other: INT8 products
+    /// read an INT8 cache, so `--attention int8` with another `--kv` is refused by name.
+    /// The cache defaults to f16, or to f32 for `openvino` routes, whose stages bind f32.
+    pub fn attention_and_kv(&self, openvino: bool) -> Result<(Attention, KvType)> {
+        let attention = self.attention.unwrap_or_default();
+        match (attention, self.kv) {
+            (Attention::Int8, Some(kv)) if kv != KvType::Int8 => bail!(
+                "--attention int8 multiplies an INT8 KV cache, not --kv {kv}: pass --kv int8 \
+                 or --attention exact"
+            ),
+            (Attention::Int8, _) => Ok((attention, KvType::Int8)),
+            (Attention::Exact, Some(kv)) => Ok((attention, kv)),
+            (Attention::Exact, None) if openvino => Ok((attention, KvType::F32)),
+            (Attention::Exact, None) => Ok((attention, KvType::F16)),
+        }
+    }
+
     /// `--precision`, or the default for the model: a GGUF file's own blocks (`file`), or
     /// INT8 for a Hugging Face directory's float tensors. Resolves the model (fetching it
     /// if needed) only when no precision was given.
@@ -282,8 +315,10 @@ impl ModelArgs {
     }
 
     /// Loads the model in `--precision`, also keeping the f32 model when `keep_f32` (a second copy
-    /// of the weights unless `--precision f32`).
+    /// of the weights unless `--precision f32`): for an OpenVINO route, whose graphs are
+    /// built from it and whose cache is f32.
     pub fn load_keeping_f32(&self, keep_f32: bool) -> Result<Loaded> {
+        let (attention, kv_type) = self.attention_and_kv(keep_f32)?;
         let pool = match self.threads {
             Some(0) => anyhow::bail!("--threads must be at least 1"),
             Some(n) => ThreadPool::new(n)?,
@@ -336,8 +371,9 @@ impl ModelArgs {
             } else {
                 None
             };
-            let model = Model::from_checkpoint(&checkpoint, precision, calibration.as_ref())
+            let mut model = Model::from_checkpoint(&checkpoint, precision, calibration.as_ref())
                 .with_context(loading)?;
+            model.attention = attention;
             Ok((f32_model, model))
         })?;
         let load_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -347,7 +383,7 @@ impl ModelArgs {
             name: self.model.clone(),
             synthetic: self.model.starts_with(SYNTHETIC_PREFIX),
             path,
-            kv_type: self.kv,
+            kv_type,
             f32_model,
             model,
             tokenizer,

@@ -3,6 +3,7 @@
 //! `cargo bench -p pyramid-kernels`. Uses every core, as a forward pass does.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pyramid_kernels::attention::int8::attend_rows_int8;
 use pyramid_kernels::attention::{
     attend_group, attend_rows, attend_rows_shared, meeting_len, KvRows, MAX_ROWS,
 };
@@ -205,17 +206,41 @@ fn decode_attention(c: &mut Criterion) {
         (CACHES * 2 * n_q * n_pos * head_dim) as u64,
     ));
     let (mut scratch, mut out) = (Vec::new(), vec![0.0; n_q * head_dim]);
-    for (k, name) in ["f32", "int8"].into_iter().enumerate() {
+    let kinds = with_int8_products(caches[0].kinds());
+    for (k, (name, _, int8_products)) in kinds.into_iter().enumerate() {
         group.bench_function(BenchmarkId::new(name, n_pos), |b| {
             b.iter(|| {
                 for cache in &caches {
-                    let kv = cache.kinds()[k].1;
-                    attend_group(&q, head_dim, kv, 0.125, &mut scratch, &mut out);
+                    let kv = cache.kinds()[k.min(1)].1;
+                    let mut outs = [out.as_mut_slice()];
+                    if int8_products {
+                        attend_rows_int8(
+                            &[&q],
+                            head_dim,
+                            kv,
+                            n_pos,
+                            0.125,
+                            &mut scratch,
+                            &mut outs,
+                        );
+                    } else {
+                        attend_group(&q, head_dim, kv, 0.125, &mut scratch, outs[0]);
+                    }
                 }
             })
         });
     }
     group.finish();
+}
+
+/// The storage types of [`BenchCache::kinds`] with the exact products, then the INT8 cache
+/// with INT8 products ("int8-products").
+fn with_int8_products<'a>(
+    kinds: [(&'static str, KvRows<'a>); 2],
+) -> Vec<(&'static str, KvRows<'a>, bool)> {
+    let mut all: Vec<_> = kinds.iter().map(|&(name, kv)| (name, kv, false)).collect();
+    all.push(("int8-products", kinds[1].1, true));
+    all
 }
 
 /// [`decode_attention`]'s 90 caches on a team of two threads, as a SmolLM2 decode step
@@ -306,11 +331,16 @@ fn prefill_attention(c: &mut Criterion) {
         // Scores and weighted sums: two multiply-adds per row, head, position and column.
         let seen: usize = (0..MAX_ROWS).map(|r| first_len + r).sum();
         group.throughput(Throughput::Elements((2 * n_q * seen * head_dim) as u64));
-        for (name, kv) in cache.kinds() {
+        for (name, kv, int8_products) in with_int8_products(cache.kinds()) {
+            let attend = if int8_products {
+                attend_rows_int8
+            } else {
+                attend_rows
+            };
             group.bench_function(BenchmarkId::new(name, n_q), |b| {
                 b.iter(|| {
                     let mut outs: Vec<&mut [f32]> = out.chunks_exact_mut(n_q * head_dim).collect();
-                    attend_rows(
+                    attend(
                         &q_rows,
                         head_dim,
                         kv,

@@ -12,6 +12,7 @@
 //! Invariant: a forward pass of tokens at positions `p..p+n` appends exactly `n`
 //! positions to the cache, and its result depends only on the tokens at `0..p+n`.
 
+mod attention;
 mod block;
 mod checkpoint;
 mod config;
@@ -30,6 +31,7 @@ use std::path::Path;
 
 use pyramid_gguf::GgufFile;
 
+pub use attention::Attention;
 pub use block::{BlockPart, Projection};
 pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::{Activation, Architecture, Experts, ModelConfig, SlidingWindow};
@@ -101,6 +103,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub weights: ModelWeights,
     pub precision: Precision,
+    /// The products attention runs in; [`Attention::Exact`] unless set after load.
+    pub attention: Attention,
     rope_inv_freq: Vec<f32>,
     /// Sliding-window layers' frequencies (empty without such layers).
     rope_inv_freq_local: Vec<f32>,
@@ -154,6 +158,7 @@ impl Model {
             config,
             weights,
             precision,
+            attention: Attention::Exact,
         }
     }
 

@@ -35,6 +35,13 @@ pub fn refs_path(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// A public-domain book (`testdata/texts`, see its README): a long context of real prose.
+pub fn long_text() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/texts/alice-in-wonderland.txt");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
 /// A JSON file under `testdata/refs`.
 pub fn refs(name: &str) -> Value {
     let path = refs_path(name);

@@ -106,7 +106,8 @@ pub fn run(args: AffinityArgs) -> Result<()> {
                 model: args.model.clone(),
                 threads: args.threads,
                 precision_arg: Some(precision),
-                kv: KvType::F32,
+                kv: Some(KvType::F32),
+                attention: None,
                 chat_template: None,
             };
             Ok((precision, model.load_keeping_f32(true)?))

@@ -89,6 +89,8 @@ struct Record {
     threads: usize,
     precision: String,
     kv: String,
+    /// `exact` or `int8` attention products.
+    attention: String,
     isa: &'static str,
     /// `cpu` for the native path, else the route (`ov:CPU`, `cpu->ov:NPU`).
     device: String,
@@ -385,6 +387,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             threads: loaded.pool.n_threads(),
             precision: loaded.model.precision.to_string(),
             kv: loaded.kv_type.to_string(),
+            attention: loaded.model.attention.to_string(),
             isa: isa::active().name(),
             device: route.name(),
             window,

@@ -354,7 +354,8 @@ fn matrix(args: MatrixArgs) -> Result<()> {
                 model: key.model.clone(),
                 threads: args.threads,
                 precision_arg: Some(Precision::parse(&key.precision).expect("checked above")),
-                kv,
+                kv: Some(kv),
+                attention: None,
                 chat_template: None,
             };
             // The f32 model serves qualification and OpenVINO's graphs; synthetic models

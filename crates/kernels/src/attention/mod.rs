@@ -325,6 +325,7 @@ fn attend_group_scalar(
     }
 }
 
+pub mod int8;
 mod shared;
 #[cfg(target_arch = "x86_64")]
 mod tiled;

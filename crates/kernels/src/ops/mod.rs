@@ -22,7 +22,6 @@ pub use half::f16;
 mod activation;
 mod argmax;
 mod attention_helpers;
-#[cfg(target_arch = "x86_64")]
 mod exp;
 mod norm;
 mod outlier;
@@ -37,6 +36,7 @@ pub use attention_helpers::{
     attention_scores, attention_scores_f16, attention_scores_i8, softmax_in_place, weighted_sum,
     weighted_sum_f16, weighted_sum_i8, MAX_F16_HEAD_DIM,
 };
+pub(crate) use exp::exp_scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use exp::{exp_avx2, exp_avx512};
 pub use norm::{rms_norm, rms_norm_in_place};

@@ -2,14 +2,15 @@
 //! query heads) items round-robin, with the items of a long cache left over after the
 //! last whole round shared by the whole team.
 
+use pyramid_kernels::attention::int8::attend_rows_int8;
 use pyramid_kernels::attention::{
-    attend_rows, attend_rows_shared, can_share, worth_sharing, MAX_GROUP, MAX_ROWS,
+    attend_rows, attend_rows_shared, can_share, worth_sharing, KvRows, MAX_GROUP, MAX_ROWS,
 };
 use pyramid_kernels::{isa, Team};
 
 use super::scratch::Pass;
 use crate::kv_cache::KvCache;
-use crate::Model;
+use crate::{Attention, Model};
 
 impl Model {
     /// Causal grouped-query attention for every real row, whose keys and values are already
@@ -57,9 +58,15 @@ impl Model {
             let rows = kv.head(layer_idx, kv_head, last_pos).skip(start, head_dim);
             (rows, place.pos + 1 - start)
         };
+        // INT8 products over an INT8 cache run each (row, head) pair on one thread, in an
+        // order of its own whatever the team: they are not shared.
+        let int8 = |rows: &KvRows<'_>| {
+            self.attention == Attention::Int8 && matches!(rows, KvRows::Int8 { .. })
+        };
         let shareable = n_threads > 1 && can_share(isa::active(), head_dim);
         let shared = |b: usize| {
-            shareable && !pass.places[blocks[b].0].padding && worth_sharing(cached(b, 0).0)
+            let rows = cached(b, 0).0;
+            shareable && !pass.places[blocks[b].0].padding && !int8(&rows) && worth_sharing(rows)
         };
         let min_runs = group.div_ceil(MAX_GROUP);
         let wanted = if (0..blocks.len()).all(shared) {
@@ -101,7 +108,12 @@ impl Model {
                 continue;
             }
             let (rows, first_len) = cached(b, kv_head);
-            attend_rows(
+            let attend = if int8(&rows) {
+                attend_rows_int8
+            } else {
+                attend_rows
+            };
+            attend(
                 &q_rows[..n_rows],
                 head_dim,
                 rows,
