@@ -14,7 +14,7 @@
 
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::{ops::argmax, ThreadPool};
-use pyramid_model::{Attention, KvType, LogitsFor, Model, Precision, Scratch};
+use pyramid_model::{Attention, KvType, LogitsFor, Model, Scratch};
 use pyramid_testdata::{long_text, model_path, reference_prompts};
 use pyramid_tokenizer::Tokenizer;
 

@@ -218,34 +218,11 @@ pub fn attend_rows_with(
     scratch: &mut Vec<f32>,
     out: &mut [&mut [f32]],
 ) {
-    assert!(head_dim > 0, "head_dim must be positive");
     isa.assert_supported();
-    let n_rows = q.len();
-    assert!(
-        n_rows <= MAX_ROWS && out.len() == n_rows,
-        "at most {MAX_ROWS} rows, one output per query row"
-    );
-    let Some(first) = q.first() else {
+    let Some((n_rows, n_q)) = check_block(q, head_dim, kv, first_len, out) else {
         return;
     };
-    let n_q = first.len() / head_dim;
-    assert!(
-        first.len() == n_q * head_dim
-            && n_q <= MAX_GROUP
-            && q.iter().all(|r| r.len() == first.len())
-            && out.iter().all(|o| o.len() == first.len()),
-        "every query row and output must be [n_q <= {MAX_GROUP}, head_dim]"
-    );
-    assert!(
-        kv.is_consistent(head_dim),
-        "keys and values must be [n_pos, head_dim] (with a scale per row)"
-    );
     let last_len = first_len + n_rows - 1;
-    assert!(
-        last_len <= kv.len() / head_dim,
-        "the last row attends to {last_len} positions but the cache holds {}",
-        kv.len() / head_dim
-    );
     if n_q == 0 {
         return;
     }
@@ -288,6 +265,44 @@ pub fn attend_rows_with(
             }
         }
     }
+}
+
+/// Asserts the shapes every attention kernel takes: at most [`MAX_ROWS`] query rows of the
+/// same `[n_q <= MAX_GROUP, head_dim]`, one output each, over whole cache rows holding the
+/// last row's positions. Returns `(n_rows, n_q)`, or `None` for no rows.
+pub(crate) fn check_block(
+    q: &[&[f32]],
+    head_dim: usize,
+    kv: KvRows<'_>,
+    first_len: usize,
+    out: &[&mut [f32]],
+) -> Option<(usize, usize)> {
+    assert!(head_dim > 0, "head_dim must be positive");
+    let n_rows = q.len();
+    assert!(
+        n_rows <= MAX_ROWS && out.len() == n_rows,
+        "at most {MAX_ROWS} rows, one output per query row"
+    );
+    let first = q.first()?;
+    let n_q = first.len() / head_dim;
+    assert!(
+        first.len() == n_q * head_dim
+            && n_q <= MAX_GROUP
+            && q.iter().all(|r| r.len() == first.len())
+            && out.iter().all(|o| o.len() == first.len()),
+        "every query row and output must be [n_q <= {MAX_GROUP}, head_dim]"
+    );
+    assert!(
+        kv.is_consistent(head_dim),
+        "keys and values must be [n_pos, head_dim] (with a scale per row)"
+    );
+    let last_len = first_len + n_rows - 1;
+    assert!(
+        last_len <= kv.len() / head_dim,
+        "the last row attends to {last_len} positions but the cache holds {}",
+        kv.len() / head_dim
+    );
+    Some((n_rows, n_q))
 }
 
 /// The oracle: each head on its own.

@@ -6,10 +6,9 @@
 
 use std::arch::x86_64::*;
 
-use super::{
-    value_quad, weight_step, Cache, Plan, Queries, Regions, BLOCK, MAX_GROUP, MAX_HEAD_DIM,
-    WEIGHT_MAX,
-};
+use super::regions::{value_quad, Plan, Queries, Regions};
+use super::{weight_step, Cache, BLOCK, MAX_HEAD_DIM, WEIGHT_MAX};
+use crate::attention::MAX_GROUP;
 use crate::byte_dot::{ByteDot, Maddubs, Vnni256};
 use crate::ops::{exp_avx2 as exp, exp_scalar};
 

@@ -5,7 +5,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{value_quad, weight_step, Cache, Plan, Queries, Regions, BLOCK, WEIGHT_MAX};
+use super::regions::{value_quad, Plan, Queries, Regions};
+use super::{weight_step, Cache, BLOCK, WEIGHT_MAX};
 use crate::ops::{exp_avx512 as exp, exp_scalar};
 
 const LANES: usize = 16;
