@@ -2,7 +2,7 @@
 //! the regions of one buffer that hold the queries' codes, each pair's running state and
 //! a block's keys, values, scores and weight codes.
 
-use super::{interleaved_column, Cache, BLOCK};
+use super::{interleaved_column, Cache, BLOCK, MAX_HEAD_DIM};
 use crate::int8::quantize_row;
 
 /// The layout the vector kernels share: (row, head) pairs in the order of their heads,
@@ -123,7 +123,10 @@ impl Regions {
             }
         };
         let (hd, lanes) = (plan.head_dim, plan.lanes);
-        let mut codes = vec![0i8; hd];
+        // On the stack: this runs for every block of rows of every layer.
+        let mut query = [0i8; MAX_HEAD_DIM];
+        let codes = &mut query[..hd];
+        let flip = u8::from(layout == Queries::Tiles { offset: true }) << 7;
         for p in 0..plan.n_tiles * lanes {
             let (tile, lane) = (p / lanes, p % lanes);
             // SAFETY: `p` is within the tiles' slots, each region sized for them.
@@ -134,13 +137,11 @@ impl Regions {
                 }
                 let (row, head) = plan.pair(p);
                 *r.lens.add(p) = (first_len + row) as i32;
-                let q_scale = quantize_row(&q[row][head * hd..(head + 1) * hd], &mut codes);
+                let q_scale = quantize_row(&q[row][head * hd..(head + 1) * hd], codes);
                 *r.query_scales.add(p) = q_scale * scale;
                 *r.query_starts.add(p) = -128 * codes.iter().map(|&c| c as i32).sum::<i32>();
                 for (quad, c) in codes.chunks_exact(4).enumerate() {
-                    let offset = layout == Queries::Tiles { offset: true };
-                    let bytes =
-                        [c[0], c[1], c[2], c[3]].map(|b| (b as u8) ^ (u8::from(offset) << 7));
+                    let bytes = [c[0], c[1], c[2], c[3]].map(|b| (b as u8) ^ flip);
                     let at = match layout {
                         Queries::Tiles { .. } => (tile * hd / 4 + quad) * lanes + lane,
                         Queries::Rows => p * hd / 4 + quad,
