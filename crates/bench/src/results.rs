@@ -192,6 +192,12 @@ pub struct ReplayArm {
     pub decode_ms_per_token: f64,
     pub n_compiles: usize,
     pub compile_ms: f64,
+    /// Artifacts loaded from the store of compiled artifacts instead of compiled, and
+    /// the time it took; absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_store_loads: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_load_ms: Option<f64>,
     pub n_migrations: usize,
     pub migration_ms: f64,
     /// Bytes migrations copied (0 when caches grow in place); absent in older records.

@@ -166,6 +166,8 @@ fn replay(route: &str, tokens_identical: bool) -> ReplayRecord {
         decode_ms_per_token: 20.0,
         n_compiles: 2,
         compile_ms: 10.0,
+        n_store_loads: Some(0),
+        store_load_ms: Some(0.0),
         n_migrations: 0,
         migration_ms: 0.0,
         migration_bytes: Some(0),

@@ -14,7 +14,8 @@ use pyramid_engine::{
     Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
 };
 use pyramid_model::{KvType, Model, Precision};
-use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
+use pyramid_openvino::{OvBackend, OvOptions, StoreKey, WeightFormat};
+use pyramid_registry::ModelCache;
 use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
 
 use crate::loader::Loaded;
@@ -344,9 +345,19 @@ impl RouteArgs {
                 bail!("OpenVINO stages bind the KV cache in f32: pass --kv f32 with {name}");
             }
             let model = f32_model.expect("an OpenVINO route loads the f32 model");
-            let options = OvOptions::for_device(device, Some(threads), ov_options)?;
+            // Compiled artifacts are kept across starts, per model, in the pyramid cache.
+            let store = StoreKey {
+                root: ModelCache::from_env()?.root().join("compiled"),
+                model_id: crate::loader::file_model_id(&loaded.path)?,
+            };
+            let options =
+                OvOptions::for_device(device, Some(threads), ov_options)?.with_store(store);
             let format = WeightFormat::for_precision(loaded.model.precision);
-            Ok(OvBackend::new(Arc::clone(model), device, format, options)?)
+            let backend = OvBackend::new(Arc::clone(model), device, format, options)?;
+            if let Some(problem) = backend.store_problem() {
+                eprintln!("warning: {problem}; {name} compiles its artifacts on every start");
+            }
+            Ok(backend)
         };
         let mut split = None;
         let mut make = |name: &str| -> Result<Arc<dyn Backend>> {

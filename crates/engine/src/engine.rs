@@ -26,7 +26,7 @@ use crate::executor::Executor;
 use crate::kv::KvAllocator;
 use crate::observe::{EngineView, Happening, What};
 use crate::persist::{Found, PersistStats, SessionWriter};
-use crate::pyramid::{ArtifactPair, PyramidStats, WindowPyramid};
+use crate::pyramid::{ArtifactPair, Build, PyramidStats, WindowPyramid};
 use crate::request::{Event, FinishReason, Request, RequestId, Timings, Usage};
 use crate::scheduler::{Artifacts, PreemptionStats, Scheduler, Stored, StoredPrefixes};
 use crate::session::{Placement, Session};
@@ -56,6 +56,10 @@ pub struct EngineStats {
     pub kv_bytes_used: usize,
     /// Compiled artifacts by window: `(window, count, bytes)`.
     pub artifacts: Vec<(usize, usize, usize)>,
+    /// How each shape's latest artifact was made (compiled or loaded from the backend's
+    /// store), in window and shape order.
+    #[serde(skip)]
+    pub builds: Vec<(ArtifactShape, Build)>,
     pub compiling: usize,
     /// Drafts verified and accepted, and passes that sampled, over every request.
     pub speculative: DraftStats,
@@ -326,6 +330,7 @@ impl Engine {
             kv_bytes_reserved: s.kv_bytes_reserved,
             kv_bytes_used: s.kv_bytes_used,
             artifacts: pyramid.resident(),
+            builds: pyramid.builds(),
             compiling: pyramid.n_compiling(),
             speculative: s.speculative,
         }

@@ -69,7 +69,7 @@ pub use observe::{
 pub use persist::PersistStats;
 pub use predictor::GrowthPredictor;
 pub use prefix_cache::common_prefix;
-pub use pyramid::{Arm, ArtifactPair, PyramidConfig, PyramidStats, WindowPyramid};
+pub use pyramid::{Arm, ArtifactPair, Build, PyramidConfig, PyramidStats, WindowPyramid};
 pub use pyramid_model::Pooling;
 pub use request::{Event, FinishReason, Request, RequestId, Timings, TokenLogprobs, Usage};
 pub use scheduler::{Artifacts, NoStore, PreemptionStats, Scheduler, Stored, StoredPrefixes};

@@ -76,8 +76,13 @@ pub struct PyramidConfig {
 /// What the pyramid did, summed over all its sessions.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PyramidStats {
+    /// Artifacts compiled, and the time it took.
     pub n_compiles: usize,
     pub compile_ms: f64,
+    /// Artifacts the backend loaded from its store of compiled artifacts instead (the
+    /// compiles a store kept across starts avoided), and the time loading took.
+    pub n_store_loads: usize,
+    pub store_load_ms: f64,
     pub n_migrations: usize,
     pub migration_ms: f64,
     /// Bytes migrations copied: 0 for caches that reserve their largest window.
@@ -124,6 +129,16 @@ struct State {
     failed: HashMap<ArtifactShape, String>,
     /// The latest measured prefill compile time, with its window.
     last_prefill_compile: Option<(usize, Duration)>,
+    /// How each shape's latest artifact was made.
+    builds: HashMap<ArtifactShape, Build>,
+}
+
+/// How an artifact was made: compiled, or loaded from the backend's store, and how long
+/// it took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Build {
+    pub took: Duration,
+    pub loaded: bool,
 }
 
 pub struct WindowPyramid {
@@ -175,6 +190,7 @@ impl WindowPyramid {
                 happenings: HappeningLog::default(),
                 failed: HashMap::new(),
                 last_prefill_compile: None,
+                builds: HashMap::new(),
             }),
             backend,
             model_id,
@@ -299,15 +315,23 @@ impl WindowPyramid {
         let published = result.map_err(EngineError::from).and_then(|compiled| {
             let t = compiled.compile_time;
             let device = compiled.executable.executing_device();
-            if matches!(shape, ArtifactShape::Prefill { .. }) {
+            let loaded = compiled.executable.loaded_from_store();
+            // A load from the store says nothing of how long the next compile takes.
+            if matches!(shape, ArtifactShape::Prefill { .. }) && !loaded {
                 state.last_prefill_compile = Some((shape.window(), t));
             }
+            state.builds.insert(shape, Build { took: t, loaded });
             let exe = state.cache.insert(self.key(shape), compiled)?;
             state.compiled.insert(shape);
             state.evicted.remove(&shape);
             let mut stats = lock(&self.stats);
-            stats.n_compiles += 1;
-            stats.compile_ms += t.as_secs_f64() * 1e3;
+            if loaded {
+                stats.n_store_loads += 1;
+                stats.store_load_ms += t.as_secs_f64() * 1e3;
+            } else {
+                stats.n_compiles += 1;
+                stats.compile_ms += t.as_secs_f64() * 1e3;
+            }
             match shape {
                 ArtifactShape::Prefill { .. } => {
                     stats.prefill_executed_on.get_or_insert(device);
@@ -423,6 +447,15 @@ impl WindowPyramid {
         }
         by_window.sort_unstable();
         by_window
+    }
+
+    /// How every shape built so far was made (its latest build), in shape order.
+    pub fn builds(&self) -> Vec<(ArtifactShape, Build)> {
+        let state = lock(&self.state);
+        let mut builds: Vec<(ArtifactShape, Build)> =
+            state.builds.iter().map(|(&s, &b)| (s, b)).collect();
+        builds.sort_by_key(|&(s, _)| (s.window(), shape_order(s)));
+        builds
     }
 
     /// Background compiles in flight.

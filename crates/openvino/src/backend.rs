@@ -8,8 +8,9 @@ use pyramid_model::{KvType, Model, Segment};
 use pyramid_runtime::artifact::check_fits;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, RuntimeError};
 
-use crate::graph::{LocalPast, ModelGraph, WeightFormat, MASKED};
+use crate::graph::{rope_input_shape, write_rope_row, LocalPast, ModelGraph, WeightFormat, MASKED};
 use crate::ov::{CompiledModel, Core, Element, InferRequest, Tensor};
+use crate::store::{ModelStore, StoreKey};
 use crate::{OvError, Result};
 
 /// Compile options: device properties passed to every compile.
@@ -18,6 +19,9 @@ pub struct OvOptions {
     pub properties: Vec<(String, String)>,
     /// How a decode artifact lays out several sequences.
     pub decode_layout: DecodeLayout,
+    /// Where compiled artifacts are kept across starts (see [`crate::store`]); unused
+    /// when the properties name their own `CACHE_DIR` (an empty one turns caching off).
+    pub store: Option<StoreKey>,
 }
 
 /// The option key that picks the [`DecodeLayout`]; pyramid's own, never passed to
@@ -93,8 +97,35 @@ impl OvOptions {
         Ok(Self {
             properties,
             decode_layout,
+            store: None,
         })
     }
+
+    /// These options with compiled artifacts kept in `key`'s store.
+    pub fn with_store(mut self, key: StoreKey) -> Self {
+        self.store = Some(key);
+        self
+    }
+}
+
+/// Names a directory every compiled artifact's IR is written to, as `<shape>.xml` beside
+/// the one `weights.bin` all of them read: to look inside a graph with OpenVINO's own
+/// tools, or to benchmark it with `benchmark_app`.
+pub const DUMP_ENV: &str = "PYRAMID_OV_DUMP";
+
+fn dump_ir(
+    dir: &std::path::Path,
+    shape: ArtifactShape,
+    xml: &str,
+    weights: &[u8],
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let bin = dir.join("weights.bin");
+    if std::fs::metadata(&bin).map(|m| m.len()).ok() != Some(weights.len() as u64) {
+        std::fs::write(&bin, weights)?;
+    }
+    let name = shape.to_string().replace(' ', "_");
+    std::fs::write(dir.join(format!("{name}.xml")), xml)
 }
 
 /// `GPU.0` → `GPU`.
@@ -116,6 +147,8 @@ pub struct OvBackend {
     device: String,
     options: OvOptions,
     shared: Arc<Shared>,
+    /// Why the store asked for could not be used (artifacts are then compiled each start).
+    store_problem: Option<OvError>,
 }
 
 impl OvBackend {
@@ -139,6 +172,19 @@ impl OvBackend {
             });
         }
         let graph = ModelGraph::build(&model, format)?;
+        let mut options = options;
+        let mut store_problem = None;
+        let own_cache_dir = options.properties.iter().any(|(k, _)| k == "CACHE_DIR");
+        if let Some(key) = options.store.as_ref().filter(|_| !own_cache_dir) {
+            let version = &crate::library::load()?.version;
+            match ModelStore::open(key, version, format, &graph.blob.bytes) {
+                Ok(store) => {
+                    let properties = store.properties(&core, device);
+                    options.properties.extend(properties);
+                }
+                Err(e) => store_problem = Some(e),
+            }
+        }
         let bytes = &graph.blob.bytes;
         // SAFETY: the blob is never modified after this and lives in `Shared` beside the
         // tensor (and so beside every model read from it).
@@ -158,7 +204,13 @@ impl OvBackend {
                 graph,
                 weights,
             }),
+            store_problem,
         })
+    }
+
+    /// Why compiled artifacts are not kept across starts although a store was asked for.
+    pub fn store_problem(&self) -> Option<&OvError> {
+        self.store_problem.as_ref()
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -238,6 +290,18 @@ impl OvBackend {
             self.shared
                 .graph
                 .emit(seqs, rows, layout.past, layout.outputs, layout.local_past);
+        if let Some(dir) = std::env::var_os(DUMP_ENV) {
+            dump_ir(
+                std::path::Path::new(&dir),
+                shape,
+                &xml,
+                &self.shared.graph.blob.bytes,
+            )
+            .map_err(|e| OvError::Dump {
+                dir: dir.to_string_lossy().into_owned(),
+                message: e.to_string(),
+            })?;
+        }
         let model = self
             .shared
             .core
@@ -248,6 +312,11 @@ impl OvBackend {
             .core
             .compile(&model, &self.device, &self.options.properties)
             .map_err(compile_error)?;
+        // Plugins answer `LOADED_FROM_CACHE` once `CACHE_DIR` is set; without it, it is
+        // a compile.
+        let loaded_from_store = compiled
+            .property("LOADED_FROM_CACHE")
+            .is_ok_and(|v| matches!(v.trim(), "YES" | "true" | "TRUE" | "1"));
         let executed_on = compiled
             .property("EXECUTION_DEVICES")
             .map(|d| d.trim().to_string())
@@ -263,6 +332,7 @@ impl OvBackend {
             layout,
             window,
             executed_on,
+            loaded_from_store,
             inv_freq: cfg.rope_frequencies(false),
             inv_freq_local: cfg.rope_frequencies(true),
             rope_scale: cfg.rope_scale,
@@ -308,7 +378,8 @@ struct Positional {
 }
 
 impl Positional {
-    fn new(layout: &GraphLayout, half: usize, past: LocalPast) -> Self {
+    /// `rope_columns` values of cos and of sin per row.
+    fn new(layout: &GraphLayout, rope_columns: usize, past: LocalPast) -> Self {
         let (seqs, rows) = (layout.seqs, layout.rows);
         let (past_cols, views) = match past {
             LocalPast::Whole => (layout.past, 0),
@@ -316,8 +387,8 @@ impl Positional {
             LocalPast::Windowed(n) => (n, seqs),
         };
         Self {
-            cos: vec![1.0; seqs * rows * half],
-            sin: vec![0.0; seqs * rows * half],
+            cos: vec![1.0; seqs * rows * rope_columns],
+            sin: vec![0.0; seqs * rows * rope_columns],
             mask: vec![MASKED; seqs * rows * (past_cols + rows)],
             past_cols,
             view_starts: vec![0; views],
@@ -349,7 +420,9 @@ struct Io {
 impl Io {
     fn new(cfg: &pyramid_model::ModelConfig, layout: &GraphLayout) -> Self {
         let (seqs, rows) = (layout.seqs, layout.rows);
-        let half = cfg.head_dim / 2;
+        let rope_columns = rope_input_shape(cfg.arch.rope_style(), 1, 1, cfg.head_dim)
+            .iter()
+            .product();
         let staged = || {
             if seqs > 1 || layout.packed {
                 (0..cfg.n_layer * cfg.n_head_kv)
@@ -364,10 +437,10 @@ impl Io {
         };
         Self {
             ids: vec![0; seqs * rows],
-            global: Positional::new(layout, half, LocalPast::Whole),
+            global: Positional::new(layout, rope_columns, LocalPast::Whole),
             local: cfg
                 .sliding_window
-                .map(|_| Positional::new(layout, half, layout.local_past)),
+                .map(|_| Positional::new(layout, rope_columns, layout.local_past)),
             last: vec![0; seqs * layout.outputs],
             staged_k: staged(),
             staged_v: staged(),
@@ -431,6 +504,8 @@ pub struct OvExecutable {
     /// Positions of each sequence's cache.
     window: usize,
     executed_on: String,
+    /// Imported from OpenVINO's cache directory rather than compiled.
+    loaded_from_store: bool,
     inv_freq: Vec<f32>,
     /// Sliding-window layers' frequencies (empty without such layers).
     inv_freq_local: Vec<f32>,
@@ -445,15 +520,13 @@ pub struct OvExecutable {
 
 impl OvExecutable {
     fn rope_shape(&self) -> Vec<usize> {
-        let half = self.shared.graph.config.head_dim / 2;
-        match self.shared.graph.config.arch.rope_style() {
-            pyramid_kernels::ops::RopeStyle::Neox => {
-                vec![self.layout.seqs, self.layout.rows, 1, half]
-            }
-            pyramid_kernels::ops::RopeStyle::Interleaved => {
-                vec![self.layout.seqs, self.layout.rows, 1, half, 1]
-            }
-        }
+        let cfg = &self.shared.graph.config;
+        rope_input_shape(
+            cfg.arch.rope_style(),
+            self.layout.seqs,
+            self.layout.rows,
+            cfg.head_dim,
+        )
     }
 
     fn bind_io(&self, state: &mut RunState) -> Result<()> {
@@ -562,17 +635,20 @@ impl OvExecutable {
             (true, false) => self.window,
             (false, _) => past,
         };
-        let half = inv_freq.len();
+        let rope_columns = io.cos.len() / (seqs * rows);
         let width = past + rows;
         // The first position a row at `pos` sees.
         let first_seen = |pos: usize| window.map_or(0, |w| (pos + 1).saturating_sub(w));
         io.mask.fill(MASKED);
         let mut rope = |row: usize, pos: usize| {
-            for (i, &f) in inv_freq.iter().enumerate() {
-                let (sin, cos) = (pos as f32 * f).sin_cos();
-                io.cos[row * half + i] = cos * self.rope_scale;
-                io.sin[row * half + i] = sin * self.rope_scale;
-            }
+            let at = row * rope_columns..(row + 1) * rope_columns;
+            write_rope_row(
+                &mut io.cos[at.clone()],
+                &mut io.sin[at],
+                inv_freq,
+                pos,
+                self.rope_scale,
+            );
         };
         // A viewed sequence's columns are its cache rows `first..first + block`, which
         // lie inside its window: `first + block` is at most its length, or `block` when
@@ -749,6 +825,10 @@ impl Executable for OvExecutable {
 
     fn executing_device(&self) -> String {
         self.executed_on.clone()
+    }
+
+    fn loaded_from_store(&self) -> bool {
+        self.loaded_from_store
     }
 
     fn run(

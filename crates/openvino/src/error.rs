@@ -28,6 +28,10 @@ pub enum OvError {
     },
     #[error("the OpenVINO backend cannot run this model: {0}")]
     Unsupported(String),
+    #[error("cannot keep compiled artifacts in {path}: {message}")]
+    Store { path: String, message: String },
+    #[error("writing graphs to {dir} (PYRAMID_OV_DUMP) failed: {message}")]
+    Dump { dir: String, message: String },
     #[error("bad OpenVINO compile option '{0}': expected KEY=VALUE")]
     BadOption(String),
 }

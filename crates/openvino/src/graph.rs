@@ -46,6 +46,16 @@ pub enum WeightFormat {
 pub const INT4_GROUP: usize = 32;
 
 impl WeightFormat {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Int8 => "int8",
+            WeightFormat::Int4 => "int4",
+        }
+    }
+
     /// The graph format closest to a native precision.
     pub fn for_precision(precision: Precision) -> Self {
         match precision {
@@ -57,6 +67,31 @@ impl WeightFormat {
             // go to its INT8.
             Precision::File => WeightFormat::Int8,
         }
+    }
+}
+
+/// The shape of the RoPE angle inputs (`rope_cos`, `rope_sin`) for `rows` rows of
+/// `seqs` sequences: NeoX angles written out to the whole head (each frequency twice,
+/// see [`Builder::rope`]), interleaved ones once per pair.
+pub fn rope_input_shape(style: RopeStyle, seqs: usize, rows: usize, head_dim: usize) -> Vec<usize> {
+    match style {
+        RopeStyle::Neox => vec![seqs, rows, 1, head_dim],
+        RopeStyle::Interleaved => vec![seqs, rows, 1, head_dim / 2, 1],
+    }
+}
+
+/// Writes one row's RoPE inputs at position `pos`: `cos` and `sin` hold one value per
+/// frequency, or (NeoX, twice as long) the values twice over.
+pub fn write_rope_row(cos: &mut [f32], sin: &mut [f32], inv_freq: &[f32], pos: usize, scale: f32) {
+    let half = inv_freq.len();
+    for (i, &f) in inv_freq.iter().enumerate() {
+        let (s, c) = (pos as f32 * f).sin_cos();
+        cos[i] = c * scale;
+        sin[i] = s * scale;
+    }
+    if cos.len() == 2 * half {
+        cos.copy_within(..half, half);
+        sin.copy_within(..half, half);
     }
 }
 
@@ -194,10 +229,7 @@ impl ModelGraph {
         let mut g = Graph::new("pyramid", &self.blob);
         let (hd, kv) = (cfg.head_dim, cfg.n_head_kv);
         let ids = g.parameter("input_ids", Et::I64, &[seqs, rows]);
-        let rope_shape: Vec<usize> = match cfg.arch.rope_style() {
-            RopeStyle::Neox => vec![seqs, rows, 1, hd / 2],
-            RopeStyle::Interleaved => vec![seqs, rows, 1, hd / 2, 1],
-        };
+        let rope_shape = rope_input_shape(cfg.arch.rope_style(), seqs, rows, hd);
         let cos = g.parameter("rope_cos", Et::F32, &rope_shape);
         let sin = g.parameter("rope_sin", Et::F32, &rope_shape);
         let mask = g.parameter(
@@ -556,17 +588,38 @@ impl Builder<'_> {
     }
 
     /// Rotates `x` (`[seqs, rows, heads, head_dim]`) by the row positions' angles.
+    ///
+    /// Halves (NeoX) are rotated as `x · cos + rotate_half(x) · sin`, the halves sliced
+    /// off and the second negated by a multiply, over angles written out to the whole
+    /// head: the form OpenVINO's CPU plugin fuses into one RoPE node. (Written with the
+    /// halves' own products instead, it fuses too, but OpenVINO 2026.4 imports that
+    /// node from its cache wrong: the keys come back garbage.)
     fn rope(&self, g: &mut Graph<'_>, x: Port, cos: Port, sin: Port) -> Port {
-        let interleaved = self.cfg.arch.rope_style() == RopeStyle::Interleaved;
-        let (x, axis, lengths) = if interleaved {
-            (
-                self.reshape(g, x, "shape_rope_pairs"),
-                "axis4",
-                "split_pairs",
-            )
-        } else {
-            (x, "axis3", "split_halves")
-        };
+        if self.cfg.arch.rope_style() == RopeStyle::Neox {
+            let slice = |g: &mut Graph<'_>, from: &str, to: &str| {
+                let inputs = [
+                    x,
+                    g.constant(from),
+                    g.constant(to),
+                    g.constant("step_one"),
+                    g.constant("axes_last"),
+                ];
+                g.op("Slice", "opset8", "", &inputs)
+            };
+            let first = slice(g, "rope_start", "rope_half");
+            let second = slice(g, "rope_half", "rope_end");
+            let minus_one = g.constant("minus_one");
+            let negated = self.binary(g, "Multiply", second, minus_one);
+            let rotated = g.op("Concat", "opset1", r#"axis="-1""#, &[negated, first]);
+            let xc = self.binary(g, "Multiply", x, cos);
+            let rs = self.binary(g, "Multiply", rotated, sin);
+            return self.binary(g, "Add", xc, rs);
+        }
+        let (x, axis, lengths) = (
+            self.reshape(g, x, "shape_rope_pairs"),
+            "axis4",
+            "split_pairs",
+        );
         let axis_port = g.constant(axis);
         let lengths = g.constant(lengths);
         let halves = g.op_n("VariadicSplit", "opset1", "", &[x, axis_port, lengths], 2);
@@ -577,17 +630,8 @@ impl Builder<'_> {
         let x0s = self.binary(g, "Multiply", x0, sin);
         let x1c = self.binary(g, "Multiply", x1, cos);
         let b = self.binary(g, "Add", x0s, x1c);
-        let concat_axis = if interleaved {
-            r#"axis="4""#
-        } else {
-            r#"axis="3""#
-        };
-        let y = g.op("Concat", "opset1", concat_axis, &[a, b]);
-        if interleaved {
-            self.reshape(g, y, "shape_rope_unpairs")
-        } else {
-            y
-        }
+        let y = g.op("Concat", "opset1", r#"axis="4""#, &[a, b]);
+        self.reshape(g, y, "shape_rope_unpairs")
     }
 }
 
@@ -695,7 +739,6 @@ fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
         |blob: &mut Blob, name: &str, v: i64| blob.add(name, Et::I64, &[], &v.to_le_bytes());
     scalar_i64(blob, "axis0", 0);
     scalar_i64(blob, "axis1", 1);
-    scalar_i64(blob, "axis3", 3);
     scalar_i64(blob, "axis4", 4);
     blob.add_i64("axes_last", &[-1]);
     blob.add_i64("axes_group", &[2]);
@@ -706,7 +749,11 @@ fn add_small_constants(blob: &mut Blob, cfg: &ModelConfig) {
     blob.add_i64("shape_merge_heads", &[0, 0, -1]);
     blob.add_i64("shape_rope_pairs", &[0, 0, 0, hd / 2, 2]);
     blob.add_i64("shape_rope_unpairs", &[0, 0, 0, hd]);
-    blob.add_i64("split_halves", &[hd / 2, hd / 2]);
+    blob.add_i64("rope_start", &[0]);
+    blob.add_i64("rope_half", &[hd / 2]);
+    blob.add_i64("rope_end", &[hd]);
+    blob.add_i64("step_one", &[1]);
+    blob.add_f32("minus_one", &[1], &[-1.0]);
     blob.add_i64("split_pairs", &[1, 1]);
     // [seqs, rows, kv, group, hd] → [seqs, kv, group, rows, hd], and back.
     blob.add_i64("perm_q", &[0, 2, 3, 1, 4]);

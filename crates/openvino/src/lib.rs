@@ -9,6 +9,8 @@
 //!   outputs (no OpenVINO state).
 //! - [`OvBackend`]: compiles those graphs for `ov:CPU`, `ov:GPU`, `ov:NPU` and reports
 //!   the device that really executes each artifact.
+//! - [`store`]: compiled artifacts kept across starts, weightless where the device
+//!   allows.
 //!
 //! Invariant: an artifact's results depend only on its inputs; a session's cache lives in
 //! its `KvCache`, so migrating between windows or handing a cache from one device's
@@ -21,11 +23,13 @@ pub mod ir;
 pub mod library;
 mod ov;
 mod probe;
+pub mod store;
 
-pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY};
+pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY, DUMP_ENV};
 pub use error::{OvError, Result};
 pub use graph::WeightFormat;
 pub use probe::{OvProbe, ProbeGraph};
+pub use store::StoreKey;
 
 /// One OpenVINO device and what it says about itself.
 #[derive(Debug, Clone)]

@@ -11,13 +11,12 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use pyramid_kernels::ops::RopeStyle;
 use pyramid_model::{BlockPart, KvCache, Projection};
 
 use pyramid_runtime::Backend;
 
 use crate::backend::{OvBackend, Shared};
-use crate::graph::{Builder, LayerInputs, MASKED};
+use crate::graph::{rope_input_shape, write_rope_row, Builder, LayerInputs, MASKED};
 use crate::ir::{Et, Graph};
 use crate::ov::{CompiledModel, Element, InferRequest, Tensor};
 use crate::{OvError, Result};
@@ -150,11 +149,7 @@ fn emit(
                 ProbeGraph::Block(part) => (part, false),
                 _ => (BlockPart::Whole, true),
             };
-            let half = hd / 2;
-            let rope = match cfg.arch.rope_style() {
-                RopeStyle::Neox => vec![1, rows, 1, half],
-                RopeStyle::Interleaved => vec![1, rows, 1, half, 1],
-            };
+            let rope = rope_input_shape(cfg.arch.rope_style(), 1, rows, hd);
             let x = match part {
                 BlockPart::AttentionCore => None,
                 _ => Some(input(&mut g, "hidden".into(), vec![1, rows, cfg.n_embd])),
@@ -246,13 +241,12 @@ impl OvProbe {
                     }
                 }
                 "rope_cos" | "rope_sin" => {
-                    let half = inv_freq.len();
+                    let columns = data.len() / rows;
+                    let (mut cos, mut sin) = (vec![0.0; columns], vec![0.0; columns]);
                     for r in 0..rows {
-                        for (i, f) in inv_freq.iter().enumerate() {
-                            let (sin, cos) = (((past + r) as f32) * f).sin_cos();
-                            let value = if name == "rope_cos" { cos } else { sin };
-                            data[r * half + i] = value * cfg.rope_scale;
-                        }
+                        write_rope_row(&mut cos, &mut sin, &inv_freq, past + r, cfg.rope_scale);
+                        let row = if name == "rope_cos" { &cos } else { &sin };
+                        data[r * columns..(r + 1) * columns].copy_from_slice(row);
                     }
                 }
                 "attention_mask" => {

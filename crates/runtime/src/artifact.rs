@@ -104,6 +104,12 @@ pub trait Executable: Send + Sync {
     /// Where it really runs (for the route audit).
     fn executing_device(&self) -> String;
 
+    /// Whether the backend loaded this artifact from its store of compiled artifacts
+    /// (kept across starts) instead of compiling it.
+    fn loaded_from_store(&self) -> bool {
+        false
+    }
+
     /// Runs one step and writes the logits of each segment's last
     /// [`Segment::n_logits`] real tokens to `logits` (`[rows, n_vocab]`, in segment
     /// order). The segments must fit the shape: see [`ArtifactShape`]; only mixed passes

@@ -98,6 +98,8 @@ struct Record {
     window: Option<usize>,
     /// Compiling the test's artifacts, on the artifact path.
     compile_ms: Option<f64>,
+    /// Loading the ones the store of compiled artifacts kept, on the artifact path.
+    store_load_ms: Option<f64>,
     route: RouteAudit,
     /// Whether the route's greedy tokens at this window equal the native f32 path's on
     /// the first reference prompts (`pyramid qualify`); checked for routes through
@@ -311,7 +313,9 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
                                                                            // Batch sizes the warm-up asked for compile in the background: wait for them.
         engine.pyramid().join_background();
         let drafts_before = engine.stats().speculative;
-        let compile_ms = window.map(|_| engine.stats().pyramid.compile_ms);
+        let pyramid = engine.stats().pyramid;
+        let compile_ms = window.map(|_| pyramid.compile_ms);
+        let store_load_ms = window.map(|_| pyramid.store_load_ms);
         let samples_ts: Vec<f64> = (0..args.repetitions)
             .map(|rep| {
                 run_once(
@@ -392,6 +396,7 @@ pub fn run(mut args: BenchArgs) -> Result<()> {
             device: route.name(),
             window,
             compile_ms,
+            store_load_ms,
             route: audit,
             qualified: cell_qualified,
             synthetic: loaded.synthetic,

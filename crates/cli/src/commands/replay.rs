@@ -270,6 +270,8 @@ fn record_of(r: &Report<'_>, provenance: Provenance) -> ReplayRecord {
                 decode_ms_per_token: a.decode_ms_per_token,
                 n_compiles: a.stats.n_compiles,
                 compile_ms: a.stats.compile_ms,
+                n_store_loads: Some(a.stats.n_store_loads),
+                store_load_ms: Some(a.stats.store_load_ms),
                 n_migrations: a.stats.n_migrations,
                 migration_ms: a.stats.migration_ms,
                 migration_bytes: Some(a.stats.migration_bytes),
@@ -297,18 +299,20 @@ fn print_table(r: &Report<'_>) {
         r.trace.source, r.trace.sessions, r.trace.steps, r.trace.appended_tokens, r.trace.generate_tokens
     );
     println!(
-        "| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | migration ms (n) | migrated MiB live / copied | copy GB/s | re-prefill ms (n) | stall ms (n) | peak RSS MiB | KV reserved MiB | KV used MiB | failed sessions |"
+        "| arm | total ms | TTFT p50 ms | decode ms/tok | compile ms (n) | store load ms (n) | migration ms (n) | migrated MiB live / copied | copy GB/s | re-prefill ms (n) | stall ms (n) | peak RSS MiB | KV reserved MiB | KV used MiB | failed sessions |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for a in r.arms {
         println!(
-            "| {} | {:.0} | {:.1} | {:.2} | {:.1} ({}) | {:.2} ({}) | {:.1} / {:.1} | {} | {:.1} ({}) | {:.1} ({}) | {} | {:.1} | {:.1} | {} |",
+            "| {} | {:.0} | {:.1} | {:.2} | {:.1} ({}) | {:.1} ({}) | {:.2} ({}) | {:.1} / {:.1} | {} | {:.1} ({}) | {:.1} ({}) | {} | {:.1} | {:.1} | {} |",
             a.arm.name(),
             a.total_ms,
             a.ttft_ms_p50,
             a.decode_ms_per_token,
             a.stats.compile_ms,
             a.stats.n_compiles,
+            a.stats.store_load_ms,
+            a.stats.n_store_loads,
             a.stats.migration_ms,
             a.stats.n_migrations,
             mib(a.stats.migration_live_bytes),

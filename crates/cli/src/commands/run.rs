@@ -202,6 +202,17 @@ struct JsonOutput<'a> {
     speculative: JsonSpeculative,
     /// Devices asked for and devices that really ran each stage.
     route: RouteAudit,
+    /// How the route's artifacts were made: compiled, or loaded from the store kept
+    /// across starts.
+    artifacts: JsonArtifacts,
+}
+
+#[derive(Serialize)]
+struct JsonArtifacts {
+    compiled: usize,
+    compile_ms: f64,
+    loaded_from_store: usize,
+    store_load_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -379,6 +390,15 @@ pub fn run(mut args: RunArgs) -> Result<()> {
             },
             speculative: generation.usage.speculative.into(),
             route: route.audit_of(&engine),
+            artifacts: {
+                let p = engine.stats().pyramid;
+                JsonArtifacts {
+                    compiled: p.n_compiles,
+                    compile_ms: p.compile_ms,
+                    loaded_from_store: p.n_store_loads,
+                    store_load_ms: p.store_load_ms,
+                }
+            },
         };
         serde_json::to_writer(&mut stdout, &out)?;
         writeln!(stdout)?;

@@ -11,7 +11,7 @@ use super::series::{Label, PriorityLabels};
 /// sessions and their KV memory, and the artifacts resident by window.
 pub(super) fn render_engine(out: &mut String, stats: &EngineStats, labels: &PriorityLabels) {
     let p = &stats.pyramid;
-    let counters: [(&str, &str, f64); 12] = [
+    let counters: [(&str, &str, f64); 14] = [
         (
             "pyramid_artifact_compiles_total",
             "Artifacts compiled (a window's prefill or decode, a decode batch size, a mixed pass).",
@@ -21,6 +21,16 @@ pub(super) fn render_engine(out: &mut String, stats: &EngineStats, labels: &Prio
             "pyramid_artifact_compile_seconds_total",
             "Time spent compiling artifacts.",
             p.compile_ms / 1e3,
+        ),
+        (
+            "pyramid_artifact_store_loads_total",
+            "Artifacts loaded from the store of compiled artifacts kept across starts: compiles avoided.",
+            p.n_store_loads as f64,
+        ),
+        (
+            "pyramid_artifact_store_load_seconds_total",
+            "Time spent loading artifacts from the store.",
+            p.store_load_ms / 1e3,
         ),
         (
             "pyramid_stalls_total",
@@ -266,5 +276,15 @@ pub(super) fn render_engine(out: &mut String, stats: &EngineStats, labels: &Prio
     let _ = writeln!(out, "# HELP pyramid_artifact_bytes Memory held by compiled artifacts, by window.\n# TYPE pyramid_artifact_bytes gauge");
     for &(window, _, bytes) in &stats.artifacts {
         let _ = writeln!(out, "pyramid_artifact_bytes{{window=\"{window}\"}} {bytes}");
+    }
+    let _ = writeln!(out, "# HELP pyramid_artifact_build_seconds How long each shape's latest artifact took to make: compiled, or loaded from the store.\n# TYPE pyramid_artifact_build_seconds gauge");
+    for (shape, build) in &stats.builds {
+        let how = if build.loaded { "store" } else { "compile" };
+        let _ = writeln!(
+            out,
+            "pyramid_artifact_build_seconds{{shape=\"{shape}\",window=\"{}\",how=\"{how}\"}} {}",
+            shape.window(),
+            build.took.as_secs_f64()
+        );
     }
 }

@@ -123,6 +123,7 @@ impl Metrics {
         if let Some(p) = self.pyramid.get() {
             stats.pyramid = p.stats();
             stats.artifacts = p.resident();
+            stats.builds = p.builds();
             stats.compiling = p.n_compiling();
         }
         Some(stats)
