@@ -19,6 +19,7 @@ KV=f32
 SKIP_OV=0
 SKIP_LLAMA=0
 SKIP_PYRAMID=0
+OV_ROUTE=0
 BUILD_ONLY=0
 OUT=""
 # llama.cpp comes from the source vendored in this llama-cpp-python sdist.
@@ -59,6 +60,9 @@ Options:
   --skip-ov               Do not run OpenVINO GenAI
   --skip-llama            Do not run llama.cpp (and do not build it)
   --skip-pyramid          Do not run pyramid
+  --ov-route              Also run pyramid on its OpenVINO route (--device ov:CPU,
+                          --kv f32), for the ratio to OpenVINO GenAI on the same
+                          plugin (needs scripts/setup-openvino.sh)
   --ov-file own|q8_0      GGUF file OpenVINO GenAI reads: the model's own
                           quantisation or the Q8_0 copy [default: $OV_FILE]
   --llama-args "ARGS"     Extra llama-bench arguments, split on spaces; e.g.
@@ -104,6 +108,7 @@ while [[ $# -gt 0 ]]; do
         --skip-ov) SKIP_OV=1; shift ;;
         --skip-llama) SKIP_LLAMA=1; shift ;;
         --skip-pyramid) SKIP_PYRAMID=1; shift ;;
+        --ov-route) OV_ROUTE=1; shift ;;
         --ov-file) need_arg "$@"; OV_FILE="$2"; shift 2 ;;
         --llama-args) need_arg "$@"; LLAMA_ARGS="$2"; shift 2 ;;
         --out) need_arg "$@"; OUT="$2"; shift 2 ;;
@@ -449,6 +454,11 @@ run_engine() { # run_engine REP MODEL_INDEX ENGINE
             cmd=("$PYRAMID_BIN" bench --model "${M_PATH[$i]}" -p "$N_PROMPT" -n "$N_GEN" -d "$N_DEPTH"
                  -r 1 --threads "$THREADS" --precision "$PRECISION" ${PYRAMID_KV_FLAG[@]+"${PYRAMID_KV_FLAG[@]}"} --json)
             ;;
+        pyramid-ov)
+            # OpenVINO routes bind an f32 cache.
+            cmd=("$PYRAMID_BIN" bench --model "${M_PATH[$i]}" -p "$N_PROMPT" -n "$N_GEN" -d "$N_DEPTH"
+                 -r 1 --threads "$THREADS" --precision "$PRECISION" --kv f32 --device ov:CPU --json)
+            ;;
     esac
     local t0 t1 rc=0 secs
     t0=$(date +%s.%N)
@@ -465,6 +475,7 @@ run_engine() { # run_engine REP MODEL_INDEX ENGINE
 
 declare -a ENGINES=()
 [[ "$SKIP_PYRAMID" == 0 ]] && ENGINES+=(pyramid)
+[[ "$OV_ROUTE" == 1 ]] && ENGINES+=(pyramid-ov)
 [[ "$SKIP_LLAMA" == 0 ]] && ENGINES+=(llama-own llama-q8_0)
 [[ "$SKIP_OV" == 0 ]] && ENGINES+=(ov-genai)
 NE=${#ENGINES[@]}

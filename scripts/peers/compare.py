@@ -18,10 +18,17 @@ import re
 import subprocess
 import sys
 
-ENGINES = ["pyramid", "llama-own", "llama-q8_0", "ov-genai"]
-RATIO_PEERS = [("llama-q8_0", "pyramid / llama.cpp Q8_0"),
-               ("llama-own", "pyramid / llama.cpp own quant"),
-               ("ov-genai", "pyramid / OV GenAI")]
+ENGINES = ["pyramid", "pyramid-ov", "llama-own", "llama-q8_0", "ov-genai"]
+# (numerator, denominator, column): a ratio of means. Ratios of native pyramid are keyed
+# by the peer alone in the results file, the others by "numerator/peer".
+RATIOS = [("pyramid", "llama-q8_0", "pyramid / llama.cpp Q8_0"),
+          ("pyramid", "llama-own", "pyramid / llama.cpp own quant"),
+          ("pyramid", "ov-genai", "pyramid / OV GenAI"),
+          ("pyramid-ov", "ov-genai", "pyramid ov:CPU / OV GenAI")]
+
+
+def ratio_key(num, peer):
+    return peer if num == "pyramid" else f"{num}/{peer}"
 ISA_FLAGS = ["avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"]
 
@@ -185,11 +192,11 @@ def summarise(results):
                 if not xs:
                     cell["error"] = errors.get((model, eng), "no result")
                 row["engines"][eng] = cell
-            pyr = row["engines"].get("pyramid", {}).get("mean_ts")
-            for peer, _ in RATIO_PEERS:
+            for num, peer, _ in RATIOS:
+                ours = row["engines"].get(num, {}).get("mean_ts")
                 other = row["engines"].get(peer, {}).get("mean_ts")
-                if pyr and other:
-                    row["ratios"][peer] = pyr / other
+                if ours and other:
+                    row["ratios"][ratio_key(num, peer)] = ours / other
             summary.append(row)
         if model not in tests:
             # every engine failed on this model: still show why
@@ -217,12 +224,14 @@ def render(results):
     quant = {m["key"]: own_quant_label(m["path"]) for m in results["models"]}
     heads = {
         "pyramid": f"pyramid {settings.get('precision', '')}".strip(),
+        "pyramid-ov": f"pyramid ov:CPU {settings.get('precision', '')}".strip(),
         "llama-own": "llama.cpp own quant",
         "llama-q8_0": "llama.cpp Q8_0",
         "ov-genai": "OV GenAI" + (" (Q8_0 file)" if settings.get("ov_file") == "q8_0" else ""),
     }
     cols = ["model", "test"] + [heads[e] + " tok/s" for e in engines]
-    ratio_cols = [(peer, title) for peer, title in RATIO_PEERS if "pyramid" in engines and peer in engines]
+    ratio_cols = [(ratio_key(num, peer), title) for num, peer, title in RATIOS
+                  if num in engines and peer in engines]
     cols += [title for _, title in ratio_cols]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(cols) - 2)) + "|"]
     notes = []

@@ -1,6 +1,7 @@
 //! [`OvBackend`]: artifacts compiled by OpenVINO for one of its devices.
 
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use pyramid_kernels::ThreadPool;
@@ -109,16 +110,12 @@ impl OvOptions {
 }
 
 /// Names a directory every compiled artifact's IR is written to, as `<shape>.xml` beside
-/// the one `weights.bin` all of them read: to look inside a graph with OpenVINO's own
-/// tools, or to benchmark it with `benchmark_app`.
+/// the one `weights.bin` all of them read (to look inside a graph with OpenVINO's own
+/// tools, or to benchmark it with `benchmark_app`), and after its first run the nodes the
+/// compiled graph executed, `<shape>.executed.txt` (compiled with `PERF_COUNT=YES`).
 pub const DUMP_ENV: &str = "PYRAMID_OV_DUMP";
 
-fn dump_ir(
-    dir: &std::path::Path,
-    shape: ArtifactShape,
-    xml: &str,
-    weights: &[u8],
-) -> std::io::Result<()> {
+fn dump_ir(dir: &Path, shape: ArtifactShape, xml: &str, weights: &[u8]) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let bin = dir.join("weights.bin");
     if std::fs::metadata(&bin).map(|m| m.len()).ok() != Some(weights.len() as u64) {
@@ -126,6 +123,36 @@ fn dump_ir(
     }
     let name = shape.to_string().replace(' ', "_");
     std::fs::write(dir.join(format!("{name}.xml")), xml)
+}
+
+/// Writes `<shape>.executed.txt`: how many nodes one run of the compiled graph executed,
+/// and per node type their count and time, most first.
+fn write_profile(
+    dir: &Path,
+    shape: ArtifactShape,
+    nodes: &[(String, String, i64)],
+) -> std::io::Result<()> {
+    let mut by_type: Vec<(String, usize, i64)> = Vec::new();
+    for (kind, _, micros) in nodes {
+        match by_type.iter_mut().find(|t| &t.0 == kind) {
+            Some(t) => {
+                t.1 += 1;
+                t.2 += micros;
+            }
+            None => by_type.push((kind.clone(), 1, *micros)),
+        }
+    }
+    by_type.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let total: i64 = nodes.iter().map(|n| n.2).sum();
+    let mut text = format!(
+        "{shape}: {} nodes executed in {total} µs\nnode type\tcount\tµs\n",
+        nodes.len()
+    );
+    for (kind, count, micros) in by_type {
+        text.push_str(&format!("{kind}\t{count}\t{micros}\n"));
+    }
+    let name = shape.to_string().replace(' ', "_");
+    std::fs::write(dir.join(format!("{name}.executed.txt")), text)
 }
 
 /// `GPU.0` → `GPU`.
@@ -290,17 +317,17 @@ impl OvBackend {
             self.shared
                 .graph
                 .emit(seqs, rows, layout.past, layout.outputs, layout.local_past);
-        if let Some(dir) = std::env::var_os(DUMP_ENV) {
-            dump_ir(
-                std::path::Path::new(&dir),
-                shape,
-                &xml,
-                &self.shared.graph.blob.bytes,
-            )
-            .map_err(|e| OvError::Dump {
-                dir: dir.to_string_lossy().into_owned(),
-                message: e.to_string(),
+        let dump = std::env::var_os(DUMP_ENV).map(PathBuf::from);
+        let mut properties = self.options.properties.clone();
+        if let Some(dir) = &dump {
+            dump_ir(dir, shape, &xml, &self.shared.graph.blob.bytes).map_err(|e| {
+                OvError::Dump {
+                    dir: dir.display().to_string(),
+                    message: e.to_string(),
+                }
             })?;
+            // The first run's executed nodes are written beside the IR.
+            properties.push(("PERF_COUNT".into(), "YES".into()));
         }
         let model = self
             .shared
@@ -310,7 +337,7 @@ impl OvBackend {
         let compiled = self
             .shared
             .core
-            .compile(&model, &self.device, &self.options.properties)
+            .compile(&model, &self.device, &properties)
             .map_err(compile_error)?;
         // Plugins answer `LOADED_FROM_CACHE` once `CACHE_DIR` is set; without it, it is
         // a compile.
@@ -339,8 +366,10 @@ impl OvBackend {
             state: Mutex::new(RunState {
                 request,
                 io,
+                profiled: false,
                 bound: false,
             }),
+            dump,
             _compiled: compiled,
             shared: Arc::clone(&self.shared),
         })
@@ -463,6 +492,9 @@ impl Io {
 struct RunState {
     request: InferRequest,
     io: Io,
+    /// Whether the executed nodes were written to the dump directory (once, after the
+    /// first run).
+    profiled: bool,
     /// Whether the `Io` buffers are bound to the request (done on the first run, once
     /// the buffers are in their final place).
     bound: bool,
@@ -512,6 +544,8 @@ pub struct OvExecutable {
     /// What cos and sin are multiplied by (see `ModelConfig::rope_scale`).
     rope_scale: f32,
     state: Mutex<RunState>,
+    /// `PYRAMID_OV_DUMP`'s directory, where the first run writes what it executed.
+    dump: Option<PathBuf>,
     /// Kept for as long as its request runs.
     _compiled: CompiledModel,
     /// Last: the compiled model and request above read its constants.
@@ -777,6 +811,16 @@ impl OvExecutable {
         }
         state.request.infer()?;
         drop(direct);
+        if let Some(dir) = &self.dump {
+            if !state.profiled {
+                state.profiled = true;
+                let nodes = state.request.executed_nodes()?;
+                write_profile(dir, self.shape, &nodes).map_err(|e| OvError::Dump {
+                    dir: dir.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            }
+        }
 
         let out = state.request.tensor("logits")?;
         let n_vocab = cfg.n_vocab;

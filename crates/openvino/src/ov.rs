@@ -235,6 +235,42 @@ impl InferRequest {
         Ok(Tensor(tensor))
     }
 
+    /// The nodes the last inference executed, as `(node type, implementation, µs)`;
+    /// empty unless the model was compiled with `PERF_COUNT=YES`.
+    pub fn executed_nodes(&self) -> Result<Vec<(String, String, i64)>> {
+        let mut list = sys::ov_profiling_info_list_t {
+            profiling_infos: ptr::null_mut(),
+            size: 0,
+        };
+        // SAFETY: live handle; the list is filled by OpenVINO and freed below, after its
+        // strings were copied.
+        unsafe {
+            check(
+                "ov_infer_request_get_profiling_info",
+                sys::ov_infer_request_get_profiling_info(self.0, &mut list),
+            )?;
+            let infos = if list.profiling_infos.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(list.profiling_infos, list.size)
+            };
+            let text = |p: *const c_char| {
+                if p.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            };
+            let nodes = infos
+                .iter()
+                .filter(|i| i.status == sys::ov_profiling_info_t_Status::EXECUTED)
+                .map(|i| (text(i.node_type), text(i.exec_type), i.real_time))
+                .collect();
+            sys::ov_profiling_info_list_free(&mut list);
+            Ok(nodes)
+        }
+    }
+
     pub fn infer(&mut self) -> Result<()> {
         // SAFETY: live handle; bound host memory is kept valid by the callers.
         check("ov_infer_request_infer", unsafe {

@@ -362,7 +362,8 @@ def check_session_cache():
 
 COUNTERS = ["pyramid_requests_total", "pyramid_prompt_tokens_total", "pyramid_cached_prompt_tokens_total",
             "pyramid_prefilled_tokens_total", "pyramid_generated_tokens_total", "pyramid_kv_migrations_total",
-            "pyramid_artifact_compiles_total", "pyramid_artifact_compile_seconds_total", "pyramid_stalls_total",
+            "pyramid_artifact_compiles_total", "pyramid_artifact_compile_seconds_total",
+            "pyramid_artifact_store_loads_total", "pyramid_artifact_store_load_seconds_total", "pyramid_stalls_total",
             "pyramid_stall_seconds_total", "pyramid_reprefills_total", "pyramid_session_forks_total",
             "pyramid_session_fork_bytes_total"]
 HISTOGRAMS = ["pyramid_ttft_seconds", "pyramid_inter_token_seconds", "pyramid_batch_size"]
@@ -385,8 +386,16 @@ def check_route_audit(m: common.Metrics):
         expect_eq((audit.get("requested"), audit.get("executed"), audit.get("as_requested")),
                   (DEVICE, labels.get("executed"), True), f"/v1/models route audit ({stage})")
     compiles = m.sum("pyramid_artifact_compiles_total")
-    expect(compiles >= 1, f"pyramid_artifact_compiles_total is {compiles}: something ran, so something compiled")
-    ok(f"route audit: {DEVICE} asked, {stages['prefill'].get('executed')} ran both stages; {compiles:.0f} compiles")
+    loads = m.sum("pyramid_artifact_store_loads_total")
+    expect(compiles + loads >= 1, f"{compiles} artifacts compiled and {loads} loaded from the store: something ran, "
+                                  "so some artifact was made")
+    builds = m.samples.get("pyramid_artifact_build_seconds", [])
+    expect(0 < len(builds) <= compiles + loads,
+           f"{len(builds)} pyramid_artifact_build_seconds series (one per shape built) for {compiles + loads} builds")
+    for labels, seconds in builds:
+        expect(labels.get("how") in ("compile", "store") and seconds >= 0, f"artifact build {labels} took {seconds} s")
+    ok(f"route audit: {DEVICE} asked, {stages['prefill'].get('executed')} ran both stages; {compiles:.0f} compiles, "
+       f"{loads:.0f} loads from the store")
 
 
 def check_metrics(before: common.Metrics):
