@@ -169,7 +169,7 @@ fn every_route_gives_the_native_tokens_and_reports_where_it_ran() {
 }
 
 #[test]
-fn qualify_marks_a_faithful_route_valid_and_a_lossy_one_invalid() {
+fn qualify_holds_f32_to_every_prompt_and_lossy_weights_to_their_native_precision() {
     let f = Fixture::new(Architecture::Qwen2);
     let qualify = |precision: &str| {
         ok_json(&f.run(&[
@@ -200,16 +200,15 @@ fn qualify_marks_a_faithful_route_valid_and_a_lossy_one_invalid() {
             .iter()
             .any(|p| p["matched"] == true));
     }
-    // INT4 weights on a random model move the argmax: the route runs, but is not valid.
+    // Lossy weights are held to the native path at their precision: the report says how
+    // many prompts that matched, and the verdict follows from it.
     let v = qualify("int4");
-    assert!(
-        v["windows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|w| w["valid"] == false),
-        "{v}"
-    );
+    for w in v["windows"].as_array().unwrap() {
+        let prompts = w["prompts"].as_array().unwrap();
+        let matched = prompts.iter().filter(|p| p["matched"] == true).count() as u64;
+        let native = w["native_matched"].as_u64().expect("a lossy route's bar");
+        assert_eq!(w["valid"], native > 0 && matched >= native, "{w}");
+    }
 }
 
 #[test]

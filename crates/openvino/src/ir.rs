@@ -17,6 +17,7 @@ pub enum Et {
     F16,
     Bf16,
     I8,
+    U8,
     I4,
     I64,
 }
@@ -28,6 +29,7 @@ impl Et {
             Et::F16 => "f16",
             Et::Bf16 => "bf16",
             Et::I8 => "i8",
+            Et::U8 => "u8",
             Et::I4 => "i4",
             Et::I64 => "i64",
         }
@@ -126,6 +128,7 @@ fn precision(et: Et) -> &'static str {
         Et::F16 => "FP16",
         Et::Bf16 => "BF16",
         Et::I8 => "I8",
+        Et::U8 => "U8",
         Et::I4 => "I4",
         Et::I64 => "I64",
     }

@@ -1,7 +1,9 @@
 //! `pyramid qualify`: is a route's output right? A route is qualified for a model and
-//! window when its greedy tokens equal the native f32 path's on the reference prompts.
-//! Accelerators can compile a graph that runs and returns plausible but wrong tokens
-//! (numerics, miscompiles, silent fallbacks); benchmarks only count qualified cells.
+//! window when its greedy tokens equal the native f32 path's on the reference prompts;
+//! with lossy weights (INT8, INT4, BF16, a file's blocks), when they equal it on at least
+//! as many prompts as the native path at the same precision does. Accelerators can
+//! compile a graph that runs and returns plausible but wrong tokens (numerics,
+//! miscompiles, silent fallbacks); benchmarks only count qualified cells.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use pyramid_bench::results::Agreement;
 use pyramid_engine::{Engine, EngineConfig, Request, RouteAudit, SpeculativeConfig};
+use pyramid_model::Precision;
 use pyramid_runtime::{CpuBackend, WindowLadder};
 use pyramid_tokenizer::ChatMessage;
 use serde::{Deserialize, Serialize};
@@ -111,8 +114,12 @@ struct PromptResult {
 #[derive(Serialize)]
 pub struct WindowResult {
     window: usize,
-    /// Every prompt that fits matched, and at least one fits.
+    /// At least one prompt fits, and every one matched, or (lossy weights) as many as
+    /// the native path at the same precision matched, which must be at least one.
     pub valid: bool,
+    /// Of the prompts that fit, how many the native path at the route's precision
+    /// matches (`null` for f32 weights, where every prompt must match).
+    native_matched: Option<usize>,
     route: RouteAudit,
     prompts: Vec<PromptResult>,
     error: Option<String>,
@@ -148,6 +155,9 @@ pub struct Qualifier {
     prompts: Vec<Prompt>,
     /// `None` for a prompt that, with its tokens, fits no window to be checked.
     reference: Vec<Option<Vec<u32>>>,
+    /// With lossy weights, whether the native path at their precision matches each
+    /// prompt's reference: the bar a route at that precision is held to.
+    native: Option<Vec<Option<bool>>>,
     max_tokens: usize,
 }
 
@@ -173,30 +183,47 @@ impl Qualifier {
         if let Some(limit) = limit {
             prompts.truncate(limit);
         }
-        let ladder = WindowLadder::default_for(reference_model.config.n_ctx_train);
-        let backend = Arc::new(CpuBackend::new(reference_model, loaded.pool.n_threads()));
-        let chunk = pyramid_model::MAX_PASS_TOKENS.min(ladder.largest());
-        let mut engine = Engine::new(
-            backend,
-            crate::loader::file_model_id(&loaded.path)?,
-            pyramid_model::KvType::F32,
-            single_user(ladder, chunk, 1, SpeculativeConfig::off()),
-        )?;
-        let reference = prompts
-            .iter()
-            .enumerate()
-            .map(|(id, p)| {
-                if p.tokens.len() + max_tokens > largest {
-                    return Ok(None);
-                }
-                let request = Request::greedy(id as u64, p.tokens.clone(), max_tokens);
-                let done = engine.generate(&loaded.pool, request, &mut |_| true)?;
-                Ok(Some(done.tokens))
-            })
-            .collect::<Result<_>>()?;
+        let generate_all =
+            |model: Arc<pyramid_model::Model>, kv| -> Result<Vec<Option<Vec<u32>>>> {
+                let ladder = WindowLadder::default_for(model.config.n_ctx_train);
+                let chunk = pyramid_model::MAX_PASS_TOKENS.min(ladder.largest());
+                let backend = Arc::new(CpuBackend::new(model, loaded.pool.n_threads()));
+                let mut engine = Engine::new(
+                    backend,
+                    crate::loader::file_model_id(&loaded.path)?,
+                    kv,
+                    single_user(ladder, chunk, 1, SpeculativeConfig::off()),
+                )?;
+                prompts
+                    .iter()
+                    .enumerate()
+                    .map(|(id, p)| {
+                        if p.tokens.len() + max_tokens > largest {
+                            return Ok(None);
+                        }
+                        let request = Request::greedy(id as u64, p.tokens.clone(), max_tokens);
+                        let done = engine.generate(&loaded.pool, request, &mut |_| true)?;
+                        Ok(Some(done.tokens))
+                    })
+                    .collect()
+            };
+        let reference = generate_all(reference_model, pyramid_model::KvType::F32)?;
+        let native = if loaded.model.precision == Precision::F32 {
+            None
+        } else {
+            let tokens = generate_all(Arc::clone(&loaded.model), loaded.kv_type)?;
+            Some(
+                tokens
+                    .iter()
+                    .zip(&reference)
+                    .map(|(got, want)| Some(got.as_ref()? == want.as_ref()?))
+                    .collect(),
+            )
+        };
         Ok(Self {
             prompts,
             reference,
+            native,
             max_tokens,
         })
     }
@@ -247,14 +274,32 @@ impl Qualifier {
             }
         }
         let fitted: Vec<bool> = prompt_results.iter().filter_map(|r| r.matched).collect();
+        let matched = fitted.iter().filter(|&&m| m).count();
+        // The native path's matches among the prompts that fit this window.
+        let native_matched = self.native.as_ref().map(|native| {
+            native
+                .iter()
+                .zip(&prompt_results)
+                .filter(|(n, r)| r.matched.is_some() && **n == Some(true))
+                .count()
+        });
         Ok(WindowResult {
             window,
-            valid: error.is_none() && !fitted.is_empty() && fitted.iter().all(|&m| m),
+            valid: error.is_none() && qualifies(matched, fitted.len(), native_matched),
+            native_matched,
             route: route.audit_of(&engine),
             prompts: prompt_results,
             error,
         })
     }
+}
+
+/// Whether `matched` of the `fitted` prompts qualify a route: all of them (f32 weights),
+/// or as many as the native path at the route's precision matched (`native`). A precision
+/// whose native path matches no prompt sets no bar: nothing qualifies at it.
+fn qualifies(matched: usize, fitted: usize, native: Option<usize>) -> bool {
+    let bar = native.unwrap_or(fitted);
+    fitted > 0 && bar > 0 && matched >= bar
 }
 
 pub fn run(mut args: QualifyArgs) -> Result<()> {
@@ -300,8 +345,11 @@ fn print_report(r: &Report) {
         "{} on {} ({} weights), {} greedy tokens per prompt against the native f32 path",
         r.model, r.route, r.precision, r.max_tokens
     );
-    println!("| window | verdict | prompts matched | executed |");
-    println!("|---|---|---|---|");
+    println!(
+        "| window | verdict | prompts matched | native {} matched | executed |",
+        r.precision
+    );
+    println!("|---|---|---|---|---|");
     for w in &r.windows {
         let fitted = w.prompts.iter().filter(|p| p.matched.is_some()).count();
         let matched = w.prompts.iter().filter(|p| p.matched == Some(true)).count();
@@ -309,10 +357,16 @@ fn print_report(r: &Report) {
             (Some(_), _, _) => "error",
             (None, _, 0) => "no prompt fits",
             (None, true, _) => "valid",
+            (None, false, _) if w.native_matched == Some(0) => "native matches none",
             (None, false, _) => "wrong tokens",
         };
+        let native = w
+            .native_matched
+            .map_or("— (all must match)".to_string(), |n| {
+                format!("{n}/{fitted}")
+            });
         println!(
-            "| {} | {verdict} | {matched}/{fitted} | {} |",
+            "| {} | {verdict} | {matched}/{fitted} | {native} | {} |",
             w.window,
             w.route.describe()
         );
@@ -346,4 +400,29 @@ fn print_report(r: &Report) {
         valid.join(", "),
         invalid.join(", ")
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::qualifies;
+
+    #[test]
+    fn lossy_routes_are_held_to_their_native_precision_and_f32_to_every_prompt() {
+        assert!(qualifies(6, 6, None));
+        assert!(
+            !qualifies(5, 6, None),
+            "f32 weights must match every prompt"
+        );
+        assert!(
+            qualifies(5, 6, Some(5)),
+            "as faithful as native at its precision"
+        );
+        assert!(qualifies(6, 6, Some(5)));
+        assert!(!qualifies(4, 6, Some(5)));
+        assert!(
+            !qualifies(0, 6, Some(0)),
+            "a native path matching nothing sets no bar"
+        );
+        assert!(!qualifies(0, 0, None), "no prompt fits");
+    }
 }
