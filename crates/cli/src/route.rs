@@ -14,7 +14,7 @@ use pyramid_engine::{
     Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
 };
 use pyramid_model::{KvType, Model, Precision};
-use pyramid_openvino::{OvBackend, OvOptions, StoreKey, WeightFormat};
+use pyramid_openvino::{OvBackend, OvOptions, StoreKey, WeightFormat, DEFAULT_BUDGET_BYTES};
 use pyramid_registry::ModelCache;
 use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
 
@@ -349,6 +349,7 @@ impl RouteArgs {
             let store = StoreKey {
                 root: ModelCache::from_env()?.root().join("compiled"),
                 model_id: crate::loader::file_model_id(&loaded.path)?,
+                budget_bytes: store_budget()?,
             };
             let options =
                 OvOptions::for_device(device, Some(threads), ov_options)?.with_store(store);
@@ -425,6 +426,19 @@ impl RouteArgs {
             decode,
             split,
         })
+    }
+}
+
+/// `PYRAMID_STORE_GB`: how much the store of compiled OpenVINO artifacts may hold.
+pub const STORE_BUDGET_ENV: &str = "PYRAMID_STORE_GB";
+
+fn store_budget() -> Result<u64> {
+    match std::env::var(STORE_BUDGET_ENV) {
+        Err(_) => Ok(DEFAULT_BUDGET_BYTES),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(gb) if gb.is_finite() && gb >= 0.0 => Ok((gb * (1u64 << 30) as f64) as u64),
+            _ => bail!("{STORE_BUDGET_ENV}={v}: expected a number of GiB, e.g. 20"),
+        },
     }
 }
 

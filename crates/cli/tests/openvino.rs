@@ -47,10 +47,15 @@ impl Fixture {
     }
 
     fn run_with(&self, args: &[&str], library: &Path) -> Output {
+        self.run_env(args, library, &[])
+    }
+
+    fn run_env(&self, args: &[&str], library: &Path, env: &[(&str, &str)]) -> Output {
         Command::new(env!("CARGO_BIN_EXE_pyramid"))
             .args(args)
             .env("PYRAMID_HOME", self.dir.path())
             .env("PYRAMID_OPENVINO_LIB", library)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .expect("pyramid runs")
@@ -330,6 +335,46 @@ fn a_second_start_loads_its_artifacts_from_the_store() {
         assert_eq!(counts, (compiled, 0), "{arch:?}: CACHE_DIR= compiles");
         assert_eq!(off, first);
     }
+
+    // A budget of nothing keeps only the blob each compile has just written; a budget
+    // that is not a number is refused by name.
+    let f = Fixture::new(Architecture::Llama);
+    let args = [
+        "run",
+        "-m",
+        &f.model,
+        "--precision",
+        "f32",
+        "--device",
+        "ov:CPU",
+        "-p",
+        "hello",
+        "-n",
+        "4",
+        "--json",
+    ];
+    ok_json(&f.run_env(&args, &openvino_libs(), &[("PYRAMID_STORE_GB", "0")]));
+    let blobs: Vec<PathBuf> = walk(&f.dir.path().join("compiled"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .collect();
+    assert_eq!(blobs.len(), 1, "{blobs:?}");
+    let err = error_of(&f.run_env(&args, &openvino_libs(), &[("PYRAMID_STORE_GB", "lots")]));
+    assert!(err.contains("PYRAMID_STORE_GB=lots"), "{err}");
+}
+
+/// Every file below `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
 }
 
 #[test]

@@ -177,6 +177,8 @@ pub struct OvBackend {
     device: String,
     options: OvOptions,
     shared: Arc<Shared>,
+    /// Where compiled artifacts are kept across starts, when they are.
+    store: Option<ModelStore>,
     /// Why the store asked for could not be used (artifacts are then compiled each start).
     store_problem: Option<OvError>,
 }
@@ -215,14 +217,15 @@ impl OvBackend {
                 .properties
                 .push((DYNAMIC_QUANTIZATION.into(), "0".into()));
         }
-        let mut store_problem = None;
+        let (mut store, mut store_problem) = (None, None);
         let own_cache_dir = options.properties.iter().any(|(k, _)| k == "CACHE_DIR");
         if let Some(key) = options.store.as_ref().filter(|_| !own_cache_dir) {
             let version = &crate::library::load()?.version;
             match ModelStore::open(key, version, format, &graph.blob.bytes) {
-                Ok(store) => {
-                    let properties = store.properties(&core, device);
+                Ok(opened) => {
+                    let properties = opened.properties(&core, device);
                     options.properties.extend(properties);
+                    store = Some(opened);
                 }
                 Err(e) => store_problem = Some(e),
             }
@@ -246,6 +249,7 @@ impl OvBackend {
                 graph,
                 weights,
             }),
+            store,
             store_problem,
         })
     }
@@ -359,6 +363,9 @@ impl OvBackend {
         let loaded_from_store = compiled
             .property("LOADED_FROM_CACHE")
             .is_ok_and(|v| matches!(v.trim(), "YES" | "true" | "TRUE" | "1"));
+        if let Some(store) = self.store.as_ref().filter(|_| !loaded_from_store) {
+            store.trim();
+        }
         let executed_on = compiled
             .property("EXECUTION_DEVICES")
             .map(|d| d.trim().to_string())

@@ -29,7 +29,7 @@ pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY, DUMP_EN
 pub use error::{OvError, Result};
 pub use graph::WeightFormat;
 pub use probe::{OvProbe, ProbeGraph};
-pub use store::StoreKey;
+pub use store::{StoreKey, DEFAULT_BUDGET_BYTES};
 
 /// One OpenVINO device and what it says about itself.
 #[derive(Debug, Clone)]

@@ -29,11 +29,19 @@ pub struct StoreKey {
     pub root: PathBuf,
     /// Identifies the model's source by content (`ModelCache::model_identity`).
     pub model_id: u64,
+    /// Bytes of blobs the whole store may hold: after a compile adds one, the oldest go
+    /// first. (A blob of grouped INT8 weights holds the plugin's repacked copy of them.)
+    pub budget_bytes: u64,
 }
+
+/// The blobs' budget when none is given: 20 GiB.
+pub const DEFAULT_BUDGET_BYTES: u64 = 20 << 30;
 
 /// One model's directory in the store, for one weight format.
 pub(crate) struct ModelStore {
     dir: PathBuf,
+    root: PathBuf,
+    budget_bytes: u64,
 }
 
 impl ModelStore {
@@ -54,7 +62,11 @@ impl ModelStore {
             format.name(),
             weights.len()
         ));
-        let store = Self { dir };
+        let store = Self {
+            dir,
+            root: key.root.clone(),
+            budget_bytes: key.budget_bytes,
+        };
         store.write_weights(weights).map_err(|e| OvError::Store {
             path: store.weights_path().display().to_string(),
             message: e.to_string(),
@@ -97,6 +109,49 @@ impl ModelStore {
         }
         properties
     }
+}
+
+impl ModelStore {
+    /// Removes the oldest blobs of the whole store until it is within its budget; called
+    /// after a compile wrote one. Blobs another process is reading stay readable (Linux
+    /// keeps an open file), and a blob gone is a compile next time, never an error.
+    pub fn trim(&self) {
+        let mut blobs = Vec::new();
+        // <root>/openvino-<build>/<model>/<device>/<hash>.blob
+        for build in entries(&self.root) {
+            for model in entries(&build) {
+                for device in entries(&model) {
+                    for blob in entries(&device) {
+                        if blob.extension().is_some_and(|e| e == "blob") {
+                            if let Ok(meta) = fs::metadata(&blob) {
+                                let when = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+                                blobs.push((when, meta.len(), blob));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut total: u64 = blobs.iter().map(|b| b.1).sum();
+        blobs.sort();
+        // The newest blob is the one just written: it stays whatever it weighs.
+        blobs.pop();
+        for (_, bytes, path) in blobs {
+            if total <= self.budget_bytes {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total -= bytes;
+            }
+        }
+    }
+}
+
+/// The entries of `dir` (none when it cannot be read).
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default()
 }
 
 fn path_text(path: &Path) -> String {
