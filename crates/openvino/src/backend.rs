@@ -207,7 +207,8 @@ impl OvBackend {
         let mut options = options;
         // The CPU plugin quantises the activations of compressed-weight products to INT8
         // in groups of 32 unless told not to: with INT8 weights that lost SmolLM2 five of
-        // its six reference prompts. Kept off unless asked for (it is a third faster).
+        // its six reference prompts. Off unless asked for; it is 1.1–1.4× faster, and
+        // groups of 64 (the weights') keep Qwen2.5's tokens (docs/BENCHMARKS.md).
         let asked = options
             .properties
             .iter()
