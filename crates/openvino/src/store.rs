@@ -11,8 +11,11 @@
 //! The weights digest (CRC-32 and length of the constants as the graphs hold them) keeps
 //! a change in how pyramid lays out a format from ever meeting blobs of the old one. On
 //! devices that take `WEIGHTS_PATH` the blobs are weightless (`CACHE_MODE=OPTIMIZE_SIZE`):
-//! every artifact of a model reads the one `weights.bin` on import, instead of each
-//! blob embedding its own copy (635 MB per Qwen2.5-0.5B artifact).
+//! every artifact of a model reads the one `weights.bin` on import instead of embedding
+//! its own copy, for the constants the plugin keeps as given (the CPU plugin: f32, f16
+//! and bf16 weights). Constants a plugin repacks (the CPU plugin's grouped INT8 and
+//! INT4) are written into each blob, so the store keeps a budget of blob bytes and
+//! removes the oldest beyond it.
 
 use std::fs;
 use std::io::Write;
