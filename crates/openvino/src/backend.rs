@@ -11,7 +11,7 @@ use pyramid_runtime::{ArtifactShape, Backend, Executable, RuntimeError};
 
 use crate::graph::{rope_input_shape, write_rope_row, LocalPast, ModelGraph, WeightFormat, MASKED};
 use crate::ov::{CompiledModel, Core, Element, InferRequest, Tensor};
-use crate::store::{ModelStore, StoreKey};
+use crate::store::{write_once, ModelStore, StoreKey};
 use crate::{OvError, Result};
 
 /// Compile options: device properties passed to every compile.
@@ -102,6 +102,11 @@ impl OvOptions {
         })
     }
 
+    /// Whether a compile property `key` is set (by default or by the user).
+    fn has(&self, key: &str) -> bool {
+        self.properties.iter().any(|(k, _)| k == key)
+    }
+
     /// These options with compiled artifacts kept in `key`'s store.
     pub fn with_store(mut self, key: StoreKey) -> Self {
         self.store = Some(key);
@@ -116,11 +121,7 @@ impl OvOptions {
 pub const DUMP_ENV: &str = "PYRAMID_OV_DUMP";
 
 fn dump_ir(dir: &Path, shape: ArtifactShape, xml: &str, weights: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let bin = dir.join("weights.bin");
-    if std::fs::metadata(&bin).map(|m| m.len()).ok() != Some(weights.len() as u64) {
-        std::fs::write(&bin, weights)?;
-    }
+    write_once(&dir.join("weights.bin"), weights)?;
     let name = shape.to_string().replace(' ', "_");
     std::fs::write(dir.join(format!("{name}.xml")), xml)
 }
@@ -209,17 +210,16 @@ impl OvBackend {
         // in groups of 32 unless told not to: with INT8 weights that lost SmolLM2 five of
         // its six reference prompts. Off unless asked for; it is 1.1–1.4× faster, and
         // groups of 64 (the weights') keep Qwen2.5's tokens (docs/BENCHMARKS.md).
-        let asked = options
-            .properties
-            .iter()
-            .any(|(k, _)| k == DYNAMIC_QUANTIZATION);
-        if device_base(device) == "CPU" && format == WeightFormat::Int8 && !asked {
+        if device_base(device) == "CPU"
+            && format == WeightFormat::Int8
+            && !options.has(DYNAMIC_QUANTIZATION)
+        {
             options
                 .properties
                 .push((DYNAMIC_QUANTIZATION.into(), "0".into()));
         }
         let (mut store, mut store_problem) = (None, None);
-        let own_cache_dir = options.properties.iter().any(|(k, _)| k == "CACHE_DIR");
+        let own_cache_dir = options.has("CACHE_DIR");
         if let Some(key) = options.store.as_ref().filter(|_| !own_cache_dir) {
             let version = &crate::library::load()?.version;
             match ModelStore::open(key, version, format, &graph.blob.bytes) {

@@ -34,13 +34,20 @@ fn c_string(s: &str) -> CString {
     CString::new(s.split('\0').next().unwrap_or_default()).expect("no NUL left")
 }
 
-/// Takes ownership of a string OpenVINO allocated.
-unsafe fn owned_string(p: *mut c_char) -> String {
+/// A copy of a string OpenVINO keeps (empty for null).
+unsafe fn borrowed_string(p: *const c_char) -> String {
     if p.is_null() {
         return String::new();
     }
-    let s = CStr::from_ptr(p).to_string_lossy().into_owned();
-    sys::ov_free(p);
+    CStr::from_ptr(p).to_string_lossy().into_owned()
+}
+
+/// Takes ownership of a string OpenVINO allocated.
+unsafe fn owned_string(p: *mut c_char) -> String {
+    let s = borrowed_string(p);
+    if !p.is_null() {
+        sys::ov_free(p);
+    }
     s
 }
 
@@ -73,11 +80,7 @@ impl Core {
                 sys::ov_core_get_available_devices(self.0, &mut list),
             )?;
             let names = (0..list.size)
-                .map(|i| {
-                    CStr::from_ptr(*list.devices.add(i))
-                        .to_string_lossy()
-                        .into_owned()
-                })
+                .map(|i| borrowed_string(*list.devices.add(i)))
                 .collect();
             sys::ov_available_devices_free(&mut list);
             Ok(names)
@@ -254,17 +257,13 @@ impl InferRequest {
             } else {
                 std::slice::from_raw_parts(list.profiling_infos, list.size)
             };
-            let text = |p: *const c_char| {
-                if p.is_null() {
-                    String::new()
-                } else {
-                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
-                }
-            };
             let nodes = infos
                 .iter()
                 .filter(|i| i.status == sys::ov_profiling_info_t_Status::EXECUTED)
-                .map(|i| (text(i.node_type), text(i.exec_type), i.real_time))
+                .map(|i| {
+                    let (kind, exec) = (borrowed_string(i.node_type), borrowed_string(i.exec_type));
+                    (kind, exec, i.real_time)
+                })
                 .collect();
             sys::ov_profiling_info_list_free(&mut list);
             Ok(nodes)

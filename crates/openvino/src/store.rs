@@ -70,7 +70,7 @@ impl ModelStore {
             root: key.root.clone(),
             budget_bytes: key.budget_bytes,
         };
-        store.write_weights(weights).map_err(|e| OvError::Store {
+        write_once(&store.weights_path(), weights).map_err(|e| OvError::Store {
             path: store.weights_path().display().to_string(),
             message: e.to_string(),
         })?;
@@ -79,24 +79,6 @@ impl ModelStore {
 
     pub fn weights_path(&self) -> PathBuf {
         self.dir.join("weights.bin")
-    }
-
-    /// Writes the constants once; the rename is the commit point, so a reader never sees
-    /// a half-written file and two processes writing at once both leave a whole one.
-    fn write_weights(&self, weights: &[u8]) -> std::io::Result<()> {
-        let path = self.weights_path();
-        if fs::metadata(&path).is_ok_and(|m| m.len() == weights.len() as u64) {
-            return Ok(());
-        }
-        fs::create_dir_all(&self.dir)?;
-        let partial = self
-            .dir
-            .join(format!("weights.bin.{}.partial", std::process::id()));
-        let mut file = fs::File::create(&partial)?;
-        file.write_all(weights)?;
-        file.sync_all()?;
-        drop(file);
-        fs::rename(&partial, &path)
     }
 
     /// The compile properties that keep `device`'s blobs here: weightless where the
@@ -148,6 +130,24 @@ impl ModelStore {
             }
         }
     }
+}
+
+/// Writes `bytes` to `path` unless a file of their length is there. The rename is the
+/// commit point, so a reader never sees a half-written file and two processes writing at
+/// once both leave a whole one.
+pub(crate) fn write_once(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if fs::metadata(path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let partial = dir.join(format!("{name}.{}.partial", std::process::id()));
+    let mut file = fs::File::create(&partial)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&partial, path)
 }
 
 /// The entries of `dir` (none when it cannot be read).
