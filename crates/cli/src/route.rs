@@ -14,7 +14,9 @@ use pyramid_engine::{
     Arm, Engine, EngineConfig, PyramidConfig, RouteAudit, Speculation, SpeculativeConfig,
 };
 use pyramid_model::{KvType, Model, Precision};
-use pyramid_openvino::{OvBackend, OvOptions, StoreKey, WeightFormat, DEFAULT_BUDGET_BYTES};
+use pyramid_openvino::{
+    OutlierChannels, OvBackend, OvOptions, StoreKey, WeightFormat, DEFAULT_BUDGET_BYTES,
+};
 use pyramid_registry::ModelCache;
 use pyramid_runtime::{Backend, CpuBackend, RouteBackend, WindowLadder};
 
@@ -351,8 +353,9 @@ impl RouteArgs {
                 model_id: crate::loader::file_model_id(&loaded.path)?,
                 budget_bytes: store_budget()?,
             };
-            let options =
-                OvOptions::for_device(device, Some(threads), ov_options)?.with_store(store);
+            let options = OvOptions::for_device(device, Some(threads), ov_options)?
+                .with_store(store)
+                .with_outliers(OutlierChannels::of(&loaded.model));
             let format = WeightFormat::for_precision(loaded.model.precision);
             let backend = OvBackend::new(Arc::clone(model), device, format, options)?;
             if let Some(problem) = backend.store_problem() {

@@ -9,7 +9,9 @@ use pyramid_model::{KvType, Model, Segment};
 use pyramid_runtime::artifact::check_fits;
 use pyramid_runtime::{ArtifactShape, Backend, Executable, RuntimeError};
 
-use crate::graph::{rope_input_shape, write_rope_row, LocalPast, ModelGraph, WeightFormat, MASKED};
+use crate::graph::{
+    rope_input_shape, write_rope_row, LocalPast, ModelGraph, OutlierChannels, WeightFormat, MASKED,
+};
 use crate::ov::{CompiledModel, Core, Element, InferRequest, Tensor};
 use crate::store::{write_once, ModelStore, StoreKey};
 use crate::{OvError, Result};
@@ -23,6 +25,8 @@ pub struct OvOptions {
     /// Where compiled artifacts are kept across starts (see [`crate::store`]); unused
     /// when the properties name their own `CACHE_DIR` (an empty one turns caching off).
     pub store: Option<StoreKey>,
+    /// Input channels the integer products leave to f32 ones (see [`OutlierChannels`]).
+    pub outliers: OutlierChannels,
 }
 
 /// The option key that picks the [`DecodeLayout`]; pyramid's own, never passed to
@@ -99,6 +103,7 @@ impl OvOptions {
             properties,
             decode_layout,
             store: None,
+            outliers: OutlierChannels::default(),
         })
     }
 
@@ -110,6 +115,12 @@ impl OvOptions {
     /// These options with compiled artifacts kept in `key`'s store.
     pub fn with_store(mut self, key: StoreKey) -> Self {
         self.store = Some(key);
+        self
+    }
+
+    /// These options with `outliers` kept out of integer products.
+    pub fn with_outliers(mut self, outliers: OutlierChannels) -> Self {
+        self.outliers = outliers;
         self
     }
 }
@@ -204,19 +215,26 @@ impl OvBackend {
                 available: available.iter().map(|d| format!("ov:{d}")).collect(),
             });
         }
-        let graph = ModelGraph::build(&model, format)?;
+        let graph = ModelGraph::build(&model, format, &options.outliers)?;
         let mut options = options;
         // The CPU plugin quantises the activations of compressed-weight products to INT8
-        // in groups of 32 unless told not to: with INT8 weights that lost SmolLM2 five of
-        // its six reference prompts. Off unless asked for; it is 1.1–1.4× faster, and
-        // groups of 64 (the weights') keep Qwen2.5's tokens (docs/BENCHMARKS.md).
+        // at run time, in groups. Without the native model's outlier channels kept apart
+        // that lost SmolLM2 five of its six reference prompts, so it is off; with them, in
+        // groups of 32, both SmolLM2 and Qwen2.5-0.5B keep every prompt the native INT8
+        // path keeps, and prefill runs 1.2–1.6× and decode 1.2–1.45× faster
+        // (docs/BENCHMARKS.md). A user's own setting wins.
         if device_base(device) == "CPU"
             && format == WeightFormat::Int8
             && !options.has(DYNAMIC_QUANTIZATION)
         {
+            let group = if options.outliers.is_empty() {
+                "0"
+            } else {
+                "32"
+            };
             options
                 .properties
-                .push((DYNAMIC_QUANTIZATION.into(), "0".into()));
+                .push((DYNAMIC_QUANTIZATION.into(), group.into()));
         }
         let (mut store, mut store_problem) = (None, None);
         let own_cache_dir = options.has("CACHE_DIR");

@@ -27,7 +27,7 @@ pub mod store;
 
 pub use backend::{DecodeLayout, OvBackend, OvOptions, DECODE_LAYOUT_KEY, DUMP_ENV};
 pub use error::{OvError, Result};
-pub use graph::WeightFormat;
+pub use graph::{OutlierChannels, WeightFormat};
 pub use probe::{OvProbe, ProbeGraph};
 pub use store::{StoreKey, DEFAULT_BUDGET_BYTES};
 

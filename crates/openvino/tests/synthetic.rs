@@ -10,8 +10,10 @@ use std::sync::Arc;
 use pyramid_gguf::GgufFile;
 use pyramid_kernels::ThreadPool;
 use pyramid_model::synthetic::{synthetic_gguf, SyntheticSpec};
-use pyramid_model::{Architecture, KvCache, KvType, LogitsFor, Model, Scratch, Segment};
-use pyramid_openvino::{DecodeLayout, OvBackend, OvOptions, WeightFormat, DECODE_LAYOUT_KEY};
+use pyramid_model::{Architecture, KvCache, KvType, LogitsFor, Model, Precision, Scratch, Segment};
+use pyramid_openvino::{
+    DecodeLayout, OutlierChannels, OvBackend, OvOptions, WeightFormat, DECODE_LAYOUT_KEY,
+};
 use pyramid_runtime::{prefill_chunked, ArtifactShape, Backend};
 
 fn tiny(arch: Architecture, untied: bool) -> Arc<Model> {
@@ -417,6 +419,54 @@ fn compressed_weights_stay_close_to_f32() {
             "{format:?} gave exactly the f32 result: weights not compressed?"
         );
     }
+}
+
+#[test]
+fn outlier_channels_keep_quantised_activations_close_to_f32() {
+    let pool = ThreadPool::new(2).unwrap();
+    let mut f32_model = (*tiny(Architecture::Llama, true)).clone();
+    // One channel of every normed input forty times the others': in a group of
+    // activations quantised at run time it leaves the rest of the group a few levels.
+    for layer in &mut f32_model.weights.layers {
+        layer.attn_norm[5] *= 40.0;
+        layer.ffn_norm[37] *= 40.0;
+    }
+    let tokens = prompt(12, 4);
+    let calibration = f32_model.calibrate(&pool, &prompt(40, 9)).unwrap();
+    let int8 = f32_model
+        .clone()
+        .into_precision(Precision::Int8, Some(&calibration));
+    let outliers = OutlierChannels::of(&int8);
+    assert!(
+        !outliers.is_empty(),
+        "the calibration found no outlier channel"
+    );
+    let model = Arc::new(f32_model);
+    let expected = native_last_logits(&model, &pool, &tokens);
+    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let error = |outliers: OutlierChannels| {
+        let quantised = ["DYNAMIC_QUANTIZATION_GROUP_SIZE=32".to_string()];
+        let options = OvOptions::for_device("CPU", Some(2), &quantised)
+            .unwrap()
+            .with_outliers(outliers);
+        let ov = OvBackend::new(Arc::clone(&model), "CPU", WeightFormat::Int8, options).unwrap();
+        let exe = ov
+            .compile(ArtifactShape::Prefill {
+                chunk: 16,
+                window: 32,
+            })
+            .unwrap();
+        let mut kv = model.new_kv_cache_of(32, KvType::F32);
+        let mut logits = Vec::new();
+        prefill_chunked(exe.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
+        max_diff(&logits, &expected) / scale
+    };
+    let (apart, within) = (error(outliers), error(OutlierChannels::default()));
+    eprintln!("relative difference: outliers apart {apart}, within {within}");
+    assert!(
+        apart < within / 2.0 && apart < 0.05,
+        "outliers apart {apart}, within {within}"
+    );
 }
 
 #[test]
