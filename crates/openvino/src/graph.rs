@@ -120,8 +120,8 @@ pub enum LocalPast {
 }
 
 /// Input channels the projections of a normed input (Q, K and V; gate and up; the head)
-/// compute apart in f32, by the graph's weight name (`blk.{i}.wq`, …, `output`): the
-/// outlier channels the native INT8 model was calibrated with. With activations
+/// compute apart in f32, by input (see [`outlier_site`]): the outlier channels the
+/// native INT8 model was calibrated with. With activations
 /// quantised at run time (the CPU plugin's dynamic quantisation), one such channel in a
 /// group's scale leaves the group's other values a handful of levels; kept out of the
 /// integer product, they cost a small f32 one.
@@ -142,7 +142,9 @@ impl OutlierChannels {
         let mut add = |name: String, lin: &Linear| {
             if let Linear::Quant(q) = lin {
                 if !q.outlier_channels.is_empty() {
-                    map.insert(name, q.outlier_channels.clone());
+                    if let Some(site) = outlier_site(&name) {
+                        map.insert(site, q.outlier_channels.clone());
+                    }
                 }
             }
         };
@@ -167,7 +169,9 @@ impl OutlierChannels {
     /// Adds weight `name`'s outlier columns of `data` (`[rows, cols]`), and its input
     /// site's channels and mask unless another projection of the site added them.
     fn add_to(&self, blob: &mut Blob, name: &str, data: &[f32], rows: usize, cols: usize) {
-        let Some(channels) = self.0.get(name) else {
+        let Some((site, channels)) =
+            outlier_site(name).and_then(|site| self.0.get(&site).map(|c| (site, c)))
+        else {
             return;
         };
         // In f16, as the native model keeps them: within 0.05 % of each weight, far
@@ -183,7 +187,6 @@ impl OutlierChannels {
             &[rows, channels.len()],
             &columns,
         );
-        let site = outlier_site(name);
         let index = format!("{site}.outlier_idx");
         if !blob.contains(&index) {
             let idx: Vec<i64> = channels.iter().map(|&c| c as i64).collect();
@@ -195,17 +198,19 @@ impl OutlierChannels {
     }
 }
 
-/// The input a projection reads, which its outlier channels belong to: projections of
-/// one input share them (`blk.3.wk` → `blk.3.attn_in`).
-fn outlier_site(weight: &str) -> String {
+/// The normed input weight `weight` multiplies, which its outlier channels belong to:
+/// projections of one input share them (`blk.3.wk` → `blk.3.attn_in`, `output` →
+/// `head`); none for the inputs kept whole.
+fn outlier_site(weight: &str) -> Option<String> {
     let Some((layer, name)) = weight.rsplit_once('.') else {
-        return "head".into();
+        return (weight == "output").then(|| "head".into());
     };
     let site = match name {
         "wq" | "wk" | "wv" => "attn_in",
-        _ => "ffn_in",
+        "gate" | "up" => "ffn_in",
+        _ => return None,
     };
-    format!("{layer}.{site}")
+    Some(format!("{layer}.{site}"))
 }
 
 /// A model's constants and what is needed to emit its graphs.
@@ -580,13 +585,13 @@ impl Builder<'_> {
             )
         };
         let columns = format!("{outliers}.outlier_w");
-        if !g.has_constant(&columns) {
+        let site = outlier_site(outliers).filter(|_| g.has_constant(&columns));
+        let Some(site) = site else {
             let w = self.weight(g, name);
             return dot(g, x, w);
-        }
+        };
         // The site's projections mask and gather the same input: OpenVINO merges the
         // repeated operations when it reads the graph.
-        let site = outlier_site(outliers);
         let keep = g.constant(&format!("{site}.keep"));
         let inliers = self.binary(g, "Multiply", x, keep);
         let index = g.constant(&format!("{site}.outlier_idx"));

@@ -14,7 +14,7 @@ use pyramid_affinity::timing::{FitPlan, WallClock};
 use pyramid_affinity::{measure, Plan, Stage, Target};
 use pyramid_bench::report::png_of_svg;
 use pyramid_model::{KvType, Precision};
-use pyramid_openvino::{OvBackend, OvOptions, WeightFormat};
+use pyramid_openvino::{OutlierChannels, OvBackend, OvOptions, WeightFormat};
 use pyramid_registry::DEFAULT_MODEL;
 
 use super::bench_matrix::{provenance_here, write_atomically};
@@ -141,7 +141,8 @@ pub fn run(args: AffinityArgs) -> Result<()> {
                         name,
                         Some(first.pool.n_threads()),
                         &args.ov_options,
-                    )?;
+                    )?
+                    .with_outliers(OutlierChannels::of(&loaded.model));
                     let f32_model = loaded.f32_model.as_ref().expect("kept");
                     let format = WeightFormat::for_precision(*precision);
                     Executor::OpenVino(Arc::new(OvBackend::new(
