@@ -386,13 +386,34 @@ fn migration_between_windows_and_native_to_openvino_handoff_keep_tokens() {
     assert_eq!(greedy(d.as_ref(), &mut kv, first, 20), expected);
 }
 
+/// The largest difference of `ov`'s logits after prefilling `tokens` (one chunk of 16
+/// over a window of 32) from `expected`, as a fraction of `expected`'s largest.
+fn prefill_error(
+    ov: &OvBackend,
+    model: &Model,
+    pool: &ThreadPool,
+    tokens: &[u32],
+    expected: &[f32],
+) -> f32 {
+    let exe = ov
+        .compile(ArtifactShape::Prefill {
+            chunk: 16,
+            window: 32,
+        })
+        .unwrap();
+    let mut kv = model.new_kv_cache_of(32, KvType::F32);
+    let mut logits = Vec::new();
+    prefill_chunked(exe.as_ref(), pool, tokens, &mut kv, &mut logits).unwrap();
+    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    max_diff(&logits, expected) / scale
+}
+
 #[test]
 fn compressed_weights_stay_close_to_f32() {
     let pool = ThreadPool::new(2).unwrap();
     let model = tiny(Architecture::Qwen2, false);
     let tokens = prompt(12, 4);
     let expected = native_last_logits(&model, &pool, &tokens);
-    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     // Tolerances as fractions of the largest logit; a wrong nibble order or scale layout
     // gives errors of the order of the logits themselves.
     for (format, tol) in [
@@ -401,17 +422,7 @@ fn compressed_weights_stay_close_to_f32() {
         (WeightFormat::Int8, 0.05),
         (WeightFormat::Int4, 0.3),
     ] {
-        let ov = ov_cpu(&model, format);
-        let exe = ov
-            .compile(ArtifactShape::Prefill {
-                chunk: 16,
-                window: 32,
-            })
-            .unwrap();
-        let mut kv = model.new_kv_cache_of(32, KvType::F32);
-        let mut logits = Vec::new();
-        prefill_chunked(exe.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
-        let d = max_diff(&logits, &expected) / scale;
+        let d = prefill_error(&ov_cpu(&model, format), &model, &pool, &tokens, &expected);
         eprintln!("{format:?}: relative difference {d}");
         assert!(d < tol, "{format:?}: relative difference {d}");
         assert!(
@@ -443,23 +454,13 @@ fn outlier_channels_keep_quantised_activations_close_to_f32() {
     );
     let model = Arc::new(f32_model);
     let expected = native_last_logits(&model, &pool, &tokens);
-    let scale = expected.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let error = |outliers: OutlierChannels| {
         let quantised = ["DYNAMIC_QUANTIZATION_GROUP_SIZE=32".to_string()];
         let options = OvOptions::for_device("CPU", Some(2), &quantised)
             .unwrap()
             .with_outliers(outliers);
         let ov = OvBackend::new(Arc::clone(&model), "CPU", WeightFormat::Int8, options).unwrap();
-        let exe = ov
-            .compile(ArtifactShape::Prefill {
-                chunk: 16,
-                window: 32,
-            })
-            .unwrap();
-        let mut kv = model.new_kv_cache_of(32, KvType::F32);
-        let mut logits = Vec::new();
-        prefill_chunked(exe.as_ref(), &pool, &tokens, &mut kv, &mut logits).unwrap();
-        max_diff(&logits, &expected) / scale
+        prefill_error(&ov, &model, &pool, &tokens, &expected)
     };
     let (apart, within) = (error(outliers), error(OutlierChannels::default()));
     eprintln!("relative difference: outliers apart {apart}, within {within}");
