@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use pyramid_kernels::ThreadPool;
 use pyramid_model::{KvCache, Segment};
-use pyramid_runtime::{prefill_chunked, ArtifactShape, Executable};
+use pyramid_runtime::{prefill_stepping, ArtifactShape, Executable};
 
 use crate::kv::KvAllocator;
 use crate::pyramid::{ArtifactPair, WindowPyramid};
@@ -223,7 +223,7 @@ impl Executor {
                     Some(slot) => {
                         let tokens = &slot.tokens;
                         kv_of(slot.session)
-                            .and_then(|kv| Ok(prefill_chunked(exe, pool, tokens, kv, &mut logits)?))
+                            .and_then(|kv| self.prefill_static(exe, pool, tokens, kv, &mut logits))
                     }
                 }
             } else {
@@ -350,6 +350,22 @@ impl Executor {
         Ok(())
     }
 
+    /// Prefills `tokens` into `kv` through the window's prefill artifact `exe`, its early
+    /// chunks on the smaller windows' artifacts that are ready.
+    fn prefill_static(
+        &self,
+        exe: &dyn Executable,
+        pool: &ThreadPool,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        logits: &mut Vec<f32>,
+    ) -> Result<()> {
+        let lower = self.pyramid.ready_prefills_below(exe.shape());
+        let mut rungs: Vec<&dyn Executable> = lower.iter().map(|r| r.as_ref()).collect();
+        rungs.push(exe);
+        Ok(prefill_stepping(&rungs, pool, tokens, kv, logits)?)
+    }
+
     /// Prefills `tokens` into `kv`: through the window's prefill artifact on a static
     /// route, in chunks through the mixed artifact otherwise.
     fn prefill_into(
@@ -362,7 +378,7 @@ impl Executor {
         let mut logits = Vec::new();
         match (artifacts, &self.mixed) {
             (Some((prefill, _)), _) => {
-                prefill_chunked(prefill.as_ref(), pool, tokens, kv, &mut logits)?;
+                self.prefill_static(prefill.as_ref(), pool, tokens, kv, &mut logits)?;
             }
             (None, Some(mixed)) => {
                 for piece in tokens.chunks(self.prefill_chunk) {

@@ -406,6 +406,22 @@ impl WindowPyramid {
         lock(&self.state).cache.get(&self.key(shape))
     }
 
+    /// The prefill artifacts of `shape`'s chunk on the ladder's smaller windows that are
+    /// ready now, ascending: a long prompt's early chunks run on them
+    /// ([`pyramid_runtime::prefill_stepping`]). Nothing is compiled for this.
+    pub fn ready_prefills_below(&self, shape: ArtifactShape) -> Vec<Arc<dyn Executable>> {
+        let ArtifactShape::Prefill { chunk, window } = shape else {
+            return Vec::new();
+        };
+        self.config
+            .ladder
+            .windows()
+            .iter()
+            .take_while(|&&w| w < window)
+            .filter_map(|&w| self.get_ready(ArtifactShape::Prefill { chunk, window: w }))
+            .collect()
+    }
+
     /// Both artifacts of `window`, if both are compiled.
     pub fn window_ready(&self, window: usize) -> Option<ArtifactPair> {
         let [prefill, decode] = self.shapes(window);

@@ -5,6 +5,7 @@
 //!
 //! Needs OpenVINO (`scripts/setup-openvino.sh`, which the test script runs).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use pyramid_gguf::GgufFile;
@@ -14,7 +15,7 @@ use pyramid_model::{Architecture, KvCache, KvType, LogitsFor, Model, Precision, 
 use pyramid_openvino::{
     DecodeLayout, OutlierChannels, OvBackend, OvOptions, WeightFormat, DECODE_LAYOUT_KEY,
 };
-use pyramid_runtime::{prefill_chunked, ArtifactShape, Backend};
+use pyramid_runtime::{prefill_chunked, prefill_stepping, ArtifactShape, Backend, Executable};
 
 fn tiny(arch: Architecture, untied: bool) -> Arc<Model> {
     let spec = SyntheticSpec {
@@ -98,6 +99,81 @@ fn prefill_and_decode_match_native_f32_for_both_rope_styles() {
             assert!(d < 1e-3, "{arch:?} decode step {step} differs by {d}");
         }
     }
+}
+
+/// An artifact that counts its runs.
+struct Counted {
+    inner: Arc<dyn Executable>,
+    runs: AtomicUsize,
+}
+
+impl Executable for Counted {
+    fn shape(&self) -> ArtifactShape {
+        self.inner.shape()
+    }
+    fn bytes(&self) -> usize {
+        self.inner.bytes()
+    }
+    fn executing_device(&self) -> String {
+        self.inner.executing_device()
+    }
+    fn run(
+        &self,
+        pool: &ThreadPool,
+        segments: &mut [Segment<'_>],
+        logits: &mut Vec<f32>,
+    ) -> pyramid_runtime::Result<()> {
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        self.inner.run(pool, segments, logits)
+    }
+}
+
+#[test]
+fn a_prefill_stepping_up_smaller_windows_equals_one_on_the_whole_window() {
+    let pool = ThreadPool::new(2).unwrap();
+    let model = tiny(Architecture::Llama, true);
+    let ov = ov_cpu(&model, WeightFormat::F32);
+    let rungs: Vec<Counted> = [16, 32, 64]
+        .into_iter()
+        .map(|window| Counted {
+            inner: ov
+                .compile(ArtifactShape::Prefill { chunk: 8, window })
+                .unwrap(),
+            runs: AtomicUsize::new(0),
+        })
+        .collect();
+    let all: Vec<&dyn Executable> = rungs.iter().map(|r| r as &dyn Executable).collect();
+    // 37 tokens, five chunks: the cache after each holds 8, 16, 24, 32 and 40 positions.
+    let tokens = prompt(37, 3);
+    let prefill = |rungs: &[&dyn Executable], reserve: usize| {
+        let mut kv = KvCache::with_reserve(&model.config, 64, reserve, KvType::F32);
+        let mut logits = Vec::new();
+        prefill_stepping(rungs, &pool, &tokens, &mut kv, &mut logits).unwrap();
+        assert_eq!((kv.len(), kv.capacity()), (37, 64));
+        (kv, logits)
+    };
+    let (kv_whole, whole) = prefill(&all[2..], 64);
+    assert_eq!(rungs[2].runs.swap(0, Ordering::Relaxed), 5);
+    let (kv_stepped, stepped) = prefill(&all, 128);
+    let runs: Vec<usize> = rungs
+        .iter()
+        .map(|r| r.runs.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(runs, [2, 2, 1], "chunks per window");
+    assert!(max_diff(&stepped, &whole) < 1e-4);
+    let expected = native_last_logits(&model, &pool, &tokens);
+    assert!(max_diff(&stepped, &expected) < 1e-3);
+    assert_eq!(kv_stepped.len(), kv_whole.len());
+    // A compact cache would copy to move its bound: every chunk runs on its own window.
+    for r in &rungs {
+        r.runs.store(0, Ordering::Relaxed);
+    }
+    prefill(&all, 64);
+    let runs: Vec<usize> = rungs
+        .iter()
+        .map(|r| r.runs.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(runs, [0, 0, 5]);
 }
 
 #[test]

@@ -391,18 +391,58 @@ pub fn prefill_chunked(
     kv: &mut KvCache,
     logits: &mut Vec<f32>,
 ) -> Result<()> {
-    let ArtifactShape::Prefill { chunk, .. } = executable.shape() else {
+    prefill_stepping(&[executable], pool, tokens, kv, logits)
+}
+
+/// [`prefill_chunked`] over prefill artifacts of one chunk and ascending windows, the
+/// last of the cache's own window: each chunk runs on the smallest window that holds the
+/// cache after it, so the early chunks of a long prompt attend a small window rather than
+/// the whole of the cache's. A reserved cache moves its bound down and back up without
+/// copying; a compact one (whose move would copy) runs every chunk on its own window.
+pub fn prefill_stepping(
+    rungs: &[&dyn Executable],
+    pool: &ThreadPool,
+    tokens: &[u32],
+    kv: &mut KvCache,
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let Some(&own) = rungs.last() else {
+        return Err(RuntimeError::EmptyPrompt);
+    };
+    let ArtifactShape::Prefill { chunk, .. } = own.shape() else {
         return Err(RuntimeError::BadShape {
-            shape: executable.shape(),
+            shape: own.shape(),
             reason: "a decode artifact cannot prefill".to_string(),
         });
     };
+    if let Some(other) = rungs.iter().find(|r| {
+        !matches!(r.shape(), ArtifactShape::Prefill { chunk: c, window } if c == chunk && window <= own.shape().window())
+    }) {
+        return Err(RuntimeError::BadShape {
+            shape: other.shape(),
+            reason: format!("a rung below prefill chunks of {chunk} over {} positions", own.shape().window()),
+        });
+    }
     if tokens.is_empty() {
         return Err(RuntimeError::EmptyPrompt);
     }
-    let start_len = kv.len();
+    let (start_len, bound) = (kv.len(), kv.capacity());
     let mut padded = vec![0u32; chunk];
+    let mut result = Ok(());
     for piece in tokens.chunks(chunk) {
+        let needed = kv.len() + chunk;
+        let rung = rungs
+            .iter()
+            .find(|r| {
+                let w = r.shape().window();
+                w == bound || (!kv.is_compact() && w >= needed)
+            })
+            .copied()
+            .unwrap_or(own);
+        if let Err(e) = kv.grow_to(rung.shape().window()) {
+            result = Err(RuntimeError::from(e));
+            break;
+        }
         padded[..piece.len()].copy_from_slice(piece);
         // Padding repeats the last real token: any valid id works, it is never attended.
         let last = piece[piece.len() - 1];
@@ -414,13 +454,18 @@ pub fn prefill_chunked(
             n_logits: 1,
             pooled: None,
         }];
-        if let Err(e) = executable.run(pool, &mut segments, logits) {
-            // All or nothing: earlier chunks' positions leave with the failure.
-            kv.truncate(start_len);
-            return Err(e);
+        if let Err(e) = rung.run(pool, &mut segments, logits) {
+            result = Err(e);
+            break;
         }
     }
-    Ok(())
+    // The cache's own window again: a bound moved within the reserve moves back.
+    kv.grow_to(bound).map_err(RuntimeError::from)?;
+    if result.is_err() {
+        // All or nothing: earlier chunks' positions leave with the failure.
+        kv.truncate(start_len);
+    }
+    result
 }
 
 #[cfg(test)]

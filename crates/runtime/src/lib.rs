@@ -19,8 +19,8 @@ mod sampler;
 mod window;
 
 pub use artifact::{
-    check_fits, executed_as_requested, prefill_chunked, ArtifactKey, ArtifactShape, Backend,
-    Compiled, CpuBackend, Executable, RouteBackend,
+    check_fits, executed_as_requested, prefill_chunked, prefill_stepping, ArtifactKey,
+    ArtifactShape, Backend, Compiled, CpuBackend, Executable, RouteBackend,
 };
 pub use artifact_cache::ArtifactCache;
 pub use error::{Result, RuntimeError};
