@@ -407,7 +407,9 @@ pub fn prefill_stepping(
     logits: &mut Vec<f32>,
 ) -> Result<()> {
     let Some(&own) = rungs.last() else {
-        return Err(RuntimeError::EmptyPrompt);
+        return Err(RuntimeError::BadLadder(
+            "no prefill artifact to run the prompt on".to_string(),
+        ));
     };
     let ArtifactShape::Prefill { chunk, .. } = own.shape() else {
         return Err(RuntimeError::BadShape {
