@@ -360,7 +360,17 @@ impl Executor {
         kv: &mut KvCache,
         logits: &mut Vec<f32>,
     ) -> Result<()> {
-        let lower = self.pyramid.ready_prefills_below(exe.shape());
+        let ArtifactShape::Prefill { chunk, .. } = exe.shape() else {
+            return Ok(prefill_stepping(&[exe], pool, tokens, kv, logits)?);
+        };
+        // A compact cache would copy to move its bound: it steps nowhere.
+        let lower = if kv.is_compact() {
+            Vec::new()
+        } else {
+            let first = kv.len() + chunk;
+            let last = kv.len() + tokens.len().div_ceil(chunk) * chunk;
+            self.pyramid.ready_prefills_below(exe.shape(), first..=last)
+        };
         let mut rungs: Vec<&dyn Executable> = lower.iter().map(|r| r.as_ref()).collect();
         rungs.push(exe);
         Ok(prefill_stepping(&rungs, pool, tokens, kv, logits)?)

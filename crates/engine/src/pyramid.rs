@@ -11,6 +11,7 @@
 //! and none of them ever changes a token.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -406,18 +407,24 @@ impl WindowPyramid {
         lock(&self.state).cache.get(&self.key(shape))
     }
 
-    /// The prefill artifacts of `shape`'s chunk on the ladder's smaller windows that are
-    /// ready now, ascending: a long prompt's early chunks run on them
-    /// ([`pyramid_runtime::prefill_stepping`]). Nothing is compiled for this.
-    pub fn ready_prefills_below(&self, shape: ArtifactShape) -> Vec<Arc<dyn Executable>> {
+    /// The prefill artifacts of `shape`'s chunk, ready now, on the ladder's smaller
+    /// windows a prefill whose chunks need `needs` positions steps through
+    /// ([`pyramid_runtime::prefill_stepping`]), ascending: those holding the first
+    /// chunk's need, up to the first holding the last's. Only those are looked up, so
+    /// only they count as used in the artifact cache; nothing is compiled for this.
+    pub fn ready_prefills_below(
+        &self,
+        shape: ArtifactShape,
+        needs: RangeInclusive<usize>,
+    ) -> Vec<Arc<dyn Executable>> {
         let ArtifactShape::Prefill { chunk, window } = shape else {
             return Vec::new();
         };
-        self.config
-            .ladder
-            .windows()
+        let windows = self.config.ladder.windows();
+        let past_last = windows.partition_point(|&w| w < *needs.end());
+        windows[..(past_last + 1).min(windows.len())]
             .iter()
-            .take_while(|&&w| w < window)
+            .filter(|&&w| w >= *needs.start() && w < window)
             .filter_map(|&w| self.get_ready(ArtifactShape::Prefill { chunk, window: w }))
             .collect()
     }

@@ -472,3 +472,37 @@ fn a_trace_asking_for_more_tokens_than_any_replay_could_run_is_refused() {
     assert!(err.contains("more than 16777216 tokens in all"), "{err}");
     assert!(resolve(&trace(&[MAX_TRACE_TOKENS / 16; 2], 1), 100, &no_text).is_ok());
 }
+
+#[test]
+fn a_prefill_looks_up_only_the_smaller_windows_its_chunks_step_through() {
+    let model = tiny(Precision::F32);
+    let backend: Arc<dyn Backend> = Arc::new(CpuBackend::new(Arc::clone(&model), 1));
+    let pyramid = Arc::new(
+        WindowPyramid::new(
+            backend,
+            1,
+            KvType::F32,
+            config(Arm::OnDemand, &[16, 32, 64, 128, 256], 8),
+        )
+        .unwrap(),
+    );
+    for window in [16, 32, 64, 256] {
+        pyramid.acquire_window(window).unwrap();
+    }
+    let own = ArtifactShape::Prefill {
+        chunk: 8,
+        window: 256,
+    };
+    let windows = |needs| -> Vec<usize> {
+        let ready = pyramid.ready_prefills_below(own, needs);
+        ready.iter().map(|r| r.shape().window()).collect()
+    };
+    // From 24 cached positions through 40: 32 and 64 (128 is not compiled).
+    assert_eq!(windows(24..=40), [32, 64]);
+    // Through 100 the next is 128, not ready; 16 is below the first chunk's need.
+    assert_eq!(windows(17..=100), [32, 64]);
+    // A chunk at depth 200 needs no smaller window.
+    assert_eq!(windows(208..=216), Vec::<usize>::new());
+    // Through 20: 32 holds the last chunk, 64 is never reached.
+    assert_eq!(windows(8..=20), [16, 32]);
+}
